@@ -1,0 +1,280 @@
+"""Corpus: frozen token spans from earlier outputs, with suffix lookups for drafting.
+
+Lookup contract after Colibri's COLI_DRAFT_CORPUS (see DESIGN.md, "Frozen-corpus drafts: the contract"): for
+n = max_n down to min_n, find the context's last n ids; the longest n with an occurrence that has a non-empty
+continuation wins; among its occurrences the most recent (highest corpus position) is proposed, up to k ids,
+never across a -1 separator or the corpus end.
+
+A Corpus is a list of SuffixIndex *segments* over consecutive runs of spans, oldest first. A loaded or built
+corpus has one; append() adds small segments for the new spans and merges equal-sized neighbours (a
+logarithmic-method tail: each appended token is re-indexed O(log tail) times, never the big base segment).
+compact() merges everything into one segment.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .errors import CorpusError
+from .index import SuffixIndex
+from .symbols import width_for
+from .tree import DraftTree, most_frequent_tree
+
+EMPTY = np.zeros(0, dtype=np.int64)
+TREE_SAMPLE = 1024  # occurrences looked at by propose_tree when a suffix has more
+
+
+def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
+    """Raise CorpusError if any id in tokens (int64 [n]) is < 0 or >= vocab_size."""
+    if len(tokens) == 0:
+        return
+    bad = np.flatnonzero((tokens < 0) | ((tokens >= vocab_size) if vocab_size is not None else False))
+    if len(bad):
+        j = int(bad[0])
+        limit = f" (vocab size {vocab_size})" if vocab_size is not None else ""
+        raise CorpusError(f"{where}: id {int(tokens[j])} at position {j} is out of range{limit}")
+
+
+def spans_to_flat(spans: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens int64 [n], offsets int64 [n_spans + 1]) from a list of spans; empty spans are dropped."""
+    arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in spans]
+    arrays = [a for a in arrays if len(a)]
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    tokens = np.concatenate(arrays) if arrays else EMPTY
+    return tokens, offsets
+
+
+class Corpus:
+    """Frozen token spans plus a suffix index; see the module doc for the lookup rule.
+
+    Attributes: path (file it was loaded from, or None), vocab_size (int | None), fingerprint (tokenizer
+    fingerprint, str | None), n_tokens (ids, separators excluded), n_spans.
+    """
+
+    def __init__(self, segments: list[SuffixIndex], *, path: str | None = None, vocab_size: int | None = None,
+                 fingerprint: str | None = None):
+        self.path = path
+        self.vocab_size = vocab_size
+        self.fingerprint = fingerprint
+        self._segments = [s for s in segments if s.n_tokens]
+        self._n_base = min(1, len(self._segments))  # segments [0, n_base) are never merged by append()
+
+    # ---- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def from_spans(cls, spans: Sequence[Sequence[int]], vocab_size: int | None = None,
+                   fingerprint: str | None = None) -> "Corpus":
+        """Build from spans (each a sequence of ids >= 0, oldest first). Empty spans are dropped.
+
+        Raises CorpusError for an id < 0 or >= vocab_size (position = index into the concatenated spans).
+        """
+        tokens, offsets = spans_to_flat(spans)
+        return cls.from_flat(tokens, offsets, vocab_size=vocab_size, fingerprint=fingerprint)
+
+    @classmethod
+    def from_flat(cls, tokens: np.ndarray, offsets: np.ndarray, vocab_size: int | None = None,
+                  fingerprint: str | None = None, path: str | None = None) -> "Corpus":
+        """Build from tokens int64 [n] and span offsets int64 [n_spans + 1] (non-empty spans)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        check_ids(tokens, vocab_size, path or "corpus")
+        if len(tokens) == 0:
+            return cls([], path=path, vocab_size=vocab_size, fingerprint=fingerprint)
+        width = width_for(int(tokens.max()), vocab_size)
+        seg = SuffixIndex.build(tokens, np.asarray(offsets, dtype=np.int64), width)
+        return cls([seg], path=path, vocab_size=vocab_size, fingerprint=fingerprint)
+
+    # ---- sizes ----------------------------------------------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        return sum(s.n_tokens for s in self._segments)
+
+    @property
+    def n_spans(self) -> int:
+        return sum(s.n_spans for s in self._segments)
+
+    def __len__(self) -> int:
+        return self.n_tokens
+
+    def __repr__(self) -> str:
+        return (f"Corpus(path={self.path!r}, n_tokens={self.n_tokens}, n_spans={self.n_spans}, "
+                f"vocab_size={self.vocab_size}, segments={len(self._segments)})")
+
+    # ---- lookups --------------------------------------------------------------------------------------------
+    def _longest(self, context, min_n: int, max_n: int, all_segments: bool):
+        """Longest matching suffix over all segments: (n, [(segment, Match), ...] newest segment first)."""
+        if not self._segments or min_n < 1 or max_n < min_n:
+            return 0, []
+        tail = context[-max_n:]
+        tail = tail.tolist() if hasattr(tail, "tolist") else list(tail)
+        if len(tail) < min_n:
+            return 0, []
+        tail.reverse()
+        queries: dict[int, bytes] = {}
+        best_n, hits = 0, []
+        for seg in reversed(self._segments):
+            q = queries.get(seg.width)
+            if q is None:
+                q = queries[seg.width] = seg.encode(tail)
+            # An older segment only matters if it matches strictly longer (newer wins ties).
+            need = max(min_n, best_n + (0 if all_segments else 1))
+            m = seg.longest(q, need)
+            if m is None:
+                continue
+            if m.n > best_n:
+                best_n, hits = m.n, [(seg, m, q)]
+            else:
+                hits.append((seg, m, q))
+            if best_n == len(tail) and not all_segments:
+                break
+        return best_n, [(seg, m, q) for seg, m, q in hits if m.n >= best_n]
+
+    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8) -> tuple[int, np.ndarray]:
+        """Continuation of the most recent occurrence of the longest matching context suffix.
+
+        context: 1-D int array or sequence (prompt + output so far); only its last max_n ids are read.
+        Returns (n_matched, ids int64 [1..k]) or (0, int64 [0]) when nothing matches (absent suffix, context
+        shorter than min_n, empty corpus, k < 1). Cost: one binary search + O(1) range minimum per segment,
+        independent of corpus size beyond log factors.
+        """
+        if k < 1:
+            return 0, EMPTY
+        n, hits = self._longest(context, min_n, max_n, all_segments=False)
+        if not n:
+            return 0, EMPTY
+        seg, m, _ = hits[0]  # the newest segment matching n symbols
+        i = seg.min_offset(m.lo, m.hi)
+        return n, seg.continuation(i, k)
+
+    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8
+                     ) -> DraftTree | None:
+        """Most frequent continuations of the longest matching context suffix, as a DraftTree (or None).
+
+        Same longest-suffix rule as propose(). Every occurrence of that suffix (in every segment) contributes its
+        continuation of up to k ids (stopping at a separator); up to `branches` root-to-leaf paths are chosen
+        greedily by count (tree.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
+        Suffixes with more than TREE_SAMPLE (1024) occurrences in a segment use TREE_SAMPLE rows evenly strided
+        across the suffix-array range (a deterministic sample, stratified by the preceding context) plus the most
+        recent occurrence; counts are then sample counts. Cost O(TREE_SAMPLE * k) at most.
+        """
+        if k < 1 or branches < 1:
+            return None
+        n, hits = self._longest(context, min_n, max_n, all_segments=True)
+        if not n:
+            return None
+        conts, recency, total = [], [], 0
+        base = 0
+        bases = {}
+        for seg in self._segments:
+            bases[id(seg)] = base
+            base += seg.length + 1
+        for seg, m, _ in hits:
+            lo, hi = m.lo, m.hi
+            total += hi - lo
+            if hi - lo > TREE_SAMPLE:
+                rows = lo + (np.arange(TREE_SAMPLE, dtype=np.int64) * (hi - lo)) // TREE_SAMPLE
+                offs = np.unique(np.concatenate((seg.sa[rows], [seg.min_offset(lo, hi)]))).astype(np.int64)
+            else:
+                offs = np.asarray(seg.sa[lo:hi], dtype=np.int64)
+            conts.append(seg.continuations(offs, k))
+            recency.append(bases[id(seg)] + seg.length - 1 - offs)
+        tokens, parents, counts = most_frequent_tree(np.concatenate(conts), np.concatenate(recency), branches)
+        if not tokens:
+            return None
+        return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
+                         np.array(counts, dtype=np.int64), n_matched=n, n_occurrences=total)
+
+    # ---- growth ---------------------------------------------------------------------------------------------
+    def append(self, span: Sequence[int]) -> None:
+        """Append one span (ids >= 0, < vocab_size); lookups see it at once and prefer it (it is the newest).
+
+        Indexes the span as a small segment and merges tail segments of similar size (never the base segment),
+        so appending costs O(len(span) * log(tail)) amortised, not a rebuild. Raises CorpusError on a bad id.
+        """
+        tokens = np.asarray(span, dtype=np.int64).reshape(-1)
+        if len(tokens) == 0:
+            return
+        check_ids(tokens, self.vocab_size, self.path or "appended span")
+        width = width_for(int(tokens.max()), self.vocab_size)
+        self._segments.append(SuffixIndex.build(tokens, np.array([0, len(tokens)], dtype=np.int64), width))
+        while (len(self._segments) - self._n_base >= 2
+               and self._segments[-2].n_tokens <= 2 * self._segments[-1].n_tokens):
+            b = self._segments.pop()
+            a = self._segments.pop()
+            self._segments.append(_merge([a, b], self.vocab_size))
+
+    def compact(self) -> None:
+        """Merge all segments (base + appended tail) into one index. O(n_tokens) rebuild."""
+        if len(self._segments) > 1:
+            self._segments = [_merge(self._segments, self.vocab_size)]
+        self._n_base = min(1, len(self._segments))
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """All spans, oldest first: (tokens int64 [n_tokens], offsets int64 [n_spans + 1])."""
+        if not self._segments:
+            return EMPTY, np.zeros(1, dtype=np.int64)
+        parts = [s.spans() for s in self._segments]
+        return _concat_flat(parts)
+
+    def span_list(self) -> list[np.ndarray]:
+        """All spans as a list of int64 arrays, oldest first."""
+        tokens, offsets = self.spans()
+        return [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+    @property
+    def segments(self) -> list[SuffixIndex]:
+        """The index segments, oldest first (read-only use: saving, stats)."""
+        return self._segments
+
+    # ---- files and stats ------------------------------------------------------------------------------------
+    def save(self, path, *, fmt: str = "binary") -> None:
+        """Write the corpus to `path` as fmt="binary" (index included, mmap-able) or "text".
+
+        A corpus with an appended tail is compacted first (binary files hold one index). Raises CorpusError on
+        an unknown fmt or an OSError.
+        """
+        from . import format as fmt_mod
+
+        if fmt == "binary":
+            self.compact()
+            fmt_mod.write_binary(self, path)
+        elif fmt == "text":
+            fmt_mod.write_text(self, path)
+        else:
+            raise CorpusError(f"{path}: unknown corpus format {fmt!r} (expected 'binary' or 'text')")
+
+    def stats(self) -> dict:
+        """Sizes: n_tokens, n_spans, segments, tail_tokens, vocab_size, fingerprint, token_bytes, index_bytes,
+        bytes_per_token (stream + suffix array + range-minimum table, resident or mapped), path."""
+        n = self.n_tokens
+        token_bytes = sum(s.length * s.width for s in self._segments)
+        index_bytes = sum(s.sa.nbytes + s.table.nbytes for s in self._segments)
+        return {
+            "path": self.path,
+            "n_tokens": n,
+            "n_spans": self.n_spans,
+            "segments": len(self._segments),
+            "tail_tokens": sum(s.n_tokens for s in self._segments[self._n_base:]),
+            "vocab_size": self.vocab_size,
+            "fingerprint": self.fingerprint,
+            "token_width": max((s.width for s in self._segments), default=0),
+            "token_bytes": token_bytes,
+            "index_bytes": index_bytes,
+            "bytes_per_token": (token_bytes + index_bytes) / n if n else 0.0,
+        }
+
+
+def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    tokens = np.concatenate([t for t, _ in parts]) if parts else EMPTY
+    offsets, shift = [np.zeros(1, dtype=np.int64)], 0
+    for t, o in parts:
+        offsets.append(o[1:] + shift)
+        shift += len(t)
+    return tokens, np.concatenate(offsets)
+
+
+def _merge(segments: list[SuffixIndex], vocab_size: int | None) -> SuffixIndex:
+    tokens, offsets = _concat_flat([s.spans() for s in segments])
+    width = width_for(int(tokens.max()), vocab_size)
+    return SuffixIndex.build(tokens, offsets, width)

@@ -1,0 +1,272 @@
+"""Corpus files: the text format of Colibri's COLI_DRAFT_CORPUS and redraft's mmap-able binary format.
+
+Text: whitespace-separated integer token ids, -1 between spans (one span = one earlier output). Empty spans
+(repeated, leading or trailing -1) carry nothing and are dropped.
+
+Binary (version 1), little-endian:
+    0   8 bytes   magic b"RDCORPUS"
+    8   uint32    format version
+    12  uint32    header length H
+    16  H bytes   JSON header: token_width, length (symbols incl. separators), n_tokens, n_spans, max_id,
+                  vocab_size, fingerprint, block, arrays {name: {offset, dtype, count}}
+    then the arrays, each at a 64-byte aligned absolute offset:
+        stream  reversed big-endian symbols (id + 1, 0 = separator), uint16 or uint32 [length]
+        sa      filtered suffix array, int32/int64 [M]          (index.build_suffix_array)
+        table   range-minimum table over its blocks, same dtype (index.sparse_table)
+Opening maps the file and wraps the arrays in place: nothing is rebuilt, so open time does not depend on size.
+
+The format is detected by content (the magic bytes), never by file name.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import struct
+
+import numpy as np
+
+from .corpus import Corpus
+from .errors import CorpusError
+from .index import BLOCK, SuffixIndex
+
+MAGIC = b"RDCORPUS"
+VERSION = 1
+ALIGN = 64
+_PREFIX = struct.Struct("<8sII")
+_TEXT_CHARS = b"0123456789- \t\n\r\x0b\x0c"
+_INT = re.compile(rb"-?[0-9]+")
+_CHUNK = 1 << 23  # bytes of text parsed per step
+
+
+# ---- detection --------------------------------------------------------------------------------------------------
+def sniff(path) -> str:
+    """'binary' if the file starts with the magic, else 'text'. Raises CorpusError if it can't be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read corpus file ({e.strerror or e})") from e
+    return "binary" if head == MAGIC else "text"
+
+
+def load_corpus(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
+                progress: bool = False) -> Corpus:
+    """Load a text or binary corpus file, detected by content.
+
+    vocab_size: when given, every id must be < vocab_size. fingerprint: the current tokenizer's fingerprint
+    (fingerprint.tokenizer_fingerprint); a binary corpus made by another tokenizer is refused unless force=True.
+    progress: tqdm bar while parsing text / building the index.
+    Raises CorpusError (never returns a half-loaded corpus) for a missing/unreadable file, a non-integer token
+    (with line), an id < -1 or >= vocab_size (with position and line), a truncated binary, bad magic, unknown
+    version or fingerprint mismatch. An empty file gives an empty corpus.
+    """
+    path = os.fspath(path)
+    if sniff(path) == "binary":
+        return read_binary(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+    tokens, offsets = read_text(path, vocab_size=vocab_size, progress=progress)
+    return Corpus.from_flat(tokens, offsets, vocab_size=vocab_size, fingerprint=fingerprint, path=path)
+
+
+# ---- text -------------------------------------------------------------------------------------------------------
+def read_text(path, *, vocab_size: int | None = None, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Parse a text corpus: (tokens int64 [n_tokens], offsets int64 [n_spans + 1]), empty spans dropped.
+
+    Raises CorpusError naming path, line, the token / id and its 0-based position among all ids of the file
+    (separators counted).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read corpus file ({e.strerror or e})") from e
+    if b"\0" in raw[:4096]:
+        raise CorpusError(f"{path}: bad magic {raw[:8]!r}: not a redraft binary corpus (expected {MAGIC!r}) "
+                          f"and not a text corpus (contains NUL bytes)")
+    ids = _parse_ids(raw, path, progress)
+    bad = np.flatnonzero((ids < -1) | ((ids >= vocab_size) if vocab_size is not None else False))
+    if len(bad):
+        pos = int(bad[0])
+        value = int(ids[pos])
+        line = _line_of_position(raw, pos)
+        why = (f"is out of range (vocab size {vocab_size})" if value >= 0
+               else "is negative (only -1, the span separator, may be)")
+        raise CorpusError(f"{path}:{line}: id {value} at position {pos} {why}")
+    return split_spans(ids)
+
+
+def split_spans(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ids int64 [n] with -1 separators -> (tokens int64 [n_tokens], offsets int64 [n_spans + 1]), empty spans
+    dropped."""
+    seps = np.flatnonzero(ids == -1)
+    tokens = ids[ids != -1] if len(seps) else ids
+    cuts = seps - np.arange(len(seps))  # tokens before each separator
+    offsets = np.unique(np.concatenate(([0], cuts, [len(tokens)]))).astype(np.int64)
+    if len(tokens) == 0:
+        offsets = np.zeros(1, dtype=np.int64)
+    return tokens.astype(np.int64, copy=False), offsets
+
+
+def _parse_ids(raw: bytes, path: str, progress: bool) -> np.ndarray:
+    chunks = []
+    start = 0
+    bar = _bar(len(raw), progress, f"parsing {os.path.basename(path)}")
+    while start < len(raw):
+        end = raw.find(b"\n", min(start + _CHUNK, len(raw)))
+        end = len(raw) if end < 0 else end + 1
+        piece = raw[start:end]
+        toks = piece.split()
+        try:
+            if piece.translate(None, _TEXT_CHARS):
+                raise ValueError
+            chunks.append(np.fromiter(map(int, toks), dtype=np.int64, count=len(toks)))
+        except (ValueError, OverflowError):
+            _raise_bad_token(raw, path)
+        if bar is not None:
+            bar.update(end - start)
+        start = end
+    if bar is not None:
+        bar.close()
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+
+
+def _raise_bad_token(raw: bytes, path: str) -> None:
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        for tok in line.split():
+            if not _INT.fullmatch(tok) or abs(int(tok)) >= 2**62:
+                shown = tok.decode("utf-8", "replace")
+                raise CorpusError(f"{path}:{lineno}: token {shown!r} is not an integer "
+                                  f"(expected whitespace-separated token ids, -1 between spans)")
+    raise CorpusError(f"{path}: unreadable token")  # unreachable: the fast path found one
+
+
+def _line_of_position(raw: bytes, pos: int) -> int:
+    seen = 0
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        seen += len(line.split())
+        if seen > pos:
+            return lineno
+    return lineno
+
+
+def write_text(corpus: Corpus, path) -> None:
+    """One span per line, ids separated by spaces, each line ending in ' -1'. Raises CorpusError on OSError."""
+    tokens, offsets = corpus.spans()
+    try:
+        with open(path, "w", encoding="ascii") as f:
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+                f.write(" ".join(map(str, tokens[a:b].tolist())))
+                f.write(" -1\n")
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
+
+
+# ---- binary -----------------------------------------------------------------------------------------------------
+def write_binary(corpus: Corpus, path) -> None:
+    """Write a single-segment corpus (call compact() first) in the binary format. Raises CorpusError on OSError."""
+    segs = corpus.segments
+    if len(segs) > 1:
+        raise CorpusError(f"{path}: corpus has {len(segs)} index segments; compact() before writing")
+    seg = segs[0] if segs else None
+    stream = np.asarray(seg.rev) if seg else np.zeros(0, dtype=">u2")
+    sa = seg.sa if seg else np.zeros(0, dtype=np.int32)
+    table = seg.table if seg else np.zeros(0, dtype=np.int32)
+    arrays = {"stream": stream, "sa": np.asarray(sa), "table": np.asarray(table)}
+    header = {
+        "token_width": seg.width if seg else 2,
+        "length": seg.length if seg else 0,
+        "n_tokens": corpus.n_tokens,
+        "n_spans": corpus.n_spans,
+        "max_id": seg.max_id if seg else -1,
+        "vocab_size": corpus.vocab_size,
+        "fingerprint": corpus.fingerprint,
+        "block": BLOCK,
+        "arrays": {},
+    }
+    # Offsets depend on the header length, which depends on the offsets' digits: size it with a generous guess.
+    guess = len(json.dumps(header)) + 400
+    pos = _align(_PREFIX.size + guess)
+    for name, arr in arrays.items():
+        header["arrays"][name] = {"offset": pos, "dtype": arr.dtype.str, "count": int(len(arr))}
+        pos = _align(pos + arr.nbytes)
+    blob = json.dumps(header).encode()
+    assert len(blob) <= guess
+    try:
+        with open(path, "wb") as f:
+            f.write(_PREFIX.pack(MAGIC, VERSION, len(blob)))
+            f.write(blob)
+            for name, arr in arrays.items():
+                f.seek(header["arrays"][name]["offset"])
+                f.write(np.ascontiguousarray(arr).view(np.uint8))
+            f.truncate(pos)
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
+
+
+def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None = None,
+                force: bool = False) -> Corpus:
+    """Map a binary corpus. Raises CorpusError for truncation, bad magic, unknown version, a malformed header,
+    ids >= vocab_size or a fingerprint mismatch (unless force)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read corpus file ({e.strerror or e})") from e
+    if size < _PREFIX.size:
+        raise CorpusError(f"{path}: truncated binary corpus ({size} bytes, header needs {_PREFIX.size})")
+    magic, version, hlen = _PREFIX.unpack_from(mm, 0)
+    if magic != MAGIC:
+        raise CorpusError(f"{path}: bad magic {magic!r} (expected {MAGIC!r})")
+    if version != VERSION:
+        raise CorpusError(f"{path}: unknown binary corpus version {version} (this redraft reads version {VERSION})")
+    if size < _PREFIX.size + hlen:
+        raise CorpusError(f"{path}: truncated binary corpus (header of {hlen} bytes, file has {size})")
+    try:
+        header = json.loads(bytes(mm[_PREFIX.size:_PREFIX.size + hlen]))
+        width, length = int(header["token_width"]), int(header["length"])
+        n_tokens, n_spans, max_id = int(header["n_tokens"]), int(header["n_spans"]), int(header["max_id"])
+        arrays = {}
+        for name in ("stream", "sa", "table"):
+            spec = header["arrays"][name]
+            dtype, count, offset = np.dtype(spec["dtype"]), int(spec["count"]), int(spec["offset"])
+            arrays[name] = (dtype, count, offset)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorpusError(f"{path}: malformed binary corpus header ({e})") from e
+    if width not in (2, 4) or header.get("block") != BLOCK or arrays["stream"][0].itemsize != width:
+        raise CorpusError(f"{path}: unsupported binary corpus layout (width {width}, block {header.get('block')})")
+    for name, (dtype, count, offset) in arrays.items():
+        if offset + dtype.itemsize * count > size:
+            raise CorpusError(f"{path}: truncated binary corpus ({name} needs bytes up to "
+                              f"{offset + dtype.itemsize * count}, file has {size})")
+    file_vocab, file_fp = header.get("vocab_size"), header.get("fingerprint")
+    if vocab_size is not None and max_id >= vocab_size:
+        raise CorpusError(f"{path}: id {max_id} is out of range (vocab size {vocab_size}; "
+                          f"corpus vocab size {file_vocab})")
+    if fingerprint is not None and file_fp is not None and fingerprint != file_fp and not force:
+        raise CorpusError(f"{path}: tokenizer fingerprint mismatch: corpus was made with {file_fp}, "
+                          f"current tokenizer is {fingerprint} (force=True / --force to use it anyway)")
+    segments = []
+    if n_tokens:
+        _, _, s_off = arrays["stream"]
+        sa = np.frombuffer(mm, dtype=arrays["sa"][0], count=arrays["sa"][1], offset=arrays["sa"][2])
+        table = np.frombuffer(mm, dtype=arrays["table"][0], count=arrays["table"][1], offset=arrays["table"][2])
+        segments.append(SuffixIndex(mm, s_off, length, width, sa, table, n_tokens, n_spans, max_id))
+    return Corpus(segments, path=path, vocab_size=vocab_size if vocab_size is not None else file_vocab,
+                  fingerprint=file_fp if file_fp is not None else fingerprint)
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _bar(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False)

@@ -1,0 +1,242 @@
+"""Suffix-array index over one run of whole spans (one *segment* of a Corpus).
+
+The index is a suffix array over the REVERSED symbol stream (see symbols.py), built with libdivsufsort through
+pydivsufsort. Reversal turns "the context ends with these n ids" into "this suffix starts with the reversed
+context tail", so the matches for every n = max_n..min_n are nested prefix ranges of ONE query: one binary
+search plus the common-prefix length with the two neighbouring rows gives the longest n, and two galloping
+searches give its row range.
+
+Only useful suffixes are kept in the array: those that start with a token and whose occurrence has a non-empty
+continuation (the symbol before it in the reversed stream is a token). So every row of a range is a valid
+proposal and "the first n with a non-empty continuation" is simply "the longest n with a non-empty range".
+
+"Most recent occurrence" = highest corpus position = smallest reversed offset = minimum suffix-array value over
+the range. A sparse table over per-block minima (blocks of BLOCK rows) answers that in O(1) whatever the range
+size: two partial blocks plus two table reads.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+import struct
+
+import numpy as np
+from pydivsufsort import divsufsort
+
+from .symbols import WIDTHS, spans_to_reversed_symbols, reversed_symbols_to_spans
+
+BLOCK = 64  # rows per block of the range-minimum structure; a partial block costs ~1 us of Python min()
+
+
+def sparse_table(sa: np.ndarray) -> np.ndarray:
+    """Range-minimum table over block minima of `sa`.
+
+    sa: int32/int64 [M]. Returns the levels concatenated, same dtype: level j (j = 0, 1, ...) has
+    nb - 2**j + 1 entries, entry b = min of sa over blocks b .. b + 2**j - 1, nb = ceil(M / BLOCK).
+    """
+    if len(sa) == 0:
+        return sa[:0].copy()
+    level = np.minimum.reduceat(sa, np.arange(0, len(sa), BLOCK))
+    levels = [level]
+    half = 1
+    while 2 * half <= len(levels[0]):
+        level = np.minimum(level[:-half], level[half:])
+        levels.append(level)
+        half *= 2
+    return np.concatenate(levels)
+
+
+def _level_views(table: np.ndarray, n_blocks: int) -> list[memoryview]:
+    views, start, size = [], 0, n_blocks
+    j = 0
+    while size > 0 and start < len(table):
+        views.append(_int_view(table[start:start + size]))
+        start += size
+        j += 1
+        size = n_blocks - (1 << j) + 1
+    return views
+
+
+def build_suffix_array(rev: np.ndarray) -> np.ndarray:
+    """Suffix array of the useful suffixes of a reversed symbol stream.
+
+    rev: big-endian uint16/uint32 [L] (symbols, 0 = separator). Returns int32 (int64 when L >= 2**31) [M] offsets
+    i into `rev`, sorted by suffix, keeping only i > 0 with rev[i] != 0 and rev[i-1] != 0 (see module doc).
+    libdivsufsort sorts bytes; on big-endian symbols the byte order of suffixes starting at symbol boundaries
+    equals their symbol order, so the symbol suffix array is the byte one restricted to multiples of the width.
+    """
+    if len(rev) == 0:
+        return np.zeros(0, dtype=np.int32)
+    width = rev.dtype.itemsize
+    raw = divsufsort(np.ascontiguousarray(rev).view(np.uint8))
+    sa = raw[(raw & (width - 1)) == 0]
+    del raw
+    sa >>= width.bit_length() - 1
+    native = rev.view(rev.dtype.newbyteorder("="))
+    keep = sa > 0
+    keep &= native[sa] != 0
+    keep &= native[sa - 1] != 0  # sa - 1 = -1 where sa == 0 wraps harmlessly: already dropped by `sa > 0`
+    sa = sa[keep]
+    return sa.astype(np.int32 if len(rev) < 2**31 else np.int64, copy=False)
+
+
+@dataclass
+class Match:
+    """Where one segment matches a query: `n` symbols, rows [lo, hi) of its suffix array."""
+
+    n: int
+    lo: int
+    hi: int
+
+
+class SuffixIndex:
+    """Immutable index over whole spans: reversed symbol stream + filtered suffix array + range-minimum table.
+
+    stream: bytes-like (bytes or mmap) holding the reversed big-endian symbols at byte `offset`, L * width bytes.
+    sa: int32/int64 [M] (see build_suffix_array); table: sparse_table(sa). Arrays may be views of a mmap.
+    """
+
+    def __init__(self, stream, offset: int, length: int, width: int, sa: np.ndarray, table: np.ndarray,
+                 n_tokens: int, n_spans: int, max_id: int):
+        self.buf = stream
+        self.off = offset
+        self.length = length  # symbols, separators included
+        self.width = width
+        self.sym_dtype = WIDTHS[width][0]
+        self.max_token = WIDTHS[width][2]
+        self.rev = np.frombuffer(stream, dtype=self.sym_dtype, count=length, offset=offset)
+        self.sa = sa
+        self.table = table
+        self.n_tokens = n_tokens
+        self.n_spans = n_spans
+        self.max_id = max_id
+        self._sa_mv = _int_view(sa)
+        self._levels = _level_views(table, -(-len(sa) // BLOCK))
+
+    # ---- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, tokens: np.ndarray, offsets: np.ndarray, width: int) -> "SuffixIndex":
+        """Index spans given as tokens int64 [n_tokens] (ids >= 0) and offsets int64 [n_spans + 1] (non-empty)."""
+        rev = spans_to_reversed_symbols(tokens, offsets, width)
+        sa = build_suffix_array(rev)
+        table = sparse_table(sa)
+        max_id = int(tokens.max()) if len(tokens) else -1
+        return cls(rev.tobytes(), 0, len(rev), width, sa, table, len(tokens), len(offsets) - 1, max_id)
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens int64 [n_tokens], offsets int64 [n_spans + 1]) of this segment, oldest span first."""
+        return reversed_symbols_to_spans(self.rev)
+
+    def nbytes(self) -> int:
+        """Resident bytes of stream + suffix array + table."""
+        return self.length * self.width + self.sa.nbytes + self.table.nbytes
+
+    # ---- queries --------------------------------------------------------------------------------------------
+    def encode(self, rev_tail: list[int]) -> bytes:
+        """Query bytes for a reversed context tail (newest id first); stops at the first id this width can't hold."""
+        n = 0
+        for t in rev_tail:
+            if t < 0 or t > self.max_token:
+                break
+            n += 1
+        return struct.pack(f">{n}{WIDTHS[self.width][1]}", *[t + 1 for t in rev_tail[:n]])
+
+    def longest(self, q: bytes, min_n: int) -> Match | None:
+        """Longest prefix of `q` (>= min_n symbols) that starts some kept suffix; its row range. None if none."""
+        sa, buf, off, w = self._sa_mv, self.buf, self.off, self.width
+        if len(sa) == 0 or len(q) < min_n * w:
+            return None
+        ql = len(q)
+
+        def key(i: int) -> bytes:
+            return buf[off + i * w: off + i * w + ql]
+
+        r = bisect_left(sa, q, 0, len(sa), key=key)
+        # The longest common prefix with any row is reached at one of the two rows around the insertion point.
+        best, anchor = 0, -1
+        for row in (r - 1, r):
+            if 0 <= row < len(sa):
+                n = _common_symbols(key(sa[row]), q, w)
+                if n > best:
+                    best, anchor = n, row
+        if best < min_n:
+            return None
+        lo, hi = self.range_of(q[:best * w], anchor)
+        return Match(best, lo, hi)
+
+    def range_of(self, qn: bytes, anchor: int) -> tuple[int, int]:
+        """Rows [lo, hi) whose suffix starts with `qn`, given one such row `anchor`. Galloping: O(log range)."""
+        sa, buf, off, w, ql = self._sa_mv, self.buf, self.off, self.width, len(qn)
+
+        def key(i: int) -> bytes:
+            return buf[off + i * w: off + i * w + ql]
+
+        step, inner = 1, anchor
+        while True:
+            probe = anchor - step
+            if probe < 0:
+                lo = bisect_left(sa, qn, 0, inner, key=key)
+                break
+            if key(sa[probe]) != qn:
+                lo = bisect_left(sa, qn, probe + 1, inner, key=key)
+                break
+            inner, step = probe, step * 2
+        step, inner = 1, anchor + 1
+        while True:
+            probe = anchor + step
+            if probe >= len(sa):
+                hi = bisect_right(sa, qn, inner, len(sa), key=key)
+                break
+            if key(sa[probe]) != qn:
+                hi = bisect_right(sa, qn, inner, probe, key=key)
+                break
+            inner, step = probe + 1, step * 2
+        return lo, hi
+
+    def min_offset(self, lo: int, hi: int) -> int:
+        """min(sa[lo:hi]) (hi > lo): the reversed offset of the most recent occurrence in the range. O(1)."""
+        sa = self._sa_mv
+        b_lo, b_hi = -(-lo // BLOCK), hi // BLOCK  # full blocks [b_lo, b_hi)
+        if b_hi - b_lo <= 0:
+            return min(sa[lo:hi])
+        best = min(sa[lo:b_lo * BLOCK]) if lo < b_lo * BLOCK else 1 << 62
+        if b_hi * BLOCK < hi:
+            best = min(best, min(sa[b_hi * BLOCK:hi]))
+        j = (b_hi - b_lo).bit_length() - 1
+        level = self._levels[j]
+        return min(best, level[b_lo], level[b_hi - (1 << j)])
+
+    def continuation(self, i: int, k: int) -> np.ndarray:
+        """Up to k ids following the occurrence at reversed offset i, stopping at a separator. int64 [<= k]."""
+        start = max(0, i - k)
+        syms = self.rev[start:i][::-1]
+        stop = np.flatnonzero(syms == 0)
+        if len(stop):
+            syms = syms[:stop[0]]
+        return syms.astype(np.int64) - 1
+
+    def continuations(self, offsets: np.ndarray, k: int) -> np.ndarray:
+        """Continuations of many occurrences as int64 [len(offsets), k], padded with -1 after a stop."""
+        idx = offsets[:, None] - 1 - np.arange(k)[None, :]
+        syms = self.rev[np.maximum(idx, 0)].astype(np.int64)
+        syms[idx < 0] = 0
+        alive = np.cumprod(syms != 0, axis=1, dtype=np.int8).astype(bool)
+        return np.where(alive, syms - 1, -1)
+
+    def position(self, i: int) -> int:
+        """Stream position (separators counted, oldest first) of the occurrence at reversed offset i."""
+        return self.length - 1 - i
+
+
+def _int_view(arr: np.ndarray) -> memoryview:
+    """Native int memoryview of an int32/int64 array (fast scalar indexing; numpy may label it '<i')."""
+    code = {4: "i", 8: "q"}[arr.dtype.itemsize]
+    return memoryview(np.ascontiguousarray(arr).view(np.uint8)).cast(code)
+
+
+def _common_symbols(a: bytes, b: bytes, w: int) -> int:
+    """Number of leading whole symbols (w bytes each) that a and b share."""
+    n = min(len(a), len(b))
+    x = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    return (n - (x.bit_length() + 7) // 8) // w

@@ -1,0 +1,197 @@
+"""redraft.corpus lookup contract: longest suffix, most recent, separators, limits, append; against brute force."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from redraft.corpus import Corpus, load_corpus
+
+
+def ref_propose(spans, context, k, min_n=3, max_n=8):
+    """Brute force after the contract: scan every n from max_n down, every position from the newest."""
+    stream = []
+    for s in spans:
+        if len(s):
+            if stream:
+                stream.append(-1)
+            stream.extend(int(t) for t in s)
+    context = [int(t) for t in context]
+    for n in range(min(max_n, len(context)), min_n - 1, -1):
+        pat = context[-n:]
+        for end in range(len(stream) - 2, n - 2, -1):  # `end` = last matched position, needs a next id
+            if stream[end - n + 1:end + 1] == pat and stream[end + 1] != -1:
+                cont = []
+                for t in stream[end + 1:end + 1 + k]:
+                    if t == -1:
+                        break
+                    cont.append(t)
+                return n, cont
+    return 0, []
+
+
+def check(corpus, spans, context, k, min_n=3, max_n=8):
+    n, ids = corpus.propose(np.asarray(context, dtype=np.int64), k, min_n=min_n, max_n=max_n)
+    assert ids.dtype == np.int64 and ids.ndim == 1
+    assert (n, ids.tolist()) == ref_propose(spans, context, k, min_n, max_n)
+
+
+def test_longest_suffix_wins():
+    spans = [[1, 2, 3, 4, 50, 51], [9, 9, 2, 3, 4, 60, 61]]
+    c = Corpus.from_spans(spans)
+    # "1 2 3 4" (n=4) only in the older span beats the newer "2 3 4" (n=3).
+    n, ids = c.propose(np.array([7, 1, 2, 3, 4]), 8)
+    assert n == 4 and ids.tolist() == [50, 51]
+    n, ids = c.propose(np.array([8, 2, 3, 4]), 8)
+    assert n == 3 and ids.tolist() == [60, 61]
+
+
+def test_newer_beats_older():
+    c = Corpus.from_spans([[5, 6, 7, 1], [5, 6, 7, 2], [0, 5, 6, 7, 3, 4]])
+    n, ids = c.propose(np.array([5, 6, 7]), 4)
+    assert n == 3 and ids.tolist() == [3, 4]
+
+
+def test_separator_stops_proposal_and_empty_continuation_is_skipped():
+    c = Corpus.from_spans([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3]])
+    # The newest "1 2 3" ends its span (empty continuation): the older one wins.
+    n, ids = c.propose(np.array([1, 2, 3]), 8)
+    assert n == 3 and ids.tolist() == [4, 5, 6, 7]
+    c2 = Corpus.from_spans([[1, 2, 3, 4], [5, 6]])
+    n, ids = c2.propose(np.array([1, 2, 3]), 8)
+    assert ids.tolist() == [4]  # stops at the separator, never reads into [5, 6]
+
+
+def test_match_never_spans_a_separator():
+    c = Corpus.from_spans([[7, 1, 2], [3, 4, 5]])
+    # "2 3 4" exists only across the boundary; "3 4" alone is shorter than min_n.
+    assert c.propose(np.array([1, 2, 3, 4]), 8)[0] == 0
+    n, ids = c.propose(np.array([1, 2, 3, 4]), 8, min_n=2)
+    assert n == 2 and ids.tolist() == [5]
+
+
+def test_length_at_most_k():
+    c = Corpus.from_spans([list(range(100))])
+    for k in (1, 2, 5, 48):
+        n, ids = c.propose(np.array([0, 1, 2]), k)
+        assert n == 3 and ids.tolist() == list(range(3, 3 + k))
+    assert c.propose(np.array([0, 1, 2]), 0)[0] == 0
+
+
+def test_no_proposal_cases():
+    c = Corpus.from_spans([[1, 2, 3, 4, 5]])
+    assert c.propose(np.array([7, 8, 9]), 4)[0] == 0  # absent suffix
+    assert c.propose(np.array([2, 3]), 4)[0] == 0  # shorter than min_n
+    assert c.propose(np.array([3, 4, 5]), 4)[0] == 0  # only occurrence is at the corpus end
+    empty = Corpus.from_spans([])
+    n, ids = empty.propose(np.array([1, 2, 3]), 4)
+    assert n == 0 and ids.dtype == np.int64 and len(ids) == 0
+    assert Corpus.from_spans([[], []]).n_tokens == 0
+
+
+def test_max_n_and_min_n_are_honoured():
+    c = Corpus.from_spans([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [0, 6, 7, 8, 20]])
+    n, ids = c.propose(np.arange(1, 9), 4, min_n=2, max_n=4)
+    assert n == 4 and ids.tolist() == [9, 10, 11]
+    n, ids = c.propose(np.array([0, 7, 8]), 4, min_n=2, max_n=2)
+    assert n == 2 and ids.tolist() == [20]
+
+
+def test_context_ids_beyond_the_token_width_do_not_match():
+    c = Corpus.from_spans([[1, 2, 3, 4]])
+    assert c.propose(np.array([1, 2, 3, 70000]), 4)[0] == 0
+    assert c.propose(np.array([70000, 1, 2, 3]), 4) [1].tolist() == [4]
+
+
+def test_context_as_list_and_int32():
+    c = Corpus.from_spans([[1, 2, 3, 4]])
+    assert c.propose([1, 2, 3], 2)[1].tolist() == [4]
+    assert c.propose(np.array([1, 2, 3], dtype=np.int32), 2)[1].tolist() == [4]
+
+
+def test_wide_ids_use_uint32_symbols():
+    spans = [[70000, 70001, 70002, 5, 100000], [1, 70001, 70002, 5, 7]]
+    c = Corpus.from_spans(spans, vocab_size=150000)
+    assert c.stats()["token_width"] == 4
+    check(c, spans, [70001, 70002, 5], 3)
+    check(c, spans, [70000, 70001, 70002, 5], 3)
+
+
+def test_append_then_lookup_prefers_new_span():
+    c = Corpus.from_spans([[1, 2, 3, 4, 5]])
+    c.append([9, 1, 2, 3, 40])
+    assert c.propose(np.array([1, 2, 3]), 4)[1].tolist() == [40]
+    assert c.propose(np.array([0, 1, 2, 3]), 4)[1].tolist() == [40]
+    c.append([])  # no-op
+    assert c.n_spans == 2 and c.n_tokens == 10
+
+
+def test_append_longer_match_in_base_still_wins():
+    c = Corpus.from_spans([[1, 2, 3, 4, 5, 6]])
+    c.append([3, 4, 5, 99])
+    n, ids = c.propose(np.array([2, 3, 4, 5]), 4)
+    assert n == 4 and ids.tolist() == [6]
+
+
+def test_append_many_keeps_few_segments_and_matches_rebuild():
+    rng = np.random.default_rng(1)
+    spans = [rng.integers(0, 5, rng.integers(1, 30)).tolist() for _ in range(60)]
+    c = Corpus.from_spans(spans[:10])
+    for s in spans[10:]:
+        c.append(s)
+    assert c.stats()["segments"] <= 1 + 8
+    assert c.n_tokens == sum(map(len, spans)) and c.n_spans == 60
+    for _ in range(50):
+        ctx = rng.integers(0, 5, 9).tolist()
+        check(c, spans, ctx, 6)
+    c.compact()
+    assert c.stats()["segments"] == 1
+    for _ in range(50):
+        ctx = rng.integers(0, 5, 9).tolist()
+        check(c, spans, ctx, 6)
+
+
+def test_append_to_empty_corpus():
+    c = Corpus.from_spans([])
+    c.append([1, 2, 3, 4])
+    c.append([1, 2, 3, 5])
+    assert c.propose(np.array([1, 2, 3]), 4)[1].tolist() == [5]
+
+
+def test_append_checks_vocab():
+    from redraft.corpus import CorpusError
+
+    c = Corpus.from_spans([[1, 2, 3]], vocab_size=10)
+    with pytest.raises(CorpusError, match="id 10 at position 1"):
+        c.append([1, 10])
+    with pytest.raises(CorpusError, match="id -1"):
+        c.append([-1])
+
+
+spans_strategy = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=25), min_size=0, max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spans=spans_strategy, context=st.lists(st.integers(0, 4), min_size=0, max_size=12),
+       k=st.integers(1, 10), min_n=st.integers(1, 4), extra=st.integers(0, 5))
+def test_propose_matches_brute_force(spans, context, k, min_n, extra):
+    c = Corpus.from_spans(spans)
+    check(c, spans, context, k, min_n=min_n, max_n=min_n + extra)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spans=spans_strategy, more=spans_strategy, context=st.lists(st.integers(0, 3), min_size=3, max_size=10))
+def test_append_matches_brute_force(spans, more, context):
+    c = Corpus.from_spans(spans)
+    for s in more:
+        c.append(s)
+    check(c, spans + more, context, 5, min_n=2, max_n=6)
+
+
+def test_text_round_trip_keeps_lookups(tmp_path):
+    spans = [[1, 2, 3, 4], [5, 6, 7], [1, 2, 3, 9]]
+    p = tmp_path / "corpus.txt"
+    p.write_text("1 2 3 4 -1 5 6\n7 -1\n\n-1 -1 1 2 3 9\n")
+    c = load_corpus(p)
+    assert c.n_tokens == 11 and c.n_spans == 3 and c.path == str(p)
+    assert [s.tolist() for s in c.span_list()] == spans
+    check(c, spans, [1, 2, 3], 4)
