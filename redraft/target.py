@@ -1,0 +1,78 @@
+"""The target model behind a narrow interface: forward token ids with positions and a tree mask, keep or drop KV.
+
+Everything model-specific in the decode loop goes through :class:`HFTarget`, so another runtime (llama.cpp,
+vLLM) can host the same drafters and verifier by implementing these four methods.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class HFTarget:
+    """A transformers causal LM with its own KV cache (batch size 1).
+
+    Attributes:
+        model: the transformers model (eval mode).
+        length: tokens currently held in the KV cache.
+        vocab_size: rows of the LM head.
+        max_length: context length in tokens (``max_position_embeddings``) or None.
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.cache = None
+        self.length = 0
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_length = getattr(model.config, "max_position_embeddings", None)
+        self.dtype = next(model.parameters()).dtype
+
+    def reset(self) -> None:
+        """Drop the whole KV cache (start of a new sequence)."""
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                n_logits: int = 1) -> torch.Tensor:
+        """Run ids through the model, appending all of them to the KV cache.
+
+        Args:
+            ids: S token ids.
+            positions: LongTensor [1, S] or None for consecutive positions after the cache.
+            mask: additive FloatTensor [1, 1, S, length + S] or None for plain causal attention.
+            n_logits: how many trailing rows need logits (the LM head is a large share of the cost).
+        Returns:
+            FloatTensor [n_logits, vocab] logits of the last n_logits input rows.
+        """
+        if self.cache is None:
+            self.reset()
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self.cache,
+                         use_cache=True, logits_to_keep=n_logits)
+        self.length += len(ids)
+        return out.logits[0]
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached tokens."""
+        drop = self.length - length
+        if drop > 0:
+            self.cache.crop(-drop)
+            self.length = length
+
+    def keep(self, prefix: int, extra: list[int]) -> None:
+        """Keep cached positions [0, prefix) plus ``extra`` (ascending absolute indices >= prefix); drop the rest.
+
+        A contiguous ``extra`` starting at ``prefix`` is a cheap crop; anything else (an accepted tree path that
+        skips siblings) gathers the kept rows in place, so no re-forward is needed.
+        """
+        if not extra or extra == list(range(prefix, prefix + len(extra))):
+            self.crop(prefix + len(extra))
+            return
+        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+        self.length = len(idx)
