@@ -107,13 +107,19 @@ class Corpus:
         if not self._segments or min_n < 1 or max_n < min_n:
             return 0, []
         tail = context[-max_n:]
-        tail = tail.tolist() if hasattr(tail, "tolist") else list(tail)
+        tail = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
         if len(tail) < min_n:
             return 0, []
         tail.reverse()
+        segments = self._segments
+        if len(segments) == 1:  # the common case: one frozen index, no appended tail
+            seg = segments[0]
+            q = seg.encode(tail)
+            m = seg.longest(q, min_n)
+            return (m.n, [(seg, m, q)]) if m is not None else (0, [])
         queries: dict[int, bytes] = {}
         best_n, hits = 0, []
-        for seg in reversed(self._segments):
+        for seg in reversed(segments):
             q = queries.get(seg.width)
             if q is None:
                 q = queries[seg.width] = seg.encode(tail)
@@ -128,7 +134,7 @@ class Corpus:
                 hits.append((seg, m, q))
             if best_n == len(tail) and not all_segments:
                 break
-        return best_n, [(seg, m, q) for seg, m, q in hits if m.n >= best_n]
+        return best_n, hits
 
     def propose(self, context, k: int, min_n: int = 3, max_n: int = 8) -> tuple[int, np.ndarray]:
         """Continuation of the most recent occurrence of the longest matching context suffix.
@@ -249,7 +255,7 @@ class Corpus:
         bytes_per_token (stream + suffix array + range-minimum table, resident or mapped), path."""
         n = self.n_tokens
         token_bytes = sum(s.length * s.width for s in self._segments)
-        index_bytes = sum(s.sa.nbytes + s.table.nbytes for s in self._segments)
+        index_bytes = sum(s.sa.nbytes + s.table.nbytes + s.samples.nbytes for s in self._segments)
         return {
             "path": self.path,
             "n_tokens": n,

@@ -13,6 +13,7 @@ Binary (version 1), little-endian:
         stream  reversed big-endian symbols (id + 1, 0 = separator), uint16 or uint32 [length]
         sa      filtered suffix array, int32/int64 [M]          (index.build_suffix_array)
         table   range-minimum table over its blocks, same dtype (index.sparse_table)
+        samples uint64 8-byte prefixes of every 32nd suffix     (index.sample_keys)
 Opening maps the file and wraps the arrays in place: nothing is rebuilt, so open time does not depend on size.
 
 The format is detected by content (the magic bytes), never by file name.
@@ -30,7 +31,7 @@ import numpy as np
 
 from .corpus import Corpus
 from .errors import CorpusError
-from .index import BLOCK, SuffixIndex
+from .index import BLOCK, SAMPLE, SuffixIndex
 
 MAGIC = b"RDCORPUS"
 VERSION = 1
@@ -174,7 +175,8 @@ def write_binary(corpus: Corpus, path) -> None:
     stream = np.asarray(seg.rev) if seg else np.zeros(0, dtype=">u2")
     sa = seg.sa if seg else np.zeros(0, dtype=np.int32)
     table = seg.table if seg else np.zeros(0, dtype=np.int32)
-    arrays = {"stream": stream, "sa": np.asarray(sa), "table": np.asarray(table)}
+    samples = seg.samples if seg else np.zeros(0, dtype=np.uint64)
+    arrays = {"stream": stream, "sa": np.asarray(sa), "table": np.asarray(table), "samples": np.asarray(samples)}
     header = {
         "token_width": seg.width if seg else 2,
         "length": seg.length if seg else 0,
@@ -184,6 +186,7 @@ def write_binary(corpus: Corpus, path) -> None:
         "vocab_size": corpus.vocab_size,
         "fingerprint": corpus.fingerprint,
         "block": BLOCK,
+        "sample": SAMPLE,
         "arrays": {},
     }
     # Offsets depend on the header length, which depends on the offsets' digits: size it with a generous guess.
@@ -231,13 +234,14 @@ def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None 
         width, length = int(header["token_width"]), int(header["length"])
         n_tokens, n_spans, max_id = int(header["n_tokens"]), int(header["n_spans"]), int(header["max_id"])
         arrays = {}
-        for name in ("stream", "sa", "table"):
+        for name in ("stream", "sa", "table", "samples"):
             spec = header["arrays"][name]
             dtype, count, offset = np.dtype(spec["dtype"]), int(spec["count"]), int(spec["offset"])
             arrays[name] = (dtype, count, offset)
     except (ValueError, KeyError, TypeError) as e:
         raise CorpusError(f"{path}: malformed binary corpus header ({e})") from e
-    if width not in (2, 4) or header.get("block") != BLOCK or arrays["stream"][0].itemsize != width:
+    if (width not in (2, 4) or header.get("block") != BLOCK or header.get("sample") != SAMPLE
+            or arrays["stream"][0].itemsize != width):
         raise CorpusError(f"{path}: unsupported binary corpus layout (width {width}, block {header.get('block')})")
     for name, (dtype, count, offset) in arrays.items():
         if offset + dtype.itemsize * count > size:
@@ -255,7 +259,9 @@ def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None 
         _, _, s_off = arrays["stream"]
         sa = np.frombuffer(mm, dtype=arrays["sa"][0], count=arrays["sa"][1], offset=arrays["sa"][2])
         table = np.frombuffer(mm, dtype=arrays["table"][0], count=arrays["table"][1], offset=arrays["table"][2])
-        segments.append(SuffixIndex(mm, s_off, length, width, sa, table, n_tokens, n_spans, max_id))
+        samples = np.frombuffer(mm, dtype=arrays["samples"][0], count=arrays["samples"][1],
+                                offset=arrays["samples"][2])
+        segments.append(SuffixIndex(mm, s_off, length, width, sa, table, samples, n_tokens, n_spans, max_id))
     return Corpus(segments, path=path, vocab_size=vocab_size if vocab_size is not None else file_vocab,
                   fingerprint=file_fp if file_fp is not None else fingerprint)
 

@@ -27,6 +27,25 @@ from pydivsufsort import divsufsort
 from .symbols import WIDTHS, spans_to_reversed_symbols, reversed_symbols_to_spans
 
 BLOCK = 64  # rows per block of the range-minimum structure; a partial block costs ~1 us of Python min()
+SAMPLE = 32  # every SAMPLE-th row's first 8 bytes are kept as a uint64 to narrow the binary search in C
+
+
+def sample_keys(rev: np.ndarray, sa: np.ndarray) -> np.ndarray:
+    """First 8 bytes of every SAMPLE-th suffix, as big-endian integers (so integer order = suffix order).
+
+    rev: reversed big-endian symbols [L]; sa: [M]. Returns uint64 [ceil(M / SAMPLE)]; bytes past the stream end
+    read as 0, which sorts first like the end of a suffix does.
+    """
+    width = rev.dtype.itemsize
+    per = 8 // width
+    starts = sa[::SAMPLE].astype(np.int64)
+    keys = np.zeros(len(starts), dtype=np.uint64)
+    for j in range(per):
+        idx = starts + j
+        sym = rev[np.minimum(idx, len(rev) - 1)].astype(np.uint64)
+        sym[idx >= len(rev)] = 0
+        keys |= sym << np.uint64(8 * width * (per - 1 - j))
+    return keys
 
 
 def sparse_table(sa: np.ndarray) -> np.ndarray:
@@ -73,10 +92,10 @@ def build_suffix_array(rev: np.ndarray) -> np.ndarray:
     sa = raw[(raw & (width - 1)) == 0]
     del raw
     sa >>= width.bit_length() - 1
-    native = rev.view(rev.dtype.newbyteorder("="))
+    raw_syms = rev.view(rev.dtype.newbyteorder("="))  # byte-swapped values, but zero is still zero
     keep = sa > 0
-    keep &= native[sa] != 0
-    keep &= native[sa - 1] != 0  # sa - 1 = -1 where sa == 0 wraps harmlessly: already dropped by `sa > 0`
+    keep &= raw_syms[sa] != 0
+    keep &= raw_syms[sa - 1] != 0  # sa - 1 = -1 where sa == 0 wraps harmlessly: already dropped by `sa > 0`
     sa = sa[keep]
     return sa.astype(np.int32 if len(rev) < 2**31 else np.int64, copy=False)
 
@@ -94,11 +113,12 @@ class SuffixIndex:
     """Immutable index over whole spans: reversed symbol stream + filtered suffix array + range-minimum table.
 
     stream: bytes-like (bytes or mmap) holding the reversed big-endian symbols at byte `offset`, L * width bytes.
-    sa: int32/int64 [M] (see build_suffix_array); table: sparse_table(sa). Arrays may be views of a mmap.
+    sa: int32/int64 [M] (see build_suffix_array); table: sparse_table(sa); samples: sample_keys(stream, sa).
+    Arrays may be views of a mmap.
     """
 
     def __init__(self, stream, offset: int, length: int, width: int, sa: np.ndarray, table: np.ndarray,
-                 n_tokens: int, n_spans: int, max_id: int):
+                 samples: np.ndarray, n_tokens: int, n_spans: int, max_id: int):
         self.buf = stream
         self.off = offset
         self.length = length  # symbols, separators included
@@ -111,7 +131,10 @@ class SuffixIndex:
         self.n_tokens = n_tokens
         self.n_spans = n_spans
         self.max_id = max_id
+        self.samples = samples
+        self._packers: dict[int, struct.Struct] = {}
         self._sa_mv = _int_view(sa)
+        self._samples_mv = memoryview(np.ascontiguousarray(samples).view(np.uint8)).cast("Q")
         self._levels = _level_views(table, -(-len(sa) // BLOCK))
 
     # ---- construction -------------------------------------------------------------------------------------
@@ -121,8 +144,9 @@ class SuffixIndex:
         rev = spans_to_reversed_symbols(tokens, offsets, width)
         sa = build_suffix_array(rev)
         table = sparse_table(sa)
+        samples = sample_keys(rev, sa)
         max_id = int(tokens.max()) if len(tokens) else -1
-        return cls(rev.tobytes(), 0, len(rev), width, sa, table, len(tokens), len(offsets) - 1, max_id)
+        return cls(rev.tobytes(), 0, len(rev), width, sa, table, samples, len(tokens), len(offsets) - 1, max_id)
 
     def spans(self) -> tuple[np.ndarray, np.ndarray]:
         """(tokens int64 [n_tokens], offsets int64 [n_spans + 1]) of this segment, oldest span first."""
@@ -130,17 +154,22 @@ class SuffixIndex:
 
     def nbytes(self) -> int:
         """Resident bytes of stream + suffix array + table."""
-        return self.length * self.width + self.sa.nbytes + self.table.nbytes
+        return self.length * self.width + self.sa.nbytes + self.table.nbytes + self.samples.nbytes
 
     # ---- queries --------------------------------------------------------------------------------------------
     def encode(self, rev_tail: list[int]) -> bytes:
         """Query bytes for a reversed context tail (newest id first); stops at the first id this width can't hold."""
-        n = 0
-        for t in rev_tail:
-            if t < 0 or t > self.max_token:
-                break
-            n += 1
-        return struct.pack(f">{n}{WIDTHS[self.width][1]}", *[t + 1 for t in rev_tail[:n]])
+        n = len(rev_tail)
+        if n and (min(rev_tail) < 0 or max(rev_tail) > self.max_token):
+            n = 0
+            for t in rev_tail:
+                if t < 0 or t > self.max_token:
+                    break
+                n += 1
+        packer = self._packers.get(n)
+        if packer is None:
+            packer = self._packers[n] = struct.Struct(f">{n}{WIDTHS[self.width][1]}")
+        return packer.pack(*[t + 1 for t in rev_tail[:n]])
 
     def longest(self, q: bytes, min_n: int) -> Match | None:
         """Longest prefix of `q` (>= min_n symbols) that starts some kept suffix; its row range. None if none."""
@@ -152,14 +181,23 @@ class SuffixIndex:
         def key(i: int) -> bytes:
             return buf[off + i * w: off + i * w + ql]
 
-        r = bisect_left(sa, q, 0, len(sa), key=key)
+        # Sampled 8-byte prefixes bound the insertion point to one window of SAMPLE rows (bisect in C on ints),
+        # then the exact search runs inside it.
+        samples = self._samples_mv
+        pad = 8 * (8 - min(ql, 8))
+        lo_key = int.from_bytes(q[:8], "big") << pad
+        hi_key = lo_key | ((1 << pad) - 1)
+        a = bisect_left(samples, lo_key)
+        b = a if (a == len(samples) or samples[a] > hi_key) else bisect_right(samples, hi_key, a)
+        r = bisect_left(sa, q, max(0, (a - 1) * SAMPLE + 1), min(len(sa), b * SAMPLE), key=key)
         # The longest common prefix with any row is reached at one of the two rows around the insertion point.
         best, anchor = 0, -1
-        for row in (r - 1, r):
-            if 0 <= row < len(sa):
-                n = _common_symbols(key(sa[row]), q, w)
-                if n > best:
-                    best, anchor = n, row
+        if r < len(sa):
+            best, anchor = _common_symbols(key(sa[r]), q, w), r
+        if best * w < ql and r > 0:
+            n = _common_symbols(key(sa[r - 1]), q, w)
+            if n > best:
+                best, anchor = n, r - 1
         if best < min_n:
             return None
         lo, hi = self.range_of(q[:best * w], anchor)
@@ -179,7 +217,7 @@ class SuffixIndex:
                 lo = bisect_left(sa, qn, 0, inner, key=key)
                 break
             if key(sa[probe]) != qn:
-                lo = bisect_left(sa, qn, probe + 1, inner, key=key)
+                lo = inner if probe + 1 == inner else bisect_left(sa, qn, probe + 1, inner, key=key)
                 break
             inner, step = probe, step * 2
         step, inner = 1, anchor + 1
@@ -189,7 +227,7 @@ class SuffixIndex:
                 hi = bisect_right(sa, qn, inner, len(sa), key=key)
                 break
             if key(sa[probe]) != qn:
-                hi = bisect_right(sa, qn, inner, probe, key=key)
+                hi = inner if inner == probe else bisect_right(sa, qn, inner, probe, key=key)
                 break
             inner, step = probe + 1, step * 2
         return lo, hi
@@ -210,11 +248,13 @@ class SuffixIndex:
     def continuation(self, i: int, k: int) -> np.ndarray:
         """Up to k ids following the occurrence at reversed offset i, stopping at a separator. int64 [<= k]."""
         start = max(0, i - k)
-        syms = self.rev[start:i][::-1]
-        stop = np.flatnonzero(syms == 0)
-        if len(stop):
-            syms = syms[:stop[0]]
-        return syms.astype(np.int64) - 1
+        syms = struct.unpack_from(f">{i - start}{WIDTHS[self.width][1]}", self.buf, self.off + start * self.width)
+        out = []
+        for s in reversed(syms):
+            if s == 0:
+                break
+            out.append(s - 1)
+        return np.array(out, dtype=np.int64)
 
     def continuations(self, offsets: np.ndarray, k: int) -> np.ndarray:
         """Continuations of many occurrences as int64 [len(offsets), k], padded with -1 after a stop."""
