@@ -16,6 +16,8 @@ import numpy as np
 import torch
 
 from redraft.drafters.base import Drafter
+from redraft.sampling import GREEDY, SamplingParams, TokenChooser
+from redraft.stopping import StopStrings
 from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
@@ -45,9 +47,10 @@ class GenerationResult:
         output_ids: generated ids (an EOS that ended the generation is included, as in HF ``generate``).
         forwards: target forwards, prefill included.
         seconds: wall-clock seconds for the whole generation (prefill included).
-        stop_reason: "eos", "length" (max_new_tokens) or "context" (the model's context length).
+        stop_reason: "eos", "length" (max_new_tokens), "context" (the model's context length) or "stop".
         sources: per-drafter :class:`SourceStats`.
         accepted_per_forward: accepted draft tokens in each forward (0 where nothing was drafted or accepted).
+        margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
     """
 
     prompt_ids: list[int]
@@ -57,6 +60,7 @@ class GenerationResult:
     stop_reason: str = "length"
     sources: dict[str, SourceStats] = field(default_factory=dict)
     accepted_per_forward: list[int] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -78,16 +82,22 @@ class Engine:
         tree_budget: most nodes per verify forward.
         merge: False = the first drafter with a proposal wins the step (the foundation's priority rule);
             True = all proposals are merged into one token tree, in priority order, within the budget.
+        exact: settle near-tie verify rows the way plain decoding does (see :meth:`_settle`).
+        exact_margin: a row whose top-2 score gap is below this (logit units) is a near-tie; verify rows differ
+            from single-token forwards by ~1e-4 here, so 1e-3 leaves a tenfold margin.
     """
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
-                 max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False) -> None:
+                 max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
+                 exact: bool = True, exact_margin: float = 1e-3) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
         self.max_depth = max(1, min(int(max_depth), MAX_DRAFT_DEPTH))
         self.tree_budget = tree_budget
         self.merge = merge
+        self.exact = exact
+        self.exact_margin = exact_margin
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
         tree = TokenTree()
@@ -106,15 +116,21 @@ class Engine:
         return tree
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens greedily.
+                 on_tokens: Callable[[list[int]], None] | None = None, *,
+                 sampling: SamplingParams | None = None, stop: StopStrings | None = None,
+                 exact: bool | None = None, record_margins: bool = False) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens.
 
         Args:
             prompt_ids: at least one token id.
             max_new_tokens: exact cap on generated tokens, even when a step accepts several.
             on_tokens: called with each step's newly emitted ids (for streaming).
+            sampling: greedy (default) or seeded sampling; see :mod:`redraft.sampling`.
+            stop: stop strings; the output ends with the token that completes the first one.
+            exact: settle near-tie rows the way plain decoding does (default: the engine's ``exact``).
+            record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
         Returns:
-            :class:`GenerationResult`; ``output_ids`` equal plain greedy decoding's.
+            :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
             ValueError: empty prompt, or a prompt that already fills the model's context.
         """
@@ -124,12 +140,16 @@ class Engine:
         max_len = self.target.max_length or (len(prompt) + max_new_tokens + 1)
         if len(prompt) >= max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens fills the model's context length ({max_len})")
+        exact = self.exact if exact is None else exact
+        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size)
+        chooser.reset(prompt)
 
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
         buf = np.empty(len(prompt) + max(max_new_tokens, 0) + 1, dtype=np.int64)
         buf[:len(prompt)] = prompt
         n_ctx = len(prompt)
         pending = prompt  # tokens not yet in the KV cache; the last one is the root of the draft tree
+        plain_next = False  # after a near-tie: compute the next token with a draft-free forward, like plain decoding
         for d in self.drafters:
             d.begin(buf[:n_ctx])
         self.target.reset()
@@ -144,7 +164,7 @@ class Engine:
                 res.stop_reason = "context"
                 break
             # accepted + bonus must fit both the token budget and the context window
-            depth = min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
+            depth = 0 if plain_next else min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
             tree = self._draft(buf[:n_ctx], depth)
 
             n_past, n_pend = self.target.length, len(pending)
@@ -154,33 +174,76 @@ class Engine:
                 positions = tree_positions(tree, n_past, n_pend)
                 mask = tree_attention_mask(tree, n_past, n_pend, self.target.dtype)
             logits = self.target.forward(pending + tree.tokens, positions, mask, n_logits=len(tree) + 1)
-            choices = logits.argmax(-1).tolist()
-            path, bonus = greedy_accept(tree, choices)
             res.forwards += 1
-            self.target.keep(n_past + n_pend, [n_past + n_pend + i for i in path])
-
+            # row 0 (the root) chooses the token at position n_ctx; node i's row the one at n_ctx + depth(i)
+            row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
+            extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
+                if chooser.params.repetition_penalty != 1.0 else None
+            choices, margins = chooser.choose(logits, row_pos, extra)
+            path, bonus = greedy_accept(tree, choices)
             new = [tree.tokens[i] for i in path] + [bonus]
-            res.accepted_per_forward.append(len(path))
-            self._account(res, tree, path, len(new))
+            rows = [0] + [i + 1 for i in path]  # the verify row that chose each token of `new`
+            plain_next = False
+            if exact and len(tree) > 0:
+                tied = [j for j, r in enumerate(rows) if margins[r] < self.exact_margin]
+                if tied:
+                    new, rows, plain_next = self._settle(tied[0], path, new, rows, n_past, n_pend, n_ctx)
+            if plain_next and not new:
+                # the root's own row was a near-tie: recompute it with a draft-free forward of the root alone
+                res.accepted_per_forward.append(0)
+                self._account(res, tree, [], 0)
+                pending = self._replay_root(n_past, n_pend, pending)
+                continue
+            n_acc = len(new) - 1 if not plain_next else len(new)
+            self.target.keep(n_past + n_pend, [n_past + n_pend + i for i in path[:n_acc]])
+            if plain_next:
+                # the last kept token's row was a near-tie: drop its KV entry and feed it again alone
+                self.target.crop(self.target.length - 1)
+            res.accepted_per_forward.append(min(len(path), n_acc))
+            self._account(res, tree, path[:n_acc], len(new))
 
-            stop = None
+            stop_reason = None
             for j, t in enumerate(new):
                 if t in self.eos:
-                    new, stop = new[:j + 1], "eos"
+                    new, stop_reason = new[:j + 1], "eos"
                     break
             new = new[:remaining]
+            if record_margins:
+                res.margins.extend(float(margins[r]) for r in rows[:len(new)])
+            cut = stop.check(res.output_ids + new) if stop else None
+            if cut is not None:
+                new, stop_reason = new[:max(0, cut - len(res.output_ids))], "stop"
             buf[n_ctx:n_ctx + len(new)] = new
             n_ctx += len(new)
             res.output_ids.extend(new)
-            if on_tokens is not None:
+            chooser.commit(new)
+            if on_tokens is not None and new:
                 on_tokens(new)
-            if stop:
-                res.stop_reason = stop
+            if stop_reason:
+                res.stop_reason = stop_reason
                 break
             pending = [new[-1]]
 
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _settle(self, first_tied: int, path, new, rows, n_past, n_pend, n_ctx):
+        """Near-tie at the row that chose ``new[first_tied]``: keep only the tokens decided before it.
+
+        The verify row and a plain single-token forward differ by ~1e-4 in logits, so a choice closer than
+        ``exact_margin`` is not trusted; the token is recomputed by a draft-free forward next step, the way plain
+        decoding computes every token. Returns (tokens to emit, their rows, plain_next=True).
+        """
+        return new[:first_tied], rows[:first_tied], True
+
+    def _replay_root(self, n_past: int, n_pend: int, pending: list[int]) -> list[int]:
+        """Undo a forward whose root row was a near-tie; return the tokens to feed next (draft-free).
+
+        At prefill plain decoding runs the whole prompt in one forward, so the prompt is fed again whole;
+        later the root alone is fed on the cache of everything before it.
+        """
+        self.target.crop(n_past + n_pend - 1 if n_pend == 1 else n_past)
+        return pending if n_pend > 1 else pending[-1:]
 
     def _account(self, res: GenerationResult, tree: TokenTree, path: list[int], emitted: int) -> None:
         if not self.drafters:

@@ -1,0 +1,48 @@
+"""Stop strings: cut the output at the first occurrence of any stop string, also across token boundaries."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class StopStrings:
+    """Finds the first stop string in the decoded output.
+
+    After a hit, ``text`` is the output text up to (not including) the stop string and ``n_tokens`` the fewest
+    output ids whose decoding contains it; the engine emits exactly those ids, so usage counts equal what was
+    emitted (as OpenAI-style servers count a stop sequence's last token).
+
+    Args:
+        tokenizer: anything with ``decode(ids, skip_special_tokens=...)``.
+        stops: the stop strings (empty strings are ignored).
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.text: str | None = None
+        self.n_tokens: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.stops)
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def check(self, output_ids: list[int]) -> int | None:
+        """Return how many of ``output_ids`` to keep when a stop string occurs, else None."""
+        text = self._decode(output_ids)
+        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if not hits:
+            return None
+        cut, stop = min(hits)
+        # fewest ids whose text already contains this stop string (binary search: decoded length grows with ids)
+        lo, hi = 1, len(output_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if stop in self._decode(output_ids[:mid])[cut:]:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.text, self.n_tokens = text[:cut], lo
+        return lo
