@@ -76,8 +76,10 @@ class Corpus:
     @classmethod
     def from_flat(cls, tokens: np.ndarray, offsets: np.ndarray, vocab_size: int | None = None,
                   fingerprint: str | None = None, path: str | None = None) -> "Corpus":
-        """Build from tokens int64 [n] and span offsets int64 [n_spans + 1] (non-empty spans)."""
-        tokens = np.asarray(tokens, dtype=np.int64)
+        """Build from tokens (any integer dtype) [n] and span offsets int64 [n_spans + 1] (non-empty spans)."""
+        tokens = np.asarray(tokens)
+        if tokens.dtype.kind not in "iu":
+            tokens = tokens.astype(np.int64)
         check_ids(tokens, vocab_size, path or "corpus")
         if len(tokens) == 0:
             return cls([], path=path, vocab_size=vocab_size, fingerprint=fingerprint)

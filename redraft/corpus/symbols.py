@@ -25,7 +25,7 @@ def width_for(max_id: int, vocab_size: int | None) -> int:
 def spans_to_reversed_symbols(tokens: np.ndarray, offsets: np.ndarray, width: int) -> np.ndarray:
     """Lay spans out as one symbol stream with a 0 between spans, then reverse it.
 
-    tokens: int64 [n_tokens] ids >= 0; offsets: int64 [n_spans + 1] span starts into `tokens` (non-empty spans).
+    tokens: integer [n_tokens] ids >= 0; offsets: int64 [n_spans + 1] span starts into `tokens` (non-empty spans).
     Returns the reversed stream, big-endian uint16/uint32 [n_tokens + n_spans - 1].
     """
     n_spans = len(offsets) - 1
@@ -36,9 +36,9 @@ def spans_to_reversed_symbols(tokens: np.ndarray, offsets: np.ndarray, width: in
         # Span s starts s separators further right in the stream than in `tokens`.
         is_token = np.ones(length, dtype=bool)
         is_token[offsets[1:-1] + np.arange(n_spans - 1)] = False
-        stream[is_token] = tokens + 1
+        stream[is_token] = tokens.astype(stream.dtype) + 1
     elif length:
-        stream[:] = tokens + 1
+        stream[:] = tokens.astype(stream.dtype) + 1
     return stream[::-1].astype(dtype)
 
 
