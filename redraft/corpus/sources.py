@@ -1,0 +1,102 @@
+"""Reading spans from the files the tools accept: corpora (text or binary), JSONL records and run logs.
+
+The kind is detected by content, not by file name:
+  - binary corpus: starts with b"RDCORPUS";
+  - JSONL: first non-blank byte is '{'; each record gives one span from "tokens" (a "prompt_tokens" field, if
+    present, is not part of the output and is skipped);
+  - run log: contains "[TOKENS]" lines as printed by `redraft run --tokens` ("[TOKENS] N generated: ids..."),
+    one span per line; other lines are ignored;
+  - otherwise a text corpus (whitespace-separated ids, -1 between spans).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from .corpus import check_ids, spans_to_flat
+from .errors import CorpusError
+from .format import MAGIC, load_corpus, read_text
+
+_TOKENS_LINE = re.compile(rb"\[TOKENS\]\s+(\d+)\s+generated:(.*)")
+
+
+def detect_kind(path) -> str:
+    """'binary', 'jsonl', 'log' or 'text' (see the module doc). Raises CorpusError if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot read ({e.strerror or e})") from e
+    if head.startswith(MAGIC):
+        return "binary"
+    if head.lstrip()[:1] == b"{":
+        return "jsonl"
+    if b"[TOKENS]" in head:
+        return "log"
+    return "text"
+
+
+def read_spans(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
+               progress: bool = False) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """Spans of any accepted input: (tokens int64 [n], offsets int64 [n_spans + 1], fingerprint or None).
+
+    Raises CorpusError naming the file (and line, for JSONL and logs) on malformed input or out-of-vocab ids.
+    """
+    path = os.fspath(path)
+    kind = detect_kind(path)
+    if kind == "binary":
+        c = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+        tokens, offsets = c.spans()
+        return tokens, offsets, c.fingerprint
+    if kind == "text":
+        tokens, offsets = read_text(path, vocab_size=vocab_size, progress=progress)
+        return tokens, offsets, None
+    spans = read_jsonl(path) if kind == "jsonl" else read_log(path)
+    tokens, offsets = spans_to_flat(spans)
+    check_ids(tokens, vocab_size, path)
+    return tokens, offsets, None
+
+
+def read_jsonl(path) -> list[list[int]]:
+    """One span per JSON record's "tokens" list. Raises CorpusError with the line number on a bad record."""
+    spans = []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise CorpusError(f"{path}:{lineno}: not a JSON record ({e})") from e
+            tokens = record.get("tokens") if isinstance(record, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                      for t in tokens):
+                raise CorpusError(f"{path}:{lineno}: record has no \"tokens\" list of integer ids")
+            spans.append(tokens)
+    return spans
+
+
+def read_log(path) -> list[list[int]]:
+    """One span per "[TOKENS] N generated: ids..." line. Raises CorpusError (with line) when a line's id count
+    differs from N or an id is not an integer."""
+    spans = []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            m = _TOKENS_LINE.search(line)
+            if not m:
+                continue
+            words = m.group(2).replace(b",", b" ").split()
+            try:
+                ids = [int(w) for w in words]
+            except ValueError:
+                bad = next(w for w in words if not re.fullmatch(rb"-?\d+", w))
+                raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer")
+            if len(ids) != int(m.group(1)):
+                raise CorpusError(f"{path}:{lineno}: [TOKENS] line announces {int(m.group(1))} ids but has "
+                                  f"{len(ids)} (truncated log?)")
+            spans.append(ids)
+    return spans
