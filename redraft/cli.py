@@ -67,6 +67,44 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="pause a draft source whose acceptance falls below PCT%% (default 50); "
                         "env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    p.add_argument("--tree", type=int, default=0, metavar="B",
+                   help="token-tree drafts: the corpus's B most frequent continuations plus the n-gram draft, "
+                        "verified in one forward (default 0 = single chain)")
+    p.add_argument("--tree-budget", type=_positive, default=32, help="most draft nodes per verify forward (default 32)")
+    p.add_argument("--no-exact", dest="exact", action="store_false",
+                   help="trust near-tie verify rows instead of settling them with a draft-free forward")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """Sampling flags; the defaults give greedy decoding."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1.0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="HF/CTRL repetition penalty (1.0 = off)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed; the same seed gives the same output with or without drafts")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable); the output ends before it")
+
+
+def sampling_from_args(args):
+    from redraft.sampling import SamplingParams
+
+    try:
+        return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              repetition_penalty=args.repetition_penalty, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
+def engine_from_args(args, loaded, corpus, k: int, minacc: float):
+    """The Engine a `run`-style command asked for: drafters in priority order, chain or tree verification."""
+    from redraft.drafters import build_drafters
+    from redraft.engine import Engine
+
+    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree)
+    return Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=k,
+                  merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
 
 
 def resolve_draft_args(args) -> tuple[str | None, int, float]:
@@ -106,20 +144,21 @@ def _open_corpus(path, loaded):
 
 
 def cmd_run(args) -> int:
-    from redraft.drafters import build_drafters
     from redraft.drafters.corpus import clamp_k
-    from redraft.engine import Engine
     from redraft.models import encode_prompt
     from redraft.report import corpus_line, speculation_line, speed_line, token_lines
+    from redraft.stopping import StopStrings
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     corpus_path, k, minacc = resolve_draft_args(args)
     k = clamp_k(k)
     loaded = _load(args)
+    sampling = sampling_from_args(args)
     corpus = _open_corpus(corpus_path, loaded)
-    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram)
-    engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=k)
+    engine = engine_from_args(args, loaded, corpus, k, minacc)
     ids = encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None)
+    stop = StopStrings(loaded.tokenizer, args.stop)
+    hold = max((len(x) for x in stop.stops), default=1) - 1  # a stop string may still be completing
 
     tok = loaded.tokenizer
     out: list[int] = []
@@ -129,15 +168,18 @@ def cmd_run(args) -> int:
         nonlocal shown
         out.extend(new)
         text = tok.decode(out, skip_special_tokens=True)
-        # hold back a trailing replacement char: the next token may complete a multi-byte character
-        safe = len(text.rstrip("\ufffd"))
+        # hold back a trailing replacement char (the next token may complete a multi-byte character) and
+        # anything that could be the start of a stop string
+        safe = len(text.rstrip("\ufffd")) - hold
+        if stop.text is not None:  # this step completed a stop string: show exactly what precedes it
+            safe = len(stop.text)
         if safe > shown:
             sys.stdout.write(text[shown:safe])
             sys.stdout.flush()
             shown = safe
 
-    res = engine.generate(ids, args.ngen, on_tokens=stream)
-    text = tok.decode(out, skip_special_tokens=True)
+    res = engine.generate(ids, args.ngen, on_tokens=stream, sampling=sampling, stop=stop if stop else None)
+    text = stop.text if res.stop_reason == "stop" else tok.decode(out, skip_special_tokens=True)
     sys.stdout.write(text[shown:] + "\n")
     sys.stdout.flush()
     lines = [speculation_line(res)]
@@ -210,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "go to stderr.")
     add_model_args(p)
     add_draft_args(p)
+    add_sampling_args(p)
     p.add_argument("--tokens", action="store_true",
                    help="print [PROMPT_TOKENS]/[TOKENS] id lines to stderr (also TOKENS=1); freeze --from-log reads them")
     p.add_argument("prompt", metavar="PROMPT", help="the user prompt ('-' reads stdin)")
@@ -236,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-out", default=None, help="where to write the frozen corpus (default: a cache file)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
     p.set_defaults(func=cmd_demo)
+
+    from redraft.oracle import add_oracle_parser
+
+    add_oracle_parser(sub)
 
     try:
         from redraft.corpus.tools import add_corpus_subparser

@@ -10,7 +10,7 @@ __all__ = ["AcceptanceGuard", "Drafter", "Proposal", "CorpusDrafter", "NgramDraf
 
 
 def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool = True,
-                   ngram_k: int | None = None) -> list:
+                   ngram_k: int | None = None, tree_branches: int = 0) -> list:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -19,10 +19,11 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
         minacc: acceptance guard threshold as a fraction (0.5 = 50%).
         ngram: include the n-gram drafter.
         ngram_k: n-gram draft depth (default: same as k).
+        tree_branches: > 0 makes the corpus propose its most frequent continuations as a token tree.
     """
     drafters: list = []
     if corpus is not None:
-        drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc)))
+        drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc), tree_branches=tree_branches))
     if ngram:
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), 48), guard=AcceptanceGuard(minacc)))
     return drafters

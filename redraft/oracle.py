@@ -1,0 +1,108 @@
+"""``redraft oracle``: measure how often drafting changes the output, and where.
+
+Verify rows and single-token forwards differ by ~1e-4 in their logits (different matrix shapes round
+differently), so a near-tie between the top two tokens could flip. The oracle runs N prompts with plain decoding
+(recording each token's top-2 gap), freezes those answers so every draft is right (the hardest case for
+verification: the deepest rows), and replays them with each draft configuration, printing
+``Matching tokens: a/b`` plus the first divergent position and the plain top-2 gap there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def _compare(ref: list[int], got: list[int]) -> int:
+    """Length of the common prefix (tokens after a divergence follow a different context and do not count)."""
+    n = 0
+    for a, b in zip(ref, got):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def run_oracle(args) -> int:
+    from redraft.cli import _load, sampling_from_args
+    from redraft.corpus import Corpus
+    from redraft.demo import spec_bench_questions
+    from redraft.drafters import build_drafters
+    from redraft.engine import Engine
+    from redraft.models import encode_prompt
+
+    qs = spec_bench_questions()[args.offset:args.offset + args.questions]
+    ks = sorted({int(x) for x in args.k.split(",") if x.strip()})
+    loaded = _load(args)
+    sampling = sampling_from_args(args)
+    prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
+    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    refs = [plain.generate(p, args.ngen, sampling=sampling, record_margins=True)
+            for p in tqdm(prompts, desc="plain", unit="q", file=sys.stderr)]
+    corpus = Corpus.from_spans([r.prompt_ids + r.output_ids for r in refs], vocab_size=loaded.vocab_size)
+
+    configs = [(f"chain K={k}", dict(k=k, tree=0)) for k in ks]
+    if args.tree:
+        configs.append((f"tree B={args.tree} K={max(ks)} budget={args.tree_budget}", dict(k=max(ks), tree=args.tree)))
+    exact_modes = [True, False] if args.compare_exact else [args.exact]
+    report = {"questions": len(qs), "ngen": args.ngen, "plain_tokens": sum(len(r.output_ids) for r in refs),
+              "plain_seconds": sum(r.seconds for r in refs), "configs": []}
+    total_plain = report["plain_tokens"]
+    for name, cfg in configs:
+        for exact in exact_modes:
+            engine = Engine(loaded.model,
+                            build_drafters(corpus, k=cfg["k"], ngram=True, tree_branches=cfg["tree"]),
+                            eos_token_ids=loaded.eos_token_ids, max_depth=cfg["k"], merge=cfg["tree"] > 0,
+                            tree_budget=args.tree_budget, exact=exact)
+            match, first, secs, fwd, toks = 0, None, 0.0, 0, 0
+            for q, p, ref in tqdm(list(zip(qs, prompts, refs)), desc=f"{name} exact={exact}", unit="q",
+                                  file=sys.stderr):
+                res = engine.generate(p, args.ngen, sampling=sampling)
+                m = _compare(ref.output_ids, res.output_ids)
+                same = m == len(ref.output_ids) == len(res.output_ids)
+                match += m if not same else len(ref.output_ids)
+                secs, fwd, toks = secs + res.seconds, fwd + res.forwards, toks + len(res.output_ids)
+                if not same and first is None:
+                    gap = ref.margins[m] if m < len(ref.margins) else float("nan")
+                    first = {"question_id": q["question_id"], "position": m, "plain_top2_gap": gap}
+            row = {"config": name, "exact": exact, "matching": match, "total": total_plain,
+                   "first_divergence": first, "tokens_per_forward": toks / fwd if fwd else 0.0,
+                   "tok_s": toks / secs if secs else 0.0}
+            report["configs"].append(row)
+            where = ("none" if first is None else
+                     f"question {first['question_id']} token {first['position']} "
+                     f"(plain top-2 gap {first['plain_top2_gap']:.2e})")
+            print(f"{name:<28} exact={'on ' if exact else 'off'} Matching tokens: {match}/{total_plain}  "
+                  f"first divergence: {where}  {row['tokens_per_forward']:.2f} tok/fwd  {row['tok_s']:.1f} tok/s",
+                  flush=True)
+    gaps = sorted(g for r in refs for g in r.margins)
+    report["smallest_plain_gaps"] = gaps[:5]
+    print(f"plain: {total_plain} tokens, smallest top-2 gaps {', '.join(f'{g:.2e}' for g in gaps[:3])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    diverged = any(r["matching"] != r["total"] for r in report["configs"] if r["exact"])
+    return 1 if diverged else 0
+
+
+def add_oracle_parser(sub) -> None:
+    from redraft.cli import _positive, add_model_args, add_sampling_args
+
+    p = sub.add_parser("oracle", help="measure output divergence between plain and drafted decoding",
+                       description="Run Spec-Bench questions plain, freeze the answers, replay them with chain drafts "
+                                   "at each K (and tree drafts), and print 'Matching tokens: a/b' per configuration "
+                                   "with the first divergent position and the plain top-2 logit gap there. Exit 1 "
+                                   "if an exact-mode configuration diverged.")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.add_argument("--questions", type=_positive, default=80, help="questions (default 80)")
+    p.add_argument("--offset", type=int, default=0, help="first question index (default 0)")
+    p.add_argument("--k", default="1,2,5,8,16,32", help="comma-separated draft depths (default 1,2,5,8,16,32)")
+    p.add_argument("--tree", type=int, default=4, metavar="B", help="also tree drafts with B corpus branches (0 = no)")
+    p.add_argument("--tree-budget", type=_positive, default=32, help="tree node budget (default 32)")
+    p.add_argument("--no-exact", dest="exact", action="store_false", help="run without exact mode")
+    p.add_argument("--compare-exact", action="store_true", help="run every configuration with and without exact mode")
+    p.add_argument("--json", default=None, metavar="PATH", help="write every figure as JSON")
+    p.set_defaults(func=run_oracle)
