@@ -50,7 +50,8 @@ def sniff(path) -> str:
             head = f.read(len(MAGIC))
     except OSError as e:
         raise CorpusError(f"{path}: cannot read corpus file ({e.strerror or e})") from e
-    return "binary" if head == MAGIC else "text"
+    # A file shorter than the magic but starting like it is a truncated binary, not text.
+    return "binary" if head and MAGIC.startswith(head) else "text"
 
 
 def load_corpus(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
@@ -191,10 +192,11 @@ def write_binary(corpus: Corpus, path) -> None:
     }
     # Offsets depend on the header length, which depends on the offsets' digits: size it with a generous guess.
     guess = len(json.dumps(header)) + 400
-    pos = _align(_PREFIX.size + guess)
+    pos = end = _align(_PREFIX.size + guess)
     for name, arr in arrays.items():
         header["arrays"][name] = {"offset": pos, "dtype": arr.dtype.str, "count": int(len(arr))}
-        pos = _align(pos + arr.nbytes)
+        end = pos + arr.nbytes
+        pos = _align(end)
     blob = json.dumps(header).encode()
     assert len(blob) <= guess
     try:
@@ -204,7 +206,7 @@ def write_binary(corpus: Corpus, path) -> None:
             for name, arr in arrays.items():
                 f.seek(header["arrays"][name]["offset"])
                 f.write(np.ascontiguousarray(arr).view(np.uint8))
-            f.truncate(pos)
+            f.truncate(end)  # no trailing padding: losing any byte of the file is detectable
     except OSError as e:
         raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
 
