@@ -1,10 +1,13 @@
 """redraft.corpus lookup contract: longest suffix, most recent, separators, limits, append; against brute force."""
 
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from pydivsufsort import divsufsort
 
-from redraft.corpus import Corpus, load_corpus
+from redraft.corpus import Corpus, index, load_corpus
 
 
 def ref_propose(spans, context, k, min_n=3, max_n=8):
@@ -195,3 +198,33 @@ def test_text_round_trip_keeps_lookups(tmp_path):
     assert c.n_tokens == 11 and c.n_spans == 3 and c.path == str(p)
     assert [s.tolist() for s in c.span_list()] == spans
     check(c, spans, [1, 2, 3], 4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(spans=spans_strategy, context=st.lists(st.integers(0, 4), min_size=0, max_size=12), k=st.integers(1, 10))
+def test_propose_matches_brute_force_with_libdivsufsort(spans, context, k):
+    # Small streams are sorted in numpy; force the libdivsufsort path that big corpora take.
+    with patch.object(index, "SMALL", 0):
+        c = Corpus.from_spans(spans)
+    check(c, spans, context, k, min_n=2, max_n=6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sym=st.lists(st.integers(0, 3), min_size=1, max_size=200), wide=st.booleans())
+def test_prefix_doubling_equals_libdivsufsort(sym, wide):
+    arr = np.array(sym, dtype=">u4" if wide else ">u2")
+    raw = divsufsort(arr.view(np.uint8))
+    ref = raw[raw % arr.itemsize == 0] // arr.itemsize
+    assert index.prefix_doubling_sa(arr).tolist() == ref.tolist()
+
+
+def test_large_random_corpus_against_brute_force():
+    rng = np.random.default_rng(7)
+    spans = [rng.integers(0, 6, rng.integers(50, 400)).tolist() for _ in range(60)]  # > SMALL symbols
+    c = Corpus.from_spans(spans)
+    assert c.n_tokens + c.n_spans - 1 > index.SMALL
+    flat = [t for s in spans for t in s]
+    for _ in range(40):
+        p = int(rng.integers(10, len(flat)))
+        ctx = flat[p - 10:p] if rng.random() < 0.7 else rng.integers(0, 6, 10).tolist()
+        check(c, spans, ctx, 8)

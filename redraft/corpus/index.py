@@ -27,6 +27,8 @@ from pydivsufsort import divsufsort
 from .symbols import WIDTHS, spans_to_reversed_symbols, reversed_symbols_to_spans
 
 BLOCK = 64  # rows per block of the range-minimum structure; a partial block costs ~1 us of Python min()
+SMALL = 8192  # streams up to this many symbols are sorted in numpy: libdivsufsort costs ~2-15 ms per call
+# (OpenMP start-up) whatever the size, which would dominate append() of one output
 SAMPLE = 32  # every SAMPLE-th row's first 8 bytes are kept as a uint64 to narrow the binary search in C
 
 
@@ -87,17 +89,44 @@ def build_suffix_array(rev: np.ndarray) -> np.ndarray:
     """
     if len(rev) == 0:
         return np.zeros(0, dtype=np.int32)
-    width = rev.dtype.itemsize
-    raw = divsufsort(np.ascontiguousarray(rev).view(np.uint8))
-    sa = raw[(raw & (width - 1)) == 0]
-    del raw
-    sa >>= width.bit_length() - 1
+    if len(rev) <= SMALL:
+        sa = prefix_doubling_sa(rev)
+    else:
+        width = rev.dtype.itemsize
+        raw = divsufsort(np.ascontiguousarray(rev).view(np.uint8))
+        sa = raw[(raw & (width - 1)) == 0]
+        del raw
+        sa >>= width.bit_length() - 1
     raw_syms = rev.view(rev.dtype.newbyteorder("="))  # byte-swapped values, but zero is still zero
     keep = sa > 0
     keep &= raw_syms[sa] != 0
     keep &= raw_syms[sa - 1] != 0  # sa - 1 = -1 where sa == 0 wraps harmlessly: already dropped by `sa > 0`
     sa = sa[keep]
     return sa.astype(np.int32 if len(rev) < 2**31 else np.int64, copy=False)
+
+
+def prefix_doubling_sa(sym: np.ndarray) -> np.ndarray:
+    """Suffix array of a short symbol array by prefix doubling (Manber-Myers ranks, numpy lexsort per round).
+
+    sym: integer [n]. Returns int64 [n]; a suffix that ends sorts before its extensions, as in libdivsufsort.
+    O(n log n) per round, rounds = log2 of the longest repeat; meant for n <= SMALL.
+    """
+    n = len(sym)
+    rank = sym.astype(np.int64)
+    k = 1
+    while True:
+        second = np.full(n, -1, dtype=np.int64)
+        second[:n - k] = rank[k:]
+        sa = np.lexsort((second, rank))
+        r1, r2 = rank[sa], second[sa]
+        new = np.empty(n, dtype=np.int64)
+        new[0] = 0
+        np.cumsum((r1[1:] != r1[:-1]) | (r2[1:] != r2[:-1]), out=new[1:])
+        rank = np.empty(n, dtype=np.int64)
+        rank[sa] = new
+        if new[-1] == n - 1 or k >= n:
+            return sa
+        k *= 2
 
 
 @dataclass
