@@ -198,3 +198,39 @@ def test_tokenizer_fingerprint_is_stable_and_sensitive():
     with pytest.raises(TypeError):
         tokenizer_fingerprint(object())
     json.dumps(fp)
+
+
+@settings(max_examples=40, deadline=None)
+@given(spans=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), max_size=5),
+       contexts=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=9), min_size=1, max_size=5))
+def test_mapped_corpus_answers_like_brute_force(tmp_path_factory, spans, contexts):
+    from test_corpus import ref_propose
+
+    p = tmp_path_factory.mktemp("mm") / "c.rdc"
+    Corpus.from_spans(spans).save(p)
+    c = load_corpus(p)
+    for ctx in contexts:
+        n, ids = c.propose(np.array(ctx), 6, min_n=2, max_n=9)
+        assert (n, ids.tolist()) == ref_propose(spans, ctx, 6, 2, 9)
+
+
+def test_match_at_corpus_start_reads_nothing_past_the_stream(tmp_path):
+    # 32 ids = 64 stream bytes: no alignment padding after the stream, the case where a suffix comparison could
+    # have read another array's bytes.
+    spans = [list(range(1, 33))]
+    p = tmp_path / "c.rdc"
+    Corpus.from_spans(spans).save(p)
+    c = load_corpus(p)
+    for ctx in ([1, 2, 3], [0, 1, 2, 3], [9, 9, 1, 2], [5, 5, 5, 1]):
+        from test_corpus import ref_propose
+
+        n, ids = c.propose(np.array(ctx), 4, min_n=1, max_n=8)
+        assert (n, ids.tolist()) == ref_propose(spans, ctx, 4, 1, 8)
+
+
+def test_trailing_bytes_are_a_layout_error(tmp_path):
+    p = saved(tmp_path)
+    with open(p, "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(CorpusError, match="layout"):
+        load_corpus(p)

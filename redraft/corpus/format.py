@@ -10,10 +10,12 @@ Binary (version 1), little-endian:
     16  H bytes   JSON header: token_width, length (symbols incl. separators), n_tokens, n_spans, max_id,
                   vocab_size, fingerprint, block, arrays {name: {offset, dtype, count}}
     then the arrays, each at a 64-byte aligned absolute offset:
-        stream  reversed big-endian symbols (id + 1, 0 = separator), uint16 or uint32 [length]
         sa      filtered suffix array, int32/int64 [M]          (index.build_suffix_array)
         table   range-minimum table over its blocks, same dtype (index.sparse_table)
         samples uint64 8-byte prefixes of every 32nd suffix     (index.sample_keys)
+        stream  reversed big-endian symbols (id + 1, 0 = separator), uint16 or uint32 [length]
+    The stream is last and the file ends exactly where it ends: suffix comparisons slice the map past a suffix's
+    end and must get a short slice (as with bytes), never the bytes of another array.
 Opening maps the file and wraps the arrays in place: nothing is rebuilt, so open time does not depend on size.
 
 The format is detected by content (the magic bytes), never by file name.
@@ -177,7 +179,7 @@ def write_binary(corpus: Corpus, path) -> None:
     sa = seg.sa if seg else np.zeros(0, dtype=np.int32)
     table = seg.table if seg else np.zeros(0, dtype=np.int32)
     samples = seg.samples if seg else np.zeros(0, dtype=np.uint64)
-    arrays = {"stream": stream, "sa": np.asarray(sa), "table": np.asarray(table), "samples": np.asarray(samples)}
+    arrays = {"sa": np.asarray(sa), "table": np.asarray(table), "samples": np.asarray(samples), "stream": stream}
     header = {
         "token_width": seg.width if seg else 2,
         "length": seg.length if seg else 0,
@@ -236,7 +238,7 @@ def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None 
         width, length = int(header["token_width"]), int(header["length"])
         n_tokens, n_spans, max_id = int(header["n_tokens"]), int(header["n_spans"]), int(header["max_id"])
         arrays = {}
-        for name in ("stream", "sa", "table", "samples"):
+        for name in ("sa", "table", "samples", "stream"):
             spec = header["arrays"][name]
             dtype, count, offset = np.dtype(spec["dtype"]), int(spec["count"]), int(spec["offset"])
             arrays[name] = (dtype, count, offset)
@@ -249,6 +251,10 @@ def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None 
         if offset + dtype.itemsize * count > size:
             raise CorpusError(f"{path}: truncated binary corpus ({name} needs bytes up to "
                               f"{offset + dtype.itemsize * count}, file has {size})")
+    s_dtype, s_count, s_off = arrays["stream"]
+    if s_count != length or s_off + s_count * width != size:
+        raise CorpusError(f"{path}: bad binary corpus layout (the token stream must end the file: it ends at "
+                          f"{s_off + s_count * width}, the file at {size})")
     file_vocab, file_fp = header.get("vocab_size"), header.get("fingerprint")
     if vocab_size is not None and max_id >= vocab_size:
         raise CorpusError(f"{path}: id {max_id} is out of range (vocab size {vocab_size}; "
@@ -258,7 +264,6 @@ def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None 
                           f"current tokenizer is {fingerprint} (force=True / --force to use it anyway)")
     segments = []
     if n_tokens:
-        _, _, s_off = arrays["stream"]
         sa = np.frombuffer(mm, dtype=arrays["sa"][0], count=arrays["sa"][1], offset=arrays["sa"][2])
         table = np.frombuffer(mm, dtype=arrays["table"][0], count=arrays["table"][1], offset=arrays["table"][2])
         samples = np.frombuffer(mm, dtype=arrays["samples"][0], count=arrays["samples"][1],
