@@ -1,9 +1,13 @@
 """Corpus.propose_tree: most frequent continuations as a DraftTree."""
 
+from unittest.mock import patch
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from redraft.corpus import Corpus, DraftTree
+from redraft.corpus import corpus as corpus_mod
 
 
 def tree_of(spans, context, k, branches=4, **kw):
@@ -102,3 +106,19 @@ def test_propose_and_tree_agree_on_n():
 @pytest.mark.parametrize("branches,k", [(0, 3), (2, 0)])
 def test_degenerate_limits(branches, k):
     assert tree_of([[1, 2, 3, 4]], [1, 2, 3], k, branches=branches) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(spans=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), min_size=1, max_size=8),
+       context=st.lists(st.integers(0, 3), min_size=2, max_size=6), k=st.integers(1, 6), branches=st.integers(1, 5))
+def test_python_and_numpy_tree_builders_agree(spans, context, k, branches):
+    c = Corpus.from_spans(spans)
+    small = c.propose_tree(np.array(context), k, branches=branches, min_n=2)
+    with patch.object(corpus_mod, "TREE_SMALL", 0):
+        big = c.propose_tree(np.array(context), k, branches=branches, min_n=2)
+    if small is None:
+        assert big is None
+        return
+    assert_well_formed(small, k, branches)
+    for field in ("tokens", "parents", "counts"):
+        assert getattr(small, field).tolist() == getattr(big, field).tolist()

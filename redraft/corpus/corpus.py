@@ -24,6 +24,7 @@ from .tree import DraftTree, most_frequent_tree
 
 EMPTY = np.zeros(0, dtype=np.int64)
 TREE_SAMPLE = 1024  # occurrences looked at by propose_tree when a suffix has more
+TREE_SMALL = 64  # up to this many occurrences the tree is built in plain Python (numpy calls cost more)
 
 
 def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
@@ -171,12 +172,8 @@ class Corpus:
         n, hits = self._longest(context, min_n, max_n, all_segments=True)
         if not n:
             return None
-        conts, recency, total = [], [], 0
-        base = 0
-        bases = {}
-        for seg in self._segments:
-            bases[id(seg)] = base
-            base += seg.length + 1
+        samples = []  # (segment, reversed offsets int64 [m]) per matching segment
+        total = 0
         for seg, m, _ in hits:
             lo, hi = m.lo, m.hi
             total += hi - lo
@@ -185,9 +182,22 @@ class Corpus:
                 offs = np.unique(np.concatenate((seg.sa[rows], [seg.min_offset(lo, hi)]))).astype(np.int64)
             else:
                 offs = np.asarray(seg.sa[lo:hi], dtype=np.int64)
-            conts.append(seg.continuations(offs, k))
-            recency.append(bases[id(seg)] + seg.length - 1 - offs)
-        tokens, parents, counts = most_frequent_tree(np.concatenate(conts), np.concatenate(recency), branches)
+            samples.append((seg, offs))
+        # Recency = position in the whole corpus: segments are consecutive, oldest first.
+        base, bases = 0, {}
+        for seg in self._segments:
+            bases[id(seg)] = base
+            base += seg.length + 1
+        if sum(len(o) for _, o in samples) <= TREE_SMALL:
+            conts, recency = [], []
+            for seg, offs in samples:
+                for i in offs.tolist():
+                    conts.append(seg.continuation(i, k).tolist())
+                    recency.append(bases[id(seg)] + seg.position(i))
+        else:
+            conts = np.concatenate([seg.continuations(offs, k) for seg, offs in samples])
+            recency = np.concatenate([bases[id(seg)] + seg.length - 1 - offs for seg, offs in samples])
+        tokens, parents, counts = most_frequent_tree(conts, recency, branches)
         if not tokens:
             return None
         return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),

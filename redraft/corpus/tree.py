@@ -53,40 +53,38 @@ class DraftTree:
         return out
 
 
-def most_frequent_tree(conts: np.ndarray, recency: np.ndarray, branches: int) -> tuple[list, list, list]:
+def most_frequent_tree(conts, recency, branches: int) -> tuple[list, list, list]:
     """Choose up to `branches` root-to-leaf paths from a prefix tree of continuations, greedily by count.
 
-    conts: int64 [M, k] continuations, -1 after the end of each; recency: int64 [M] corpus position of each
-    occurrence (higher = newer). Returns (tokens, parents, counts) lists, parents before children.
+    conts: int64 [M, k] continuations padded with -1 after their end, or a list of M lists of ids (ragged);
+    recency: [M] corpus position of each occurrence (higher = newer). Returns (tokens, parents, counts) lists,
+    parents before children.
 
     Best-first: the candidate node with the highest count (ties: the one with the most recent supporting
     occurrence, which is unique among siblings) is taken and extended greedily down its highest-count child to a
     leaf; the siblings passed over become candidates. Each extension adds exactly one leaf, i.e. one path.
     The prefix tree is never materialised: rows are sorted lexicographically, so a node is a row range and its
-    children are the runs of the next column inside that range.
+    children are the runs of the next column inside that range (numpy for large ranges, plain Python for the
+    usual handful of occurrences, where numpy's per-call cost dominates).
     """
-    if conts.shape[0] == 0 or conts.shape[1] == 0 or branches <= 0:
+    if branches <= 0 or len(conts) == 0:
         return [], [], []
-    order = np.lexsort(conts.T[::-1])
-    conts, recency = conts[order], recency[order]
-    k = conts.shape[1]
+    if isinstance(conts, np.ndarray):
+        if conts.shape[1] == 0:
+            return [], [], []
+        order = np.lexsort(conts.T[::-1])
+        children = _array_children(conts[order], np.asarray(recency)[order])
+        M = conts.shape[0]
+    else:
+        order = sorted(range(len(conts)), key=conts.__getitem__)
+        children = _list_children([conts[j] for j in order], [recency[j] for j in order])
+        M = len(conts)
     tokens, parents, counts = [], [], []
     heap: list = []
 
-    def push_children(lo: int, hi: int, depth: int, parent: int) -> tuple | None:
-        """Push children of the node covering rows [lo, hi) at `depth`; return the best child (not pushed)."""
-        if depth >= k:
-            return None
-        col = conts[lo:hi, depth]
-        cuts = np.flatnonzero(col[1:] != col[:-1]) + 1
-        starts = np.concatenate(([0], cuts))
-        ends = np.concatenate((cuts, [hi - lo]))
-        kids = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            if col[s] < 0:
-                continue  # occurrences that stop here (separator or corpus end)
-            newest = int(recency[lo + s:lo + e].max())
-            kids.append((-(e - s), -newest, lo + s, lo + e, depth, parent))
+    def expand(lo: int, hi: int, depth: int, parent: int):
+        """Push the children of a node (rows [lo, hi), depth) as candidates; return the best one, unpushed."""
+        kids = [(-count, -newest, a, b, depth, parent, tok) for count, newest, a, b, tok in children(lo, hi, depth)]
         if not kids:
             return None
         best = min(kids)
@@ -95,17 +93,59 @@ def most_frequent_tree(conts: np.ndarray, recency: np.ndarray, branches: int) ->
                 heapq.heappush(heap, kid)
         return best
 
-    first = push_children(0, conts.shape[0], 0, -1)
+    first = expand(0, M, 0, -1)
     if first is not None:
         heapq.heappush(heap, first)
     n_paths = 0
     while heap and n_paths < branches:
         node = heapq.heappop(heap)
         while node is not None:
-            neg_count, _, lo, hi, depth, parent = node
-            tokens.append(int(conts[lo, depth]))
+            neg_count, _, lo, hi, depth, parent, tok = node
+            tokens.append(tok)
             parents.append(parent)
             counts.append(-neg_count)
-            node = push_children(lo, hi, depth + 1, len(tokens) - 1)
+            node = expand(lo, hi, depth + 1, len(tokens) - 1)
         n_paths += 1
     return tokens, parents, counts
+
+
+def _array_children(conts: np.ndarray, recency: np.ndarray):
+    """children(lo, hi, depth) -> [(count, newest, lo, hi, token)] over sorted padded rows."""
+    k = conts.shape[1]
+
+    def children(lo: int, hi: int, depth: int) -> list:
+        if depth >= k:
+            return []
+        col = conts[lo:hi, depth]
+        cuts = np.flatnonzero(col[1:] != col[:-1]) + 1
+        starts = [0, *cuts.tolist()]
+        ends = [*cuts.tolist(), hi - lo]
+        out = []
+        for s, e in zip(starts, ends):
+            tok = int(col[s])
+            if tok >= 0:  # -1: occurrences that stop here (separator or corpus end)
+                out.append((e - s, int(recency[lo + s:lo + e].max()), lo + s, lo + e, tok))
+        return out
+
+    return children
+
+
+def _list_children(rows: list, recency: list):
+    """children(lo, hi, depth) -> [(count, newest, lo, hi, token)] over sorted ragged rows."""
+
+    def children(lo: int, hi: int, depth: int) -> list:
+        out = []
+        j = lo
+        while j < hi and len(rows[j]) <= depth:  # rows that ended sort first
+            j += 1
+        while j < hi:
+            tok = rows[j][depth]
+            s, newest = j, recency[j]
+            j += 1
+            while j < hi and rows[j][depth] == tok:
+                newest = max(newest, recency[j])
+                j += 1
+            out.append((j - s, newest, s, j, tok))
+        return out
+
+    return children
