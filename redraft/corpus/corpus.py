@@ -19,19 +19,21 @@ import numpy as np
 
 from .errors import CorpusError
 from .index import SuffixIndex
-from .symbols import width_for
+from .symbols import WIDTHS, width_for
 from .tree import DraftTree, most_frequent_tree
 
 EMPTY = np.zeros(0, dtype=np.int64)
+MAX_ID = WIDTHS[4][2]  # largest id a corpus can hold (uint32 symbols, id + 1)
 TREE_SAMPLE = 1024  # occurrences looked at by propose_tree when a suffix has more
 TREE_SMALL = 64  # up to this many occurrences the tree is built in plain Python (numpy calls cost more)
 
 
 def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
-    """Raise CorpusError if any id in tokens (int64 [n]) is < 0 or >= vocab_size."""
+    """Raise CorpusError if any id in tokens (integer [n]) is < 0 or >= vocab_size (or beyond uint32 symbols)."""
     if len(tokens) == 0:
         return
-    bad = np.flatnonzero((tokens < 0) | ((tokens >= vocab_size) if vocab_size is not None else False))
+    limit = min(vocab_size, MAX_ID + 1) if vocab_size is not None else MAX_ID + 1
+    bad = np.flatnonzero((tokens < 0) | (tokens >= limit))
     if len(bad):
         j = int(bad[0])
         limit = f" (vocab size {vocab_size})" if vocab_size is not None else ""
