@@ -1,0 +1,183 @@
+"""Draft checkpoints: safetensors weights + a JSON config that records which target the draft was trained for.
+
+A checkpoint directory holds:
+
+- ``glide.json``: format tag, :class:`GlideConfig`, the target's fingerprint and description, training summary.
+- ``draft.safetensors``: the trainable weights only (the frozen embeddings and LM head are the target's) plus
+  ``vocab_rank`` (int64 [vocab]: token ids by descending training frequency), from which a reduced-vocabulary
+  head of any size N is cut at load time (its ids = the first N of the ranking).
+- while training, ``optimizer.safetensors`` and ``train_state.json`` for ``--resume``.
+
+A draft reads the target's embeddings, LM head and KV cache, so it is only meaningful for the exact target it was
+trained for: :func:`load_draft` compares fingerprints and refuses any other target with :class:`TargetMismatchError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from redraft.glide.model import GlideConfig, GlideDraft, build_draft
+
+FORMAT = "redraft-glide"
+VERSION = 1
+CONFIG_FILE = "glide.json"
+WEIGHTS_FILE = "draft.safetensors"
+
+# config fields that define the architecture (others, such as dtype or the attention backend, may differ freely)
+_ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_parameters",
+              "rope_theta", "rope_scaling", "max_position_embeddings", "tie_word_embeddings", "hidden_act")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, unreadable or of another format; the message names the path."""
+
+
+class TargetMismatchError(CheckpointError):
+    """The checkpoint was trained for another target model; the message names both."""
+
+
+def _tensor_stats(t: torch.Tensor) -> str:
+    t = t.detach().double()
+    flat = t.flatten()
+    picks = flat[torch.linspace(0, flat.numel() - 1, 7).long()]
+    return (f"{list(t.shape)} sum={t.sum().item():.6e} abs={t.abs().sum().item():.6e} "
+            f"pick={[float(f'{x:.6e}') for x in picks.tolist()]}")
+
+
+def target_fingerprint(model) -> str:
+    """A 16-hex-digit hash of a target's architecture config and a few weight statistics.
+
+    Statistics (shape, sum, absolute sum, 7 evenly spaced values, to 7 significant digits) of the input
+    embeddings, the first layer's q_proj, the last layer's v_proj, the final norm and the LM head: two different
+    checkpoints of the same architecture differ here, while dtype/attention-backend choices do not matter.
+    """
+    cfg = model.config.to_dict()
+    arch = {k: cfg[k] for k in _ARCH_KEYS if k in cfg}
+    h = hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode())
+    layers = model.base_model.layers
+    tensors = [model.get_input_embeddings().weight, layers[0].self_attn.q_proj.weight,
+               layers[-1].self_attn.v_proj.weight, model.base_model.norm.weight, model.get_output_embeddings().weight]
+    for t in tensors:
+        h.update(_tensor_stats(t).encode())
+    return h.hexdigest()[:16]
+
+
+def target_description(model) -> str:
+    """Human-readable target name for error messages, e.g. ``llama 30 layers, hidden 576, vocab 49152 (path)``."""
+    c = model.config
+    name = getattr(c, "_name_or_path", "") or getattr(model, "name_or_path", "") or ""
+    desc = f"{c.model_type} {c.num_hidden_layers} layers, hidden {c.hidden_size}, vocab {c.vocab_size}"
+    return f"{desc} ({name})" if name else desc
+
+
+def save_draft(out: str | os.PathLike, draft: GlideDraft, target, *, vocab_rank: torch.Tensor | None = None,
+               training: dict | None = None) -> Path:
+    """Write ``glide.json`` + ``draft.safetensors`` into ``out`` (created if needed), atomically per file.
+
+    Args:
+        draft: the draft (only its trainable parameters are written).
+        target: the transformers target model it was trained for (its fingerprint goes into the config).
+        vocab_rank: LongTensor [vocab] token ids by descending frequency, or None.
+        training: JSON-able training summary (steps, tokens, loss, held-out acceptance, seconds, data).
+    Returns:
+        the directory.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()
+               if k not in ("embed_weight", "head_weight") and not k.startswith("rotary.")}
+    if vocab_rank is not None:
+        tensors["vocab_rank"] = vocab_rank.to(torch.long).contiguous()
+    cfg = draft.cfg.to_dict()
+    cfg["head_vocab"] = 0  # the head size is chosen at load time from vocab_rank
+    meta = {"format": FORMAT, "version": VERSION, "config": cfg,
+            "target": {"fingerprint": target_fingerprint(target), "description": target_description(target)},
+            "training": training or {}}
+    _atomic(out / WEIGHTS_FILE, lambda p: save_file(tensors, str(p)))
+    _atomic(out / CONFIG_FILE, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
+    return out
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The parsed ``glide.json`` of a checkpoint directory.
+
+    Raises:
+        CheckpointError: no such directory/file, bad JSON, or another format.
+    """
+    p = Path(path).expanduser()
+    f = p / CONFIG_FILE
+    if not f.is_file():
+        raise CheckpointError(f"{p}: not a GliDe draft checkpoint (no {CONFIG_FILE}; train one with "
+                              f"'redraft glide train --out {p}')")
+    try:
+        meta = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{f}: bad JSON ({e})") from e
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{f}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def check_target(meta: dict, target, path: str | os.PathLike = "") -> None:
+    """Refuse a checkpoint trained for another target.
+
+    Raises:
+        TargetMismatchError: fingerprints differ; the message names the checkpoint's target and this one.
+    """
+    want = meta.get("target", {})
+    fp = target_fingerprint(target)
+    if want.get("fingerprint") != fp:
+        raise TargetMismatchError(
+            f"GliDe draft {path} was trained for target {want.get('description', '?')} "
+            f"[fingerprint {want.get('fingerprint')}], but the target model is {target_description(target)} "
+            f"[fingerprint {fp}]; train a draft for this target with 'redraft glide train'")
+
+
+def load_draft(path: str | os.PathLike, target, *, head_vocab: int | None = None) -> GlideDraft:
+    """Load a draft checkpoint for ``target`` (a transformers causal LM), in eval mode.
+
+    Args:
+        path: checkpoint directory.
+        target: the target model; must be the one the draft was trained for.
+        head_vocab: N > 0 = reduced-vocabulary head over the N most frequent training tokens; 0 = full head;
+            None = full head.
+    Raises:
+        CheckpointError: unreadable checkpoint, or ``head_vocab`` > 0 without a stored ranking.
+        TargetMismatchError: the checkpoint belongs to another target.
+    """
+    from safetensors.torch import load_file
+
+    meta = read_meta(path)
+    check_target(meta, target, path)
+    cfg = GlideConfig.from_dict(meta["config"])
+    try:
+        tensors = load_file(str(Path(path).expanduser() / WEIGHTS_FILE))
+    except Exception as e:  # safetensors raises several types for a bad file
+        raise CheckpointError(f"{path}: cannot read {WEIGHTS_FILE} ({type(e).__name__}: {e})") from e
+    rank = tensors.pop("vocab_rank", None)
+    draft = build_draft(target, cfg)
+    missing, unexpected = draft.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if k not in ("embed_weight", "head_weight") and not k.startswith("rotary.")]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not match the config (missing {missing}, unexpected {unexpected})")
+    if head_vocab:
+        if rank is None:
+            raise CheckpointError(f"{path}: no vocab_rank stored, cannot build a {head_vocab}-token head")
+        draft.set_vocab(torch.sort(rank[:head_vocab]).values)
+    draft.vocab_rank = rank
+    draft.meta = meta
+    return draft.eval()

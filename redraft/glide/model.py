@@ -1,0 +1,475 @@
+"""The GliDe draft model: L_D layers of self-attention -> cross-attention (to the target's KV cache) -> MLP.
+
+GliDe (Du et al. 2024, "GliDe with a CaPE", arXiv 2402.02082, section 3.1): a small draft model whose layers
+also attend to the *target's* key/value cache of the verified prefix. Draft layer i reads the target's layer
+``L_T - L_D + i`` (a one-layer draft reads the last layer). The cross-attention owns only a query projection
+(draft hidden -> target heads x target head_dim) and an output projection; its keys and values are the target's
+cached K/V, already rotary-encoded, with GQA heads shared the way the target shares them. The query gets rotary
+at its absolute position with the **target's** rope settings (the official code hard-codes base 10000, which is
+wrong for targets such as SmolLM2 whose theta is 100000).
+
+Embeddings and the LM head are the target's, frozen, held as non-persistent buffers (never saved in a draft
+checkpoint). An optional reduced-vocabulary head keeps only the rows of chosen token ids (the most frequent ones):
+the draft then never proposes a token outside that subset, and the head costs N/vocab of the full one.
+
+With ``cross_attention=False`` the same class is the *vanilla* baseline draft: self-attention -> MLP only.
+
+Shapes in this file: B batch, S query tokens, T target-cache tokens, P draft-cache tokens, H hidden size,
+n/nk draft query/KV heads, Ht/Hkt target query/KV heads, D head_dim (shared with the target). All float tensors
+are the draft dtype (fp32 by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# ---- configuration ------------------------------------------------------------------------------------------------
+
+@dataclass
+class GlideConfig:
+    """Everything needed to rebuild a draft's trainable part (the target supplies embeddings, head and rope).
+
+    Attributes:
+        hidden_size: H, equal to the target's (the embeddings and LM head are shared).
+        intermediate_size: MLP width.
+        n_layers: L_D draft layers.
+        n_heads, n_kv_heads: draft self-attention heads (GQA when n_kv_heads < n_heads).
+        head_dim: D, equal to the target's (one rotary table serves both attentions).
+        target_n_layers: L_T.
+        target_n_heads, target_n_kv_heads: the target's query and KV heads (cross-attention geometry).
+        vocab_size: rows of the target's LM head.
+        rms_norm_eps: RMSNorm epsilon (the target's).
+        rope_theta, rope_type: the target's rope settings, recorded for the reader; the frequencies themselves
+            are always recomputed from the target's config (:func:`target_rope`).
+        cross_attention: False = vanilla draft (no cross-attention sub-layer).
+        head_vocab: size of the reduced-vocabulary head, 0 = full head.
+        block_size: training block size of the cross-attention mask (5 in the paper).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    target_n_layers: int
+    target_n_heads: int
+    target_n_kv_heads: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    cross_attention: bool = True
+    head_vocab: int = 0
+    block_size: int = 5
+
+    @property
+    def target_layers(self) -> list[int]:
+        """Target layer read by each draft layer: ``L_T - L_D + i`` (paper section 3.1)."""
+        return [self.target_n_layers - self.n_layers + i for i in range(self.n_layers)]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GlideConfig":
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_target(cls, tcfg, *, n_layers: int = 1, cross_attention: bool = True, head_vocab: int = 0,
+                    intermediate_size: int | None = None, block_size: int = 5) -> "GlideConfig":
+        """Draft geometry mirroring a Llama-style target config (heads, head_dim, norm eps, rope).
+
+        Raises:
+            ValueError: ``n_layers`` outside 1..L_T, or a target without the Llama attention fields.
+        """
+        n_t = int(tcfg.num_hidden_layers)
+        if not 1 <= n_layers <= n_t:
+            raise ValueError(f"a GliDe draft needs 1 <= n_layers <= {n_t} (target layers), got {n_layers}")
+        heads = int(tcfg.num_attention_heads)
+        kv = int(getattr(tcfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(tcfg, "head_dim", None) or tcfg.hidden_size // heads)
+        theta, rtype = _rope_params(tcfg)
+        return cls(hidden_size=int(tcfg.hidden_size),
+                   intermediate_size=int(intermediate_size or tcfg.intermediate_size),
+                   n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim, target_n_layers=n_t,
+                   target_n_heads=heads, target_n_kv_heads=kv, vocab_size=int(tcfg.vocab_size),
+                   rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", 1e-5)), rope_theta=theta, rope_type=rtype,
+                   cross_attention=cross_attention, head_vocab=int(head_vocab), block_size=block_size)
+
+
+# ---- rotary position embedding (the target's settings) ------------------------------------------------------------
+
+def _rope_params(tcfg) -> tuple[float, str]:
+    """(theta, rope type) from a transformers config: ``rope_parameters`` (v5) or ``rope_theta``/``rope_scaling``."""
+    rp = getattr(tcfg, "rope_parameters", None) or {}
+    if isinstance(rp, dict) and "rope_theta" in rp:
+        return float(rp["rope_theta"]), str(rp.get("rope_type", "default"))
+    scaling = getattr(tcfg, "rope_scaling", None) or {}
+    return float(getattr(tcfg, "rope_theta", 10000.0)), str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def target_rope(tcfg) -> tuple[torch.Tensor, float]:
+    """The target's rotary inverse frequencies and cos/sin scaling.
+
+    Default rope: inv_freq[i] = theta ** (-2i / D) with the target's theta (not a hard-coded 10000).
+    Other static rope types (linear, llama3, yarn, ...) use transformers' own initialisers on the target config,
+    so the draft's queries rotate exactly like the target's keys.
+
+    Returns:
+        (inv_freq FloatTensor [D/2] fp32, attention scaling float).
+    Raises:
+        ValueError: a rope type transformers does not know, or partial rotary.
+    """
+    theta, rtype = _rope_params(tcfg)
+    heads = int(tcfg.num_attention_heads)
+    dim = int(getattr(tcfg, "head_dim", None) or tcfg.hidden_size // heads)
+    if float(getattr(tcfg, "partial_rotary_factor", None) or 1.0) != 1.0:
+        raise ValueError("targets with partial rotary embeddings are not supported")
+    if rtype == "default":
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rtype not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope type {rtype!r} of the target is not supported")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rtype](tcfg, None)
+    return inv_freq.float(), float(scaling)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, S, D] rotated by cos/sin [B, 1, S, D] (the Llama "rotate half" convention)."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for absolute positions, from the target's inverse frequencies.
+
+    Args:
+        inv_freq: FloatTensor [D/2] (see :func:`target_rope`).
+        scaling: multiplier applied to cos and sin (1.0 for default rope).
+    """
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
+        self.scaling = float(scaling)
+
+    def forward(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos LongTensor [B, S] -> (cos, sin) each [B, 1, S, D] in ``dtype``."""
+        freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, S, D]
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+
+# ---- masks ----------------------------------------------------------------------------------------------------------
+
+def block_mask(n_q: int, n_k: int | None = None, block: int = 5, offset: int = 0) -> torch.Tensor:
+    """Training cross-attention mask: query i sees target KV j only if block(j) < block(i).
+
+    block(i) = (i + offset) // block. This simulates the delayed cache at inference: the draft's root token at
+    position n sees target KV [0, n), and the drafted tokens after it see no more (paper section 3.1).
+
+    Returns:
+        BoolTensor [n_q, n_k] (True = attend); n_k defaults to n_q. Rows of the first block are all False.
+    """
+    n_k = n_q if n_k is None else n_k
+    bq = (torch.arange(n_q) + offset) // block
+    bk = (torch.arange(n_k) + offset) // block
+    return bk[None, :] < bq[:, None]
+
+
+def prefix_mask(q_pos: torch.Tensor, n_visible: int) -> torch.Tensor:
+    """Inference cross-attention mask: query at absolute position p sees target KV j < min(p, n_visible).
+
+    Args:
+        q_pos: LongTensor [S] absolute positions of the queries.
+        n_visible: target-cache length (the verified prefix).
+    Returns:
+        BoolTensor [S, n_visible].
+    """
+    j = torch.arange(n_visible)
+    return j[None, :] < torch.clamp(q_pos, max=n_visible)[:, None]
+
+
+# ---- layers ---------------------------------------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm: x / rms(x) * weight, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class DraftCache:
+    """The draft's own self-attention KV cache (batch 1 at inference): per layer keys/values [1, nk, P, D]."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k, v [B, nk, S, D] to ``layer``; return that layer's full keys and values [B, nk, P + S, D]."""
+        if self.keys[layer] is not None:
+            k = torch.cat((self.keys[layer], k), dim=2)
+            v = torch.cat((self.values[layer], v), dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions of every layer."""
+        for i, k in enumerate(self.keys):
+            if k is not None:
+                self.keys[i] = k[:, :, :length]
+                self.values[i] = self.values[i][:, :, :length]
+        self.length = min(self.length, length)
+
+
+class SelfAttention(nn.Module):
+    """Causal GQA self-attention over the draft's own tokens (Llama layout, no biases)."""
+
+    def __init__(self, cfg: GlideConfig) -> None:
+        super().__init__()
+        self.n, self.nk, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nk * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nk * self.d, bias=False)
+        self.o_proj = nn.Linear(self.n * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DraftCache | None = None,
+                layer: int = 0) -> torch.Tensor:
+        """x [B, S, H] -> [B, S, H]. With ``cache``, the S new tokens follow its P cached ones."""
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.n, self.d).transpose(1, 2)  # [B, n, S, D]
+        k = self.k_proj(x).view(B, S, self.nk, self.d).transpose(1, 2)  # [B, nk, S, D]
+        v = self.v_proj(x).view(B, S, self.nk, self.d).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=S > 1, enable_gqa=True)
+        else:
+            k, v = cache.update(layer, k, v)  # [B, nk, P + S, D]
+            mask = None
+            if S > 1:  # new token i sees the P cached ones and new tokens <= i
+                P = k.shape[2] - S
+                mask = torch.ones(S, P + S, dtype=torch.bool).tril(P)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
+
+
+class CrossAttention(nn.Module):
+    """Attention from draft queries to the target's cached K/V (paper section 3.1).
+
+    Only ``q_proj`` (H -> Ht*D) and ``o_proj`` (Ht*D -> H) are parameters; keys and values come from the target's
+    cache, already rotary-encoded at their own positions, so only the query is rotated here.
+    """
+
+    def __init__(self, cfg: GlideConfig) -> None:
+        super().__init__()
+        self.n, self.nk, self.d = cfg.target_n_heads, cfg.target_n_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n * self.d, bias=False)
+        self.o_proj = nn.Linear(self.n * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Cross-attend.
+
+        Args:
+            x: [B, S, H] normalised draft hidden states.
+            cos, sin: [B, 1, S, D] rotary tables at the queries' absolute positions.
+            k, v: [B, Hkt, T, D] target cache (GQA: each KV head serves Ht/Hkt query heads, as in the target).
+            mask: BoolTensor broadcastable to [B, 1, S, T], True = attend; None = every query sees all T.
+        Returns:
+            [B, S, H]; a query that sees no key at all gets a zero output (no NaN).
+        """
+        B, S, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(B, S, self.n, self.d).transpose(1, 2), cos, sin)  # [B, Ht, S, D]
+        if k.shape[2] == 0:
+            return torch.zeros_like(x)
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, enable_gqa=True)
+        if mask is not None:
+            o = o * mask.any(-1, keepdim=True).to(o.dtype)  # [B, 1, S, 1]: rows with no visible key -> 0
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
+
+
+class MLP(nn.Module):
+    """SwiGLU MLP (Llama): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: GlideConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm block: x += self_attn(norm(x)); x += cross_attn(norm(x)); x += mlp(norm(x))."""
+
+    def __init__(self, cfg: GlideConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg)
+        self.cross_attn = self.cross_layernorm = None
+        if cfg.cross_attention:
+            self.cross_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.cross_attn = CrossAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, target_kv=None, cross_mask=None, cache=None, layer=0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
+        if self.cross_attn is not None:
+            k, v = target_kv
+            x = x + self.cross_attn(self.cross_layernorm(x), cos, sin, k, v, cross_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# ---- the draft model ------------------------------------------------------------------------------------------------
+
+class GlideDraft(nn.Module):
+    """GliDe draft (or vanilla draft when ``cfg.cross_attention`` is False).
+
+    Args:
+        cfg: :class:`GlideConfig`.
+        embed_weight: the target's input embeddings [vocab, H] (frozen; referenced, not copied).
+        head_weight: the target's LM head [vocab, H] (frozen).
+        inv_freq, rope_scaling: the target's rope (:func:`target_rope`).
+        vocab_ids: LongTensor [N] token ids of a reduced-vocabulary head, or None for the full head.
+    """
+
+    def __init__(self, cfg: GlideConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor,
+                 inv_freq: torch.Tensor, rope_scaling: float = 1.0, vocab_ids: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(inv_freq, rope_scaling)
+        self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
+        self.register_buffer("head_weight", head_weight.detach(), persistent=False)
+        self.vocab_ids: torch.Tensor | None = None
+        self.set_vocab(vocab_ids)
+
+    def set_vocab(self, vocab_ids: torch.Tensor | None) -> None:
+        """Use a reduced-vocabulary head over ``vocab_ids`` [N] (ascending unique ids), or None for the full head.
+
+        The head's rows are copied once (N x H floats); the draft never proposes an id outside the subset.
+        """
+        if vocab_ids is None or len(vocab_ids) == 0:
+            self.vocab_ids, self.sub_head = None, None
+            self.cfg.head_vocab = 0
+            return
+        ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.head_weight.shape[0]:
+            raise ValueError(f"vocabulary subset ids must lie in [0, {self.head_weight.shape[0]})")
+        self.vocab_ids = ids
+        self.sub_head = self.head_weight.index_select(0, ids).contiguous()  # [N, H]
+        self.cfg.head_vocab = len(ids)
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, target_kv: list | None = None,
+                cross_mask: torch.Tensor | None = None, cache: DraftCache | None = None) -> torch.Tensor:
+        """Run the draft layers.
+
+        Args:
+            ids: LongTensor [B, S] input token ids.
+            pos: LongTensor [B, S] absolute positions (the same positions the target gives these tokens).
+            target_kv: per draft layer a (keys, values) pair [B, Hkt, T, D] from target layer L_T - L_D + i;
+                ignored by a vanilla draft.
+            cross_mask: BoolTensor broadcastable to [B, 1, S, T] (True = attend), None = all visible.
+            cache: the draft's self-attention cache (inference) or None (training: causal over the S tokens).
+        Returns:
+            FloatTensor [B, S, H]: final-normed hidden states (feed to :meth:`logits`).
+        """
+        x = F.embedding(ids, self.embed_weight)  # [B, S, H]
+        cos, sin = self.rotary(pos, x.dtype)
+        for i, layer in enumerate(self.layers):
+            kv = target_kv[i] if (target_kv is not None and self.cfg.cross_attention) else None
+            x = layer(x, cos, sin, kv, cross_mask, cache, i)
+        if cache is not None:
+            cache.length += ids.shape[1]
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> logits [..., V'] over the full vocabulary or the reduced head's N ids."""
+        return hidden @ (self.sub_head if self.vocab_ids is not None else self.head_weight).T
+
+    def to_token_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Map head indices (as returned by argmax/topk over :meth:`logits`) to token ids."""
+        return idx if self.vocab_ids is None else self.vocab_ids[idx]
+
+    def to_head_index(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Map token ids to head indices; ids outside a reduced head map to -100 (ignored by the loss)."""
+        if self.vocab_ids is None:
+            return token_ids
+        lut = torch.full((self.head_weight.shape[0],), -100, dtype=torch.long)
+        lut[self.vocab_ids] = torch.arange(len(self.vocab_ids))
+        return torch.where(token_ids >= 0, lut[token_ids.clamp(min=0)], torch.full_like(token_ids, -100))
+
+
+def init_from_target(draft: GlideDraft, target) -> None:
+    """Initialise the draft's trainable weights from the target (a cheap, better-than-random start).
+
+    Draft layer i copies the self-attention, MLP and norms of target layer L_T - L_D + i, and its cross-attention
+    q_proj/o_proj from that layer's q_proj/o_proj (the layer whose KV it reads); the final norm is the target's.
+    Shapes must match (they do for a draft built by :meth:`GlideConfig.from_target`). This is our choice, not
+    the paper's (which trains the draft from scratch on far more data than a CPU allows).
+    """
+    layers = target.base_model.layers
+    with torch.no_grad():
+        for i, li in enumerate(draft.cfg.target_layers):
+            src, dst = layers[li], draft.layers[i]
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(dst.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(dst.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
+            dst.input_layernorm.weight.copy_(src.input_layernorm.weight)
+            dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight)
+            if dst.cross_attn is not None:
+                dst.cross_attn.q_proj.weight.copy_(src.self_attn.q_proj.weight)
+                dst.cross_attn.o_proj.weight.copy_(src.self_attn.o_proj.weight)
+                dst.cross_layernorm.weight.copy_(src.input_layernorm.weight)
+        draft.norm.weight.copy_(target.base_model.norm.weight)
+
+
+def build_draft(target, cfg: GlideConfig, vocab_ids: torch.Tensor | None = None) -> GlideDraft:
+    """A draft for ``target`` (a transformers causal LM): frozen embeddings/head/rope taken from it.
+
+    Raises:
+        ValueError: the draft geometry does not fit the target (hidden size, head_dim, heads, vocab).
+    """
+    tcfg = target.config
+    want = GlideConfig.from_target(tcfg, n_layers=cfg.n_layers, cross_attention=cfg.cross_attention)
+    for f in ("hidden_size", "head_dim", "target_n_layers", "target_n_heads", "target_n_kv_heads", "vocab_size"):
+        if getattr(cfg, f) != getattr(want, f):
+            raise ValueError(f"draft {f}={getattr(cfg, f)} does not fit the target ({getattr(want, f)})")
+    inv_freq, scaling = target_rope(tcfg)
+    embed = target.get_input_embeddings().weight
+    head = target.get_output_embeddings().weight
+    draft = GlideDraft(cfg, embed, head, inv_freq, scaling, vocab_ids)
+    return draft.to(embed.dtype)
+
+
+__all__ = ["GlideConfig", "GlideDraft", "DraftCache", "CrossAttention", "SelfAttention", "DraftLayer", "Rotary",
+           "target_rope", "block_mask", "prefix_mask", "apply_rope", "init_from_target", "build_draft"]
