@@ -1,0 +1,152 @@
+"""GliDe drafter: a small draft model that cross-attends to the target's KV cache of the verified prefix.
+
+Inference as in arXiv 2402.02082 (section 3.1): the target's bonus token (the live context's last token) is the
+root; the draft proposes ``gamma`` tokens greedily, running its own small self-attention KV cache while its
+cross-attention queries read the target's cache, which at ``propose`` time holds exactly the verified prefix
+(every context token but the root). After drafting, the draft's cache is cut back to the verified context, so
+nothing drafted survives into the next step. With :class:`~redraft.drafters.cape.CapeBins` the chain is widened
+into a CaPE token tree (section 3.2).
+
+The drafter needs the engine's :class:`~redraft.target.HFTarget` (the same object the engine verifies with): pass
+it at construction or call :meth:`GlideDrafter.attach` / :func:`attach_target` once the engine exists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.drafters.cape import CapeBins, expand
+from redraft.glide.model import DraftCache, GlideDraft, prefix_mask
+
+
+class GlideDrafter:
+    """Proposes GliDe drafts (a chain, or a CaPE tree).
+
+    Args:
+        draft: a trained :class:`GlideDraft` (or a vanilla one: then the target cache is not read).
+        target: the engine's HFTarget, or None to :meth:`attach` it later.
+        gamma: draft depth (tokens along the greedy spine), default 4.
+        cape: CaPE confidence bins, or None for a plain chain.
+        guard: optional acceptance guard (pauses the drafter while its drafts keep failing).
+        name: source name in the engine's statistics.
+    """
+
+    def __init__(self, draft: GlideDraft, target=None, *, gamma: int = 4, cape: CapeBins | None = None,
+                 guard: AcceptanceGuard | None = None, name: str = "glide") -> None:
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {gamma}")
+        self.draft = draft.eval()
+        self.target = target
+        self.gamma, self.cape, self.guard, self.name = gamma, cape, guard, name
+        self.layers = draft.cfg.target_layers
+        self.begin(np.zeros(0, dtype=np.int64))
+
+    def attach(self, target) -> None:
+        """Use ``target`` (an HFTarget: ``.cache``, ``.length``) as the source of the verified KV cache."""
+        self.target = target
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self.cache = DraftCache(self.draft.cfg.n_layers)
+        self.ids: list[int] = []  # tokens whose draft KV is in self.cache, in order
+        if self.guard is not None:
+            self.guard.rearm()
+
+    def _sync(self, ctx: list[int]) -> int:
+        """Cut the draft cache back to its longest prefix shared with ``ctx``, leaving the root to feed.
+
+        Returns m, the number of leading context tokens whose draft KV is kept (m <= len(ctx) - 1).
+        """
+        m, limit = 0, min(len(self.ids), len(ctx) - 1)
+        while m < limit and self.ids[m] == ctx[m]:
+            m += 1
+        if m < self.cache.length:
+            self.cache.crop(m)
+        self.ids = self.ids[:m]
+        return m
+
+    def _target_kv(self, n_vis: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer, (keys, values) [1, Hkt, n_vis, D] of target layer L_T - L_D + i."""
+        layers = self.target.cache.layers
+        return [(layers[i].keys[:, :, :n_vis], layers[i].values[:, :, :n_vis]) for i in self.layers]
+
+    @torch.inference_mode()
+    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+        """Draft up to ``min(gamma, max_depth)`` tokens after ``context`` (whose last token is the root).
+
+        Returns None at prefill (the target cache is still empty), while the guard pauses the drafter, or when
+        the target cache is not the verified prefix the drafter expects.
+        Raises:
+            RuntimeError: no target attached.
+        """
+        if self.target is None:
+            raise RuntimeError("GlideDrafter has no target: pass the engine's HFTarget or call attach(engine.target)")
+        depth = min(self.gamma, max_depth)
+        L, n_vis = len(context), self.target.length
+        if depth <= 0 or self.target.cache is None or n_vis == 0 or n_vis >= L:
+            return None
+        if self.guard is not None and not self.guard.active:
+            return None
+        ctx = context.tolist()
+        m = self._sync(ctx)
+        kv = self._target_kv(n_vis) if self.draft.cfg.cross_attention else None
+        draft = self.draft
+
+        # feed the context tokens the draft has not seen (at least the root), at their absolute positions
+        ids = torch.tensor([ctx[m:]], dtype=torch.long)  # [1, S]
+        pos = torch.arange(m, L)[None]  # [1, S]
+        mask = prefix_mask(pos[0], n_vis)[None, None] if (kv is not None and m < n_vis) else None  # [1,1,S,T]
+        h = draft(ids, pos, kv, mask, self.cache)[:, -1]  # [1, H] hidden of the root
+        self.ids.extend(ctx[m:])
+
+        spine: list[int] = []
+        alts: list[list[int]] = []
+        for step in range(depth):
+            logits = draft.logits(h)[0]  # [V']
+            if self.cape is None:
+                tok = int(draft.to_token_ids(logits.argmax()))
+            else:
+                k = self.cape.max_extras + 1
+                probs = torch.softmax(logits.float(), -1)
+                top_p, top_i = probs.topk(min(k, probs.shape[0]))
+                top_ids = draft.to_token_ids(top_i).tolist()
+                tok = top_ids[0]
+                alts.append(top_ids[1:1 + self.cape.extras_for(float(top_p[0]))])
+            spine.append(tok)
+            if step + 1 < depth:  # the last drafted token never needs to be fed
+                nxt = torch.tensor([[tok]], dtype=torch.long)
+                h = draft(nxt, torch.tensor([[L + step]]), kv, None, self.cache)[:, -1]
+
+        self.cache.crop(L)  # forget the drafted tokens: only the verified context stays
+        return Proposal(spine) if self.cape is None else expand(spine, alts)
+
+    def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        if self.guard is not None:
+            self.guard.record(proposed, accepted, emitted)
+
+
+def attach_target(drafters, target) -> None:
+    """Give every drafter that reads the target's cache (has ``attach``) the engine's HFTarget."""
+    for d in drafters:
+        if hasattr(d, "attach"):
+            d.attach(target)
+
+
+def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | None = None,
+                       head_vocab: int | None = None, target=None, guard: AcceptanceGuard | None = None,
+                       name: str = "glide") -> GlideDrafter:
+    """A GliDe drafter from a checkpoint directory, for ``model`` (a transformers causal LM).
+
+    Args:
+        cape: CapeBins, True for the paper's bins, or None/False for chain drafts.
+        head_vocab: N > 0 = reduced-vocabulary head of the N most frequent training tokens.
+        target: the engine's HFTarget, or None to :func:`attach_target` later.
+    Raises:
+        redraft.glide.checkpoint.CheckpointError / TargetMismatchError: see :func:`redraft.glide.checkpoint.load_draft`.
+    """
+    from redraft.glide.checkpoint import load_draft
+
+    draft = load_draft(path, model, head_vocab=head_vocab)
+    bins = CapeBins() if cape is True else (cape or None)
+    return GlideDrafter(draft, target, gamma=gamma, cape=bins, guard=guard, name=name)
