@@ -36,8 +36,8 @@ def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
     bad = np.flatnonzero((tokens < 0) | (tokens >= limit))
     if len(bad):
         j = int(bad[0])
-        limit = f" (vocab size {vocab_size})" if vocab_size is not None else ""
-        raise CorpusError(f"{where}: id {int(tokens[j])} at position {j} is out of range{limit}")
+        note = f" (vocab size {vocab_size})" if vocab_size is not None else ""
+        raise CorpusError(f"{where}: id {int(tokens[j])} at position {j} is out of range{note}")
 
 
 def spans_to_flat(spans: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
