@@ -1,7 +1,7 @@
 """Token choice for verify rows: greedy or seeded sampling, with logits processors, as one comparison.
 
 Sampling uses the Gumbel-max trick with noise drawn from a counter-based generator (numpy's Philox, Salmon et
-al. 2011) keyed by the seed and the *absolute position* of the token being chosen. The token at position t is
+al. 2011) whose key is the seed and the *absolute position* of the token being chosen. The token at position t is
 ``argmax(processed_logits / T + G(seed, t))``, which is an exact sample from the processed distribution, and it is
 the same number whether position t is computed by plain decoding or inside a verify forward. Verifying a drafted
 token is therefore a comparison, exactly as in greedy decoding, and a seeded speculative run reproduces the seeded
@@ -64,7 +64,9 @@ def gumbel_noise(seed: int, positions: list[int], vocab: int) -> torch.Tensor:
     """
     out = np.empty((len(positions), vocab), dtype=np.float64)
     for i, pos in enumerate(positions):
-        gen = np.random.Generator(np.random.Philox(key=int(seed) & (2**64 - 1), counter=int(pos)))
+        # (seed, position) is the Philox *key*: consecutive counters would give overlapping, shifted streams
+        key = np.array([int(seed) & (2**64 - 1), int(pos)], dtype=np.uint64)
+        gen = np.random.Generator(np.random.Philox(key=key))
         u = gen.random(vocab)
         np.log(np.maximum(u, 1e-300), out=out[i])
         np.negative(out[i], out=out[i])

@@ -1,0 +1,194 @@
+"""Lossless sampling: seeded speculative sampling equals seeded plain sampling token for token, and the sampled
+distribution is the target's (chi-square per draft source); logits processors and stop strings with drafts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import build_tiny
+from redraft.corpus import Corpus
+from redraft.drafters import CorpusDrafter, NgramDrafter
+from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.engine import Engine
+from redraft.sampling import SamplingParams, TokenChooser, gumbel_noise
+from redraft.stopping import StopStrings
+
+SMALL_VOCAB = 8
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    """A tiny Llama with an 8-token vocabulary and a moderately peaked output distribution."""
+    m = build_tiny("llama", "eager", seed=3, vocab_size=SMALL_VOCAB)
+    with torch.no_grad():
+        m.get_output_embeddings().weight.mul_(0.15)  # soften: several tokens carry real probability
+    return m
+
+
+class ArgmaxDrafter:
+    """Point-mass drafter proposing the target's greedy continuation (probable, so often accepted when sampling)."""
+
+    name = "argmax"
+
+    def __init__(self, model, k: int) -> None:
+        self.model, self.k = model, k
+
+    def begin(self, prompt):
+        pass
+
+    @torch.no_grad()
+    def propose(self, context, max_depth):
+        ids = torch.tensor([context.tolist()])
+        out = []
+        for _ in range(min(self.k, max_depth)):
+            nxt = int(self.model(input_ids=ids).logits[0, -1].argmax())
+            out.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+        return Proposal(out)
+
+    def observe(self, proposed, accepted, emitted):
+        pass
+
+
+class TreeArgmaxDrafter(ArgmaxDrafter):
+    """Proposes the top-3 first tokens as siblings, each followed by nothing (a wide tree)."""
+
+    name = "tree"
+
+    @torch.no_grad()
+    def propose(self, context, max_depth):
+        logits = self.model(input_ids=torch.tensor([context.tolist()])).logits[0, -1]
+        top = torch.topk(logits, 3).indices.tolist()
+        return Proposal(top, [-1, -1, -1])
+
+
+def _exact_second_token_marginal(model, prompt: list[int]) -> np.ndarray:
+    """p(t2) = sum_t1 p(t1) p(t2 | t1) computed directly from the model's softmax."""
+    with torch.no_grad():
+        p1 = model(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        batch = torch.tensor([prompt + [t] for t in range(SMALL_VOCAB)])
+        p2 = model(input_ids=batch).logits[:, -1].softmax(-1)
+    return (p1[:, None] * p2).sum(0).double().numpy()
+
+
+def _drafters(kind: str, model, corpus):
+    if kind == "plain":
+        return [], False
+    if kind == "argmax":
+        return [ArgmaxDrafter(model, 4)], False
+    if kind == "tree":
+        return [TreeArgmaxDrafter(model, 1)], True
+    if kind == "corpus":
+        return [CorpusDrafter(corpus, k=4, min_n=1, max_n=4, guard=AcceptanceGuard(0.0))], False
+    if kind == "ngram":
+        return [NgramDrafter(k=4, min_n=1, max_n=3, guard=AcceptanceGuard(0.0))], False
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["plain", "argmax", "tree", "corpus", "ngram"])
+def test_second_token_distribution_is_the_targets(small_model, kind):
+    """Chi-square goodness of fit of the 2nd sampled token against the exact marginal, per draft source."""
+    prompt = [1, 2, 3, 1, 2]
+    # corpus spans planted so that the suffix of prompt + t1 often matches and drafts get verified
+    corpus = Corpus.from_spans([[1, 2, 3, 1, 2, t, u] for t in range(SMALL_VOCAB) for u in (0, 5)],
+                               vocab_size=SMALL_VOCAB)
+    drafters, merge = _drafters(kind, small_model, corpus)
+    engine = Engine(small_model, drafters, merge=merge)
+    n = 1200
+    counts = np.zeros(SMALL_VOCAB)
+    accepted = 0
+    for seed in range(n):
+        res = engine.generate(prompt, 2, sampling=SamplingParams(temperature=1.0, seed=seed))
+        counts[res.output_ids[1]] += 1
+        accepted += sum(s.accepted for s in res.sources.values())
+    expected = _exact_second_token_marginal(small_model, prompt) * n
+    keep = expected >= 5  # chi-square needs enough expected counts per cell; pool the rest
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat, p = chisquare(obs, exp * obs.sum() / exp.sum())
+    assert p > 0.01, f"{kind}: chi-square rejects (p={p:.4f}) observed={counts} expected={expected.round(1)}"
+    if kind != "plain":
+        assert accepted > 0, f"{kind}: no draft was ever accepted, the test proves nothing"
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.9, seed=11),
+    SamplingParams(temperature=1.3, top_k=5, seed=12),
+    SamplingParams(temperature=0.7, top_p=0.8, seed=13),
+    SamplingParams(temperature=1.0, repetition_penalty=1.3, seed=14),
+    SamplingParams(temperature=0.0, repetition_penalty=1.5),
+])
+def test_seeded_sampling_identical_across_draft_depths(tiny_llama, params):
+    """Seeded speculative sampling reproduces seeded plain sampling token for token, at every draft depth."""
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    ref = Engine(tiny_llama, []).generate(prompt, 40, sampling=params)
+    accepted = 0
+    for k in (1, 2, 5, 8, 16):
+        corpus = Corpus.from_spans([prompt + ref.output_ids], vocab_size=tiny_llama.config.vocab_size)
+        eng = Engine(tiny_llama, [CorpusDrafter(corpus, k=k), NgramDrafter(k=k, min_n=1)], max_depth=k)
+        res = eng.generate(prompt, 40, sampling=params)
+        assert res.output_ids == ref.output_ids, f"k={k}"
+        accepted += sum(s.accepted for s in res.sources.values())
+    assert accepted > 0  # the replayed corpus must have made drafts count
+
+
+def test_seed_changes_output(tiny_llama):
+    prompt = [3, 4, 5]
+    a = Engine(tiny_llama, []).generate(prompt, 30, sampling=SamplingParams(temperature=1.0, seed=1)).output_ids
+    b = Engine(tiny_llama, []).generate(prompt, 30, sampling=SamplingParams(temperature=1.0, seed=2)).output_ids
+    assert a != b
+
+
+def test_gumbel_noise_is_keyed_by_position_only():
+    both = gumbel_noise(7, [10, 11], 32)
+    assert torch.equal(both[1], gumbel_noise(7, [11], 32)[0])
+    assert not torch.equal(gumbel_noise(7, [10], 32), gumbel_noise(8, [10], 32))
+
+
+def test_repetition_penalty_sees_tree_ancestors():
+    """A tree node's row is penalised for its ancestors' tokens, the root row only for the committed context."""
+    ch = TokenChooser(SamplingParams(repetition_penalty=2.0), vocab=4)
+    ch.reset([0])
+    logits = torch.tensor([[1.0, 3.0, 2.5, 0.0], [1.0, 3.0, 2.5, 0.0]])
+    choices, _ = ch.choose(logits, [1, 2], [[], [1]])
+    assert choices == [1, 2]  # row 1 saw token 1 as an ancestor: 3.0 / 2 < 2.5
+
+
+def test_sampling_params_validation():
+    for bad in (dict(temperature=-1), dict(top_p=0.0), dict(top_k=-2), dict(repetition_penalty=0)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+class CharTokenizer:
+    """Each id decodes to a fixed piece of text (multi-character), for stop-string tests."""
+
+    pieces = ["ab", "c", "de", "f", "gh", "i", "jk", "l"] * 12
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_stop_string_split_across_tokens_inside_accepted_chunk(tiny_llama):
+    """The stop string spans two tokens in the middle of an 8-token accepted chunk: the output ends there."""
+    prompt = [9, 10, 11]
+    ref = Engine(tiny_llama, []).generate(prompt, 24).output_ids
+    tok = CharTokenizer()
+    text = tok.decode(ref)
+    # a stop string made of the last char of token 3 and the first char of token 4
+    t3, t4 = tok.pieces[ref[3]], tok.pieces[ref[4]]
+    stop_str = t3[-1] + t4[0]
+    cut = text.find(stop_str)
+    corpus = Corpus.from_spans([prompt + ref], vocab_size=tiny_llama.config.vocab_size)
+    stop = StopStrings(tok, [stop_str])
+    res = Engine(tiny_llama, [CorpusDrafter(corpus, k=8)], max_depth=8).generate(prompt, 24, stop=stop)
+    assert res.stop_reason == "stop"
+    assert res.accepted_per_forward[0] >= 4  # the stop came inside a multi-token accepted chunk
+    assert stop.text == text[:cut]
+    assert stop_str in tok.decode(res.output_ids) and stop_str not in tok.decode(res.output_ids[:-1])
+    assert res.output_ids == ref[:len(res.output_ids)]
