@@ -146,7 +146,7 @@ def _open_corpus(path, loaded):
 def cmd_run(args) -> int:
     from redraft.drafters.corpus import clamp_k
     from redraft.models import encode_prompt
-    from redraft.report import corpus_line, speculation_line, speed_line, token_lines
+    from redraft.report import corpus_line, source_lines, speculation_line, speed_line, token_lines
     from redraft.stopping import StopStrings
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -187,6 +187,7 @@ def cmd_run(args) -> int:
         c = corpus_line(res, corpus.n_tokens)
         if c:
             lines.append(c)
+    lines += source_lines(res)
     lines.append(speed_line(res))
     if args.tokens or os.environ.get("TOKENS") == "1":
         lines += token_lines(res)
@@ -300,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_corpus_parser = None
     if add_bench_corpus_parser is not None:
         add_bench_corpus_parser(bsub)
+    try:
+        from redraft.bench.harness import add_bench_parsers
+    except ImportError:
+        add_bench_parsers = None
+    if add_bench_parsers is not None:
+        add_bench_parsers(bsub)
     return parser
 
 

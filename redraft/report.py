@@ -19,6 +19,12 @@ def corpus_line(res: GenerationResult, frozen_ids: int) -> str | None:
             f"({st.accepted}/{st.proposed} proposed from {frozen_ids} frozen ids)")
 
 
+def source_lines(res: GenerationResult, skip: tuple[str, ...] = ("corpus",)) -> list[str]:
+    """One ``NAME drafts: NN% acceptance (a/b proposed in S steps)`` line per other source that proposed."""
+    return [f"{name} drafts: {100 * st.acceptance:.0f}% acceptance ({st.accepted}/{st.proposed} proposed in "
+            f"{st.steps} steps)" for name, st in res.sources.items() if name not in skip and st.proposed]
+
+
 def speed_line(res: GenerationResult) -> str:
     """``speed: X.X tokens/s (T tokens in S.SS s)``."""
     return f"speed: {res.tokens_per_second:.1f} tokens/s ({len(res.output_ids)} tokens in {res.seconds:.2f} s)"

@@ -7,6 +7,11 @@ the same number whether position t is computed by plain decoding or inside a ver
 token is therefore a comparison, exactly as in greedy decoding, and a seeded speculative run reproduces the seeded
 plain run token for token, for any draft source and depth.
 
+Every redraft drafter proposes point masses (a token, not a distribution). For a point-mass draft x, accepting
+iff the sampled token equals x accepts with probability p(x) and otherwise yields a sample of p conditioned on
+"not x": exactly the distribution of the speculative-sampling rule of Leviathan et al. 2023 (accept with
+min(1, p/q), resample from norm(max(0, p - q))) when q is one-hot, with a coupling that also keeps the seed.
+
 Logits processors follow Hugging Face's definitions (``RepetitionPenaltyLogitsProcessor`` after CTRL, Keskar et
 al. 2019; ``TopKLogitsWarper``; ``TopPLogitsWarper``), applied per row with that row's own context: a tree node's
 repetition penalty sees the committed tokens plus the node's ancestors and itself.
