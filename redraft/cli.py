@@ -67,6 +67,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="pause a draft source whose acceptance falls below PCT%% (default 50); "
                         "env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    p.add_argument("--force", action="store_true",
+                   help="use a binary corpus even if its tokenizer fingerprint differs from the model's")
     p.add_argument("--tree", type=int, default=0, metavar="B",
                    help="token-tree drafts: the corpus's B most frequent continuations plus the n-gram draft, "
                         "verified in one forward (default 0 = single chain)")
@@ -131,14 +133,15 @@ def _load(args):
         raise SystemExit(f"redraft: error: {e}")
 
 
-def _open_corpus(path, loaded):
-    from redraft.corpus import CorpusError
+def _open_corpus(path, loaded, force: bool = False):
+    from redraft.corpus import CorpusError, tokenizer_fingerprint
     from redraft.drafters.corpus import open_corpus
 
     if path is None:
         return None
     try:
-        return open_corpus(path, vocab_size=loaded.vocab_size)
+        return open_corpus(path, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer),
+                           force=force)
     except CorpusError as e:
         raise SystemExit(f"redraft: error: corpus refused: {e}")
 
@@ -154,7 +157,7 @@ def cmd_run(args) -> int:
     k = clamp_k(k)
     loaded = _load(args)
     sampling = sampling_from_args(args)
-    corpus = _open_corpus(corpus_path, loaded)
+    corpus = _open_corpus(corpus_path, loaded, force=args.force)
     engine = engine_from_args(args, loaded, corpus, k, minacc)
     ids = encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None)
     stop = StopStrings(loaded.tokenizer, args.stop)
@@ -221,15 +224,34 @@ def cmd_freeze(args) -> int:
     from redraft.engine import Engine
     from redraft.models import encode_prompt
 
+    from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
+    from redraft.corpus.format import sniff
+
     loaded = _load(args)
+    binary = None
+    if os.path.isfile(args.out) and sniff(args.out) == "binary":
+        # a binary corpus is extended in memory and rewritten once at the end (or on interrupt)
+        try:
+            binary = load_corpus(args.out, vocab_size=loaded.vocab_size,
+                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer))
+        except CorpusError as e:
+            raise SystemExit(f"redraft freeze: error: {e}")
     engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
-    total = 0
-    for p in tqdm(prompts, desc="freeze", unit="prompt", file=sys.stderr):
-        ids = encode_prompt(loaded.tokenizer, p, chat=False if args.no_chat else None)
-        res = engine.generate(ids, args.ngen)
-        append_spans(args.out, [ids + res.output_ids])  # written as we go: an interrupted run keeps its spans
-        total += len(ids) + len(res.output_ids)
-    print(f"froze {len(prompts)} spans ({total} ids) into {args.out}", file=sys.stderr)
+    total = done = 0
+    try:
+        for p in tqdm(prompts, desc="freeze", unit="prompt", file=sys.stderr):
+            ids = encode_prompt(loaded.tokenizer, p, chat=False if args.no_chat else None)
+            res = engine.generate(ids, args.ngen)
+            if binary is not None:
+                binary.append(ids + res.output_ids)
+            else:
+                append_spans(args.out, [ids + res.output_ids])  # written as we go: an interruption keeps them
+            total += len(ids) + len(res.output_ids)
+            done += 1
+    finally:
+        if binary is not None and done:
+            binary.save(args.out, fmt="binary")
+    print(f"froze {done} spans ({total} ids) into {args.out}", file=sys.stderr)
     return 0
 
 

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
-_PROMPT_RE = re.compile(r"\[PROMPT_TOKENS\]\s+(\d+):\s*([-\d\s]*)$")
-_TOKENS_RE = re.compile(r"\[TOKENS\]\s+(\d+) generated:\s*([-\d\s]*)$")
 
 
 class PromptFileError(ValueError):
@@ -56,49 +53,45 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
 
 
 def parse_token_log(path: str | os.PathLike) -> list[list[int]]:
-    """Spans from a log of ``redraft run --tokens`` (or Colibri ``TOKENS=1``) output.
+    """Spans from a log of ``redraft run --tokens`` (or Colibri ``TOKENS=1``) output: prompt ids + generated ids.
 
-    Each ``[TOKENS] N generated: ids`` line gives one span, preceded by the ids of the closest earlier
-    ``[PROMPT_TOKENS] N: ids`` line when there is one. The counts N are checked against the ids.
+    A thin wrapper over :func:`redraft.corpus.sources.read_log` that reports problems as :class:`PromptFileError`.
 
     Raises:
         PromptFileError: unreadable log, or a line whose count disagrees with its ids.
     """
+    from redraft.corpus import CorpusError
+    from redraft.corpus.sources import read_log
+
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+        return read_log(path)
     except OSError as e:
-        raise PromptFileError(f"{path}: cannot read log ({e})") from e
-    spans, prompt = [], None
-    for no, line in enumerate(lines, start=1):
-        s = line.strip()
-        for rx, kind in ((_PROMPT_RE, "prompt"), (_TOKENS_RE, "tokens")):
-            m = rx.search(s)
-            if not m:
-                continue
-            ids = [int(x) for x in m.group(2).split()]
-            if len(ids) != int(m.group(1)):
-                raise PromptFileError(f"{path}:{no}: line says {m.group(1)} ids but has {len(ids)}")
-            if kind == "prompt":
-                prompt = ids
-            else:
-                spans.append((prompt or []) + ids)
-                prompt = None
-            break
-    return spans
+        raise PromptFileError(f"{path}: cannot read log ({e.strerror or e})") from e
+    except CorpusError as e:
+        raise PromptFileError(str(e)) from e
 
 
 def append_spans(path: str | os.PathLike, spans: Iterable[Sequence[int]]) -> int:
-    """Append spans to a text corpus (created if missing). Returns the number of spans written."""
+    """Append spans to a text corpus (created if missing), one line each, a ``-1`` line between spans.
+
+    Costs O(new ids): the existing file is not rewritten (only its last bytes are read, to know whether a
+    separator and a newline are needed). Returns the number of spans written.
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    need_sep = False
-    if p.exists() and p.stat().st_size > 0:
+    need_sep, need_newline = False, False
+    size = p.stat().st_size if p.exists() else 0
+    if size > 0:
         with open(p, "rb") as f:
-            f.seek(max(0, p.stat().st_size - 64))
-            tail = f.read().split()
-        need_sep = bool(tail) and tail[-1] != b"-1"
+            f.seek(max(0, size - 64))
+            tail = f.read()
+        words = tail.split()
+        need_sep = bool(words) and words[-1] != b"-1"
+        need_newline = not tail.endswith((b"\n", b"\r"))
     n = 0
     with open(p, "a", encoding="ascii") as f:
+        if need_newline:
+            f.write("\n")  # never glue a new id onto the file's last id
         for span in spans:
             if need_sep:
                 f.write("-1\n")

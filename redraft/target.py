@@ -17,6 +17,8 @@ class HFTarget:
         length: tokens currently held in the KV cache.
         vocab_size: rows of the LM head.
         max_length: context length in tokens (``max_position_embeddings``) or None.
+        sliding_window: attention window of sliding-window layers, or None. Token trees need a custom mask that
+            would have to repeat each layer's window, so the engine verifies chains only on such models.
     """
 
     def __init__(self, model) -> None:
@@ -26,12 +28,18 @@ class HFTarget:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.dtype = next(model.parameters()).dtype
+        self.sliding_window = _sliding_window(model.config)
 
     def reset(self) -> None:
-        """Drop the whole KV cache (start of a new sequence)."""
+        """Drop the whole KV cache (start of a new sequence).
+
+        The cache is built without the config on purpose: for sliding-window models transformers would create
+        layers that forget old positions and cannot be cropped. Full layers can be cropped, and the model's own
+        mask still limits attention to the window.
+        """
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache()
         self.length = 0
 
     @torch.inference_mode()
@@ -76,3 +84,14 @@ class HFTarget:
             layer.keys = layer.keys.index_select(-2, idx)
             layer.values = layer.values.index_select(-2, idx)
         self.length = len(idx)
+
+
+def _sliding_window(config) -> int | None:
+    """The attention window in tokens when any layer uses sliding-window attention, else None."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return window if getattr(config, "use_sliding_window", True) else None

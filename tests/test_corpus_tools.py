@@ -38,8 +38,9 @@ def test_build_from_all_kinds_newest_last(inputs, capsys):
     assert cli("build", inputs / "a.txt", inputs / "b.jsonl", inputs / "c.log", "--out", out,
                "--vocab-size", 100, "--fingerprint", "sha256:ab") == 0
     c = load_corpus(out)
-    assert [s.tolist() for s in c.span_list()] == [[1, 2, 3, 4, 5], [6, 7, 8], [1, 2, 3, 11], [4, 4, 4, 4],
-                                                   [4, 4, 4, 4], [1, 2, 3, 12]]
+    # a span is prompt + output: JSONL prompt_tokens and the log's [PROMPT_TOKENS] line come first
+    assert [s.tolist() for s in c.span_list()] == [[1, 2, 3, 4, 5], [6, 7, 8], [5, 5, 1, 2, 3, 11], [4, 4, 4, 4],
+                                                   [4, 4, 4, 4], [9, 9, 1, 2, 3, 12]]
     assert c.fingerprint == "sha256:ab" and c.vocab_size == 100
     assert c.propose(np.array([1, 2, 3]), 2)[1].tolist() == [12]
     assert "built" in capsys.readouterr().out
@@ -60,7 +61,7 @@ def test_bad_jsonl_and_log_lines(tmp_path):
     with pytest.raises(CorpusError, match=r"bad2.jsonl:2: not a JSON record"):
         read_spans(tmp_path / "bad2.jsonl")
     (tmp_path / "bad.log").write_text("[TOKENS] 3 generated: 1 2\n")
-    with pytest.raises(CorpusError, match=r"bad.log:1: \[TOKENS\] line announces 3 ids but has 2"):
+    with pytest.raises(CorpusError, match=r"bad.log:1: line says 3 ids but has 2"):
         read_spans(tmp_path / "bad.log")
     (tmp_path / "bad2.log").write_text("x\n[TOKENS] 2 generated: 1 z\n")
     with pytest.raises(CorpusError, match=r"bad2.log:2: token 'z' is not an integer"):
@@ -77,7 +78,7 @@ def test_append_keeps_format_and_puts_new_spans_last(inputs):
     assert c.n_spans == 2 and c.fingerprint == "sha256:ab"
     assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [12]
     assert cli("append", inputs / "a.txt", inputs / "c.log") == 0  # text stays text
-    assert (inputs / "a.txt").read_text().splitlines()[-1] == "1 2 3 12 -1"
+    assert (inputs / "a.txt").read_text().splitlines()[-1] == "9 9 1 2 3 12 -1"
     assert cli("append", inputs / "c.rdc", inputs / "c.log", "--fingerprint", "sha256:zz") == 2
     assert cli("append", inputs / "c.rdc", inputs / "c.log", "--fingerprint", "sha256:zz", "--force") == 0
 

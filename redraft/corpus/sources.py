@@ -2,10 +2,14 @@
 
 The kind is detected by content, not by file name:
   - binary corpus: starts with b"RDCORPUS";
-  - JSONL: first non-blank byte is '{'; each record gives one span from "tokens" (a "prompt_tokens" field, if
-    present, is not part of the output and is skipped);
+  - JSONL: first non-blank byte is '{'; each record gives one span: its "prompt_tokens" (if present) followed by
+    its "tokens";
   - run log: contains "[TOKENS]" lines as printed by `redraft run --tokens` ("[TOKENS] N generated: ids..."),
-    one span per line; other lines are ignored;
+    one span per line, preceded by the ids of the "[PROMPT_TOKENS] N: ids..." line just before it, if any;
+    other lines are ignored.
+
+A span is prompt + output everywhere (as `redraft freeze` writes it), so a replayed prompt is matched from its
+first generated token on.
   - otherwise a text corpus (whitespace-separated ids, -1 between spans).
 """
 
@@ -22,6 +26,7 @@ from .errors import CorpusError
 from .format import MAGIC, load_corpus, read_text
 
 _TOKENS_LINE = re.compile(rb"\[TOKENS\]\s+(\d+)\s+generated:(.*)")
+_PROMPT_LINE = re.compile(rb"\[PROMPT_TOKENS\]\s+(\d+):(.*)")
 
 
 def detect_kind(path) -> str:
@@ -62,7 +67,7 @@ def read_spans(path, *, vocab_size: int | None = None, fingerprint: str | None =
 
 
 def read_jsonl(path) -> list[list[int]]:
-    """One span per JSON record's "tokens" list. Raises CorpusError with the line number on a bad record."""
+    """One span per JSON record: "prompt_tokens" (optional) + "tokens". CorpusError with the line on a bad record."""
     spans = []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
@@ -73,30 +78,47 @@ def read_jsonl(path) -> list[list[int]]:
             except ValueError as e:
                 raise CorpusError(f"{path}:{lineno}: not a JSON record ({e})") from e
             tokens = record.get("tokens") if isinstance(record, dict) else None
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                      for t in tokens):
+            prompt = record.get("prompt_tokens", []) if isinstance(record, dict) else None
+            if not _int_list(tokens):
                 raise CorpusError(f"{path}:{lineno}: record has no \"tokens\" list of integer ids")
-            spans.append(tokens)
+            if not _int_list(prompt):
+                raise CorpusError(f"{path}:{lineno}: \"prompt_tokens\" is not a list of integer ids")
+            spans.append(prompt + tokens)
     return spans
 
 
+def _int_list(x) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
 def read_log(path) -> list[list[int]]:
-    """One span per "[TOKENS] N generated: ids..." line. Raises CorpusError (with line) when a line's id count
-    differs from N or an id is not an integer."""
+    """One span per "[TOKENS] N generated: ids..." line, prefixed by the preceding "[PROMPT_TOKENS] N: ids..." line.
+
+    Raises CorpusError (with line) when a line's id count differs from N or an id is not an integer.
+    """
     spans = []
+    prompt: list[int] = []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             m = _TOKENS_LINE.search(line)
             if not m:
+                pm = _PROMPT_LINE.search(line)
+                if pm:
+                    prompt = _log_ids(pm, path, lineno, "[PROMPT_TOKENS]")
                 continue
-            words = m.group(2).replace(b",", b" ").split()
-            try:
-                ids = [int(w) for w in words]
-            except ValueError:
-                bad = next(w for w in words if not re.fullmatch(rb"-?\d+", w))
-                raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer")
-            if len(ids) != int(m.group(1)):
-                raise CorpusError(f"{path}:{lineno}: [TOKENS] line announces {int(m.group(1))} ids but has "
-                                  f"{len(ids)} (truncated log?)")
-            spans.append(ids)
+            spans.append(prompt + _log_ids(m, path, lineno, "[TOKENS]"))
+            prompt = []
     return spans
+
+
+def _log_ids(m, path, lineno: int, what: str) -> list[int]:
+    words = m.group(2).replace(b",", b" ").split()
+    try:
+        ids = [int(w) for w in words]
+    except ValueError:
+        bad = next(w for w in words if not re.fullmatch(rb"-?\d+", w))
+        raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer")
+    if len(ids) != int(m.group(1)):
+        raise CorpusError(f"{path}:{lineno}: line says {int(m.group(1))} ids but has "
+                          f"{len(ids)} (truncated {what} line?)")
+    return ids
