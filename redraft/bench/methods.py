@@ -1,0 +1,254 @@
+"""Benchmark methods: ours (the Engine with each draft configuration) and the peers a user would pick instead.
+
+Every method turns prompt ids into at most ``ngen`` greedy output ids and a :class:`RunRecord`; the harness times
+each call with the same clock, so figures are comparable across runtimes. Output ids are compared with plain greedy
+(ours) for the same prompt in the same run.
+
+| name | what runs |
+| --- | --- |
+| plain | redraft Engine, no drafters: one token per forward (the speedup baseline) |
+| hf | Hugging Face ``model.generate`` greedy |
+| hf-pld | HF prompt lookup decoding (``prompt_lookup_num_tokens=10``) |
+| ngram | redraft, n-gram drafts from the live context only |
+| corpus | redraft, frozen-corpus drafts only |
+| corpus+ngram | redraft, corpus first, n-gram fills the gaps (the default configuration) |
+| tree | redraft, the corpus's 4 most frequent continuations plus n-gram merged into one token tree (budget 32) |
+| llama.cpp | llama-cpp-python greedy on the same GGUF (optional: only when ``import llama_cpp`` works) |
+| llama.cpp-pld | llama-cpp-python with ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` (optional) |
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "tree", "llama.cpp", "llama.cpp-pld")
+DEFAULT_METHODS = ALL_METHODS
+NEEDS_CORPUS = ("corpus", "corpus+ngram", "tree")
+
+
+@dataclass
+class RunRecord:
+    """What one method produced for one prompt.
+
+    ``forwards`` is None where the runtime does not expose it; ``accepted_per_forward`` (accepted draft tokens in
+    each forward, prefill included) only exists for redraft methods; ``sources`` maps a draft source to its
+    proposed / accepted / steps counts.
+    """
+
+    output_ids: list[int]
+    seconds: float
+    forwards: int | None = None
+    accepted_per_forward: list[int] | None = None
+    sources: dict[str, dict] = field(default_factory=dict)
+    stop_reason: str = ""
+
+
+class Method:
+    """A way to generate. Subclasses set ``name``, ``description`` and implement :meth:`generate`.
+
+    ``exact_expected`` is False for methods that cannot reproduce our greedy ids by construction (another
+    runtime's arithmetic); their differences are still reported, marked as expected.
+    """
+
+    name = "method"
+    description = ""
+    exact_expected = True
+
+    def generate(self, prompt_ids: Sequence[int], ngen: int) -> RunRecord:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class EngineMethod(Method):
+    """A redraft :class:`~redraft.engine.Engine` configuration (reused across prompts: drafters reset per prompt)."""
+
+    def __init__(self, name: str, engine, description: str = "") -> None:
+        self.name, self.engine, self.description = name, engine, description
+
+    def generate(self, prompt_ids, ngen):
+        t0 = time.perf_counter()
+        res = self.engine.generate(list(prompt_ids), ngen)
+        dt = time.perf_counter() - t0
+        return RunRecord(list(res.output_ids), dt, res.forwards, list(res.accepted_per_forward),
+                         {k: {"proposed": s.proposed, "accepted": s.accepted, "steps": s.steps}
+                          for k, s in res.sources.items()}, res.stop_reason)
+
+
+class HFGenerateMethod(Method):
+    """Hugging Face ``model.generate(do_sample=False)``, optionally with prompt lookup; forwards counted by a hook."""
+
+    def __init__(self, name: str, model, eos_token_ids: Sequence[int], prompt_lookup: int | None = None,
+                 description: str = "") -> None:
+        self.name, self.model, self.description = name, model, description
+        self.eos = sorted(int(e) for e in eos_token_ids)
+        self.prompt_lookup = prompt_lookup
+
+    def generate(self, prompt_ids, ngen):
+        import torch
+
+        count = [0]
+        hook = self.model.register_forward_hook(lambda *a: count.__setitem__(0, count[0] + 1))
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=ngen, min_new_tokens=0, do_sample=False,
+                  num_beams=1, temperature=None, top_p=None, top_k=None,
+                  eos_token_id=self.eos or None, pad_token_id=self.eos[0] if self.eos else 0)
+        if self.prompt_lookup:
+            kw["prompt_lookup_num_tokens"] = self.prompt_lookup
+        try:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = self.model.generate(ids, **kw)
+            dt = time.perf_counter() - t0
+        finally:
+            hook.remove()
+        new = out[0, len(prompt_ids):].tolist()
+        stop = "eos" if new and new[-1] in self.eos else "length"
+        return RunRecord(new, dt, count[0], None, {}, stop)
+
+
+class LlamaCppMethod(Method):
+    """llama-cpp-python greedy (temp 0) on a GGUF file, optionally with its prompt-lookup draft model."""
+
+    exact_expected = False  # quantised kernels and activations: not the fp32 arithmetic of the target model
+
+    def __init__(self, name: str, gguf_path: str, eos_token_ids: Sequence[int], *, prompt_lookup: int | None = None,
+                 n_ctx: int = 4096, description: str = "") -> None:
+        from llama_cpp import Llama
+
+        draft = None
+        if prompt_lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
+        self.name, self.description = name, description
+        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=os.cpu_count() or 1,
+                         draft_model=draft, verbose=False, seed=0)
+        self.eos = set(int(e) for e in eos_token_ids) | {int(self.llm.token_eos())}
+        self.forwards = 0
+        inner_eval = self.llm.eval
+
+        def counting_eval(tokens):
+            self.forwards += 1
+            return inner_eval(tokens)
+
+        self.llm.eval = counting_eval  # generate() calls self.eval once per forward (draft included)
+
+    def generate(self, prompt_ids, ngen):
+        self.llm.reset()  # no KV prefix reuse from the previous prompt: every method starts cold
+        self.forwards = 0
+        out: list[int] = []
+        stop = "length"
+        t0 = time.perf_counter()
+        if ngen > 0:
+            for tok in self.llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0,
+                                         repeat_penalty=1.0, reset=True):
+                out.append(int(tok))
+                if tok in self.eos:
+                    stop = "eos"
+                    break
+                if len(out) >= ngen:
+                    break
+        dt = time.perf_counter() - t0
+        return RunRecord(out, dt, self.forwards, None, {}, stop)
+
+    def close(self) -> None:
+        try:
+            self.llm.close()
+        except Exception:
+            pass
+
+
+def llama_cpp_available() -> tuple[bool, str]:
+    """(True, "") when llama-cpp-python imports, else (False, why)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as e:  # ImportError, or a broken shared library
+        return False, f"llama-cpp-python is not installed ({type(e).__name__}: {e})"
+    return True, ""
+
+
+@dataclass
+class MethodConfig:
+    """Settings shared by the redraft methods."""
+
+    k: int = 8
+    minacc: float = 0.5
+    tree_branches: int = 4
+    tree_budget: int = 32
+    pld_tokens: int = 10
+    gguf: str | None = None  # GGUF for the llama.cpp methods (None: skip them)
+    n_ctx: int = 4096
+
+
+def parse_methods(spec: str | None) -> list[str]:
+    """``"plain,corpus"`` -> names in the canonical order; None/"all" = every method. Raises ValueError."""
+    if spec in (None, "", "all"):
+        return list(DEFAULT_METHODS)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [n for n in names if n not in ALL_METHODS]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(ALL_METHODS)}")
+    return [n for n in ALL_METHODS if n in names]
+
+
+def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], corpus, cfg: MethodConfig
+                  ) -> tuple[list[Method], dict[str, str]]:
+    """Methods for ``names`` (plain always first), and {name: why skipped} for those that cannot run here."""
+    from redraft.drafters import build_drafters
+    from redraft.engine import Engine
+
+    eos = list(eos_token_ids)
+    skipped: dict[str, str] = {}
+
+    def engine(drafters, **kw):
+        return Engine(model, drafters, eos_token_ids=eos, max_depth=cfg.k, **kw)
+
+    makers: dict[str, Callable[[], Method]] = {
+        "plain": lambda: EngineMethod("plain", Engine(model, [], eos_token_ids=eos),
+                                      "redraft Engine, no drafters (one token per forward)"),
+        "hf": lambda: HFGenerateMethod("hf", model, eos, None, "HF generate, greedy"),
+        "hf-pld": lambda: HFGenerateMethod("hf-pld", model, eos, cfg.pld_tokens,
+                                           f"HF generate, prompt_lookup_num_tokens={cfg.pld_tokens}"),
+        "ngram": lambda: EngineMethod("ngram", engine(build_drafters(None, k=cfg.k, minacc=cfg.minacc)),
+                                      f"redraft, n-gram drafts only (K={cfg.k})"),
+        "corpus": lambda: EngineMethod("corpus", engine(build_drafters(corpus, k=cfg.k, minacc=cfg.minacc,
+                                                                       ngram=False)),
+                                       f"redraft, frozen-corpus drafts only (K={cfg.k})"),
+        "corpus+ngram": lambda: EngineMethod("corpus+ngram", engine(build_drafters(corpus, k=cfg.k,
+                                                                                   minacc=cfg.minacc)),
+                                             f"redraft, corpus then n-gram (K={cfg.k})"),
+        "tree": lambda: EngineMethod("tree", engine(build_drafters(corpus, k=cfg.k, minacc=cfg.minacc,
+                                                                   tree_branches=cfg.tree_branches),
+                                                    merge=True, tree_budget=cfg.tree_budget),
+                                     f"redraft, token tree: corpus x{cfg.tree_branches} branches + n-gram, "
+                                     f"budget {cfg.tree_budget} (K={cfg.k})"),
+    }
+    out: list[Method] = []
+    for name in ["plain"] + [n for n in names if n != "plain"]:
+        if name in NEEDS_CORPUS and corpus is None:
+            skipped[name] = "no corpus"
+            continue
+        if name.startswith("llama.cpp"):
+            ok, why = llama_cpp_available()
+            if not ok:
+                skipped[name] = why
+                continue
+            if not cfg.gguf:
+                skipped[name] = "no GGUF file for this model"
+                continue
+            try:
+                pld = cfg.pld_tokens if name == "llama.cpp-pld" else None
+                desc = (f"llama-cpp-python, LlamaPromptLookupDecoding(num_pred_tokens={cfg.pld_tokens})" if pld
+                        else "llama-cpp-python greedy")
+                out.append(LlamaCppMethod(name, cfg.gguf, eos, prompt_lookup=pld, n_ctx=cfg.n_ctx,
+                                          description=f"{desc} on {os.path.basename(cfg.gguf)}"))
+            except Exception as e:
+                skipped[name] = f"llama.cpp failed to load {cfg.gguf}: {type(e).__name__}: {e}"
+            continue
+        out.append(makers[name]())
+    return out, skipped

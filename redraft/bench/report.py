@@ -1,0 +1,305 @@
+"""Benchmark summaries, the Markdown report and the PNG plots (matplotlib, Agg backend).
+
+Every summary figure is computed from the raw per-question runs stored next to it in the JSON, so anyone can
+recompute it: speedup = median over questions of a method's tok/s divided by the median of plain greedy's tok/s
+over the same questions in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+BASELINE = "plain"
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str, bool] | None = None,
+              baseline: str = BASELINE) -> dict:
+    """Per-method figures for one workload from its runs (one dict per question x method).
+
+    Keys per method: questions, tokens, seconds, tok_s_median, tok_s_aggregate, speedup (ratio of medians),
+    speedup_paired (median of per-question ratios), speedup_aggregate (ratio of total tokens / total seconds),
+    forwards, tokens_per_forward, proposed, accepted, acceptance, sources {name: {proposed, accepted,
+    acceptance}}, rss_peak_mb, identical (count), mismatches (question ids), all_identical, exact_expected.
+    """
+    exact_expected = exact_expected or {}
+    by: dict[str, list[dict]] = {m: [r for r in runs if r["method"] == m] for m in methods}
+    base = {r["question_id"]: r for r in by.get(baseline, [])}
+    base_med = _median([r["tok_s"] for r in base.values()])
+    base_tok = sum(r["tokens"] for r in base.values())
+    base_sec = sum(r["seconds"] for r in base.values())
+    base_agg = base_tok / base_sec if base_sec else 0.0
+    out: dict[str, dict] = {}
+    for m, rs in by.items():
+        if not rs:
+            continue
+        tok = sum(r["tokens"] for r in rs)
+        sec = sum(r["seconds"] for r in rs)
+        fwd = None if any(r["forwards"] is None for r in rs) else sum(r["forwards"] for r in rs)
+        med = _median([r["tok_s"] for r in rs])
+        agg = tok / sec if sec else 0.0
+        ratios = [r["tok_s"] / base[r["question_id"]]["tok_s"] for r in rs
+                  if r["question_id"] in base and base[r["question_id"]]["tok_s"] > 0]
+        sources: dict[str, dict] = {}
+        for r in rs:
+            for s, st in (r.get("sources") or {}).items():
+                d = sources.setdefault(s, {"proposed": 0, "accepted": 0, "steps": 0})
+                for key in d:
+                    d[key] += st.get(key, 0)
+        for d in sources.values():
+            d["acceptance"] = d["accepted"] / d["proposed"] if d["proposed"] else None
+        prop = sum(d["proposed"] for d in sources.values())
+        acc = sum(d["accepted"] for d in sources.values())
+        mism = [r["question_id"] for r in rs if not r["identical"]]
+        out[m] = {
+            "questions": len(rs), "tokens": tok, "seconds": sec,
+            "tok_s_median": med, "tok_s_aggregate": agg,
+            "speedup": med / base_med if base_med else None,
+            "speedup_paired": _median(ratios) if ratios else None,
+            "speedup_aggregate": agg / base_agg if base_agg else None,
+            "forwards": fwd, "tokens_per_forward": tok / fwd if fwd else None,
+            "proposed": prop, "accepted": acc, "acceptance": acc / prop if prop else None,
+            "sources": sources,
+            "rss_peak_mb": max((r["rss_peak_mb"] for r in rs if r.get("rss_peak_mb") is not None), default=None),
+            "identical": len(rs) - len(mism), "mismatches": mism, "all_identical": not mism,
+            "exact_expected": exact_expected.get(m, True),
+        }
+    return out
+
+
+def differing(results: dict) -> list[dict]:
+    """Every (workload, method) whose outputs differ from plain greedy: [{workload, method, mismatches, expected}]."""
+    out = []
+    for w, wr in results["workloads"].items():
+        for m, s in wr["summary"].items():
+            if not s["all_identical"]:
+                out.append({"workload": w, "method": m, "mismatches": s["mismatches"],
+                            "expected": not s["exact_expected"]})
+    return out
+
+
+# ---- Markdown -----------------------------------------------------------------------------------------------------
+def _f(x, fmt: str, none: str = "–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def same_cell(s: dict) -> str:
+    n = s["questions"]
+    if s["all_identical"]:
+        return f"yes ({n}/{n})"
+    tag = "differs, expected" if not s["exact_expected"] else "**DIFFERS**"
+    return f"{tag} ({s['identical']}/{n})"
+
+
+def markdown(results: dict) -> str:
+    """The results page: settings, a speedup matrix and one table per workload."""
+    cfg = results["config"]
+    methods = [m for m in results["methods"]]
+    wls = list(results["workloads"])
+    lines = [f"# redraft bench results", "",
+             f"- command: `{results['command']}`",
+             f"- model: {results['model'].get('name')} ({results['model'].get('dtype', '?')}), "
+             f"ngen {cfg['ngen']}, K {cfg['k']}, tree {cfg['tree_branches']} branches / budget {cfg['tree_budget']}",
+             f"- machine: {results['machine'].get('summary', '')}",
+             f"- corpus: {results['corpus']['spans']} frozen answers ({results['corpus']['ids']} ids), "
+             f"questions {', '.join(map(str, results['corpus']['question_ids']))}",
+             f"- methods run interleaved per question (rotated start), speedup = median tok/s / median plain "
+             f"tok/s over the same questions in this run", ""]
+    if results.get("skipped_methods"):
+        for m, why in results["skipped_methods"].items():
+            lines.append(f"- skipped `{m}`: {why}")
+        lines.append("")
+    flags = differing(results)
+    if flags:
+        lines.append("**Outputs that differ from plain greedy:**")
+        for f in flags:
+            why = " (expected: different runtime arithmetic)" if f["expected"] else ""
+            lines.append(f"- {f['workload']} / `{f['method']}`: questions {', '.join(map(str, f['mismatches']))}"
+                         f"{why}")
+        lines.append("")
+    lines += ["## Speedup over plain greedy", "",
+              "| method | " + " | ".join(wls) + " |", "| --- |" + " ---: |" * len(wls)]
+    for m in methods:
+        cells = []
+        for w in wls:
+            s = results["workloads"][w]["summary"].get(m)
+            if s is None:
+                cells.append("–")
+                continue
+            mark = "" if s["all_identical"] else (" ≠" if not s["exact_expected"] else " **≠**")
+            cells.append(f"{_f(s['speedup'], '.2f')}x{mark}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for w in wls:
+        wr = results["workloads"][w]
+        lines += [f"## {w}: {wr['description']}", "",
+                  f"{len(wr['questions'])} questions: "
+                  + ", ".join(f"{q['question_id']} ({q['category']}, {q['prompt_tokens']} prompt ids)"
+                              for q in wr["questions"]), "",
+                  "| method | tok/s (median) | speedup | paired | tokens/forward | forwards | acceptance by source "
+                  "| peak RSS MB | same as greedy |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+        for m, s in wr["summary"].items():
+            acc = ", ".join(f"{src} {_f(d['acceptance'] and 100 * d['acceptance'], '.0f')}% "
+                            f"({d['accepted']}/{d['proposed']})" for src, d in s["sources"].items()) or "–"
+            lines.append(f"| {m} | {s['tok_s_median']:.1f} | {_f(s['speedup'], '.2f')}x | "
+                         f"{_f(s['speedup_paired'], '.2f')}x | {_f(s['tokens_per_forward'], '.2f')} | "
+                         f"{_f(s['forwards'], 'd')} | {acc} | {_f(s['rss_peak_mb'], '.0f')} | {same_cell(s)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def text_table(results: dict) -> str:
+    """A compact plain-text summary for the terminal."""
+    lines = []
+    for w, wr in results["workloads"].items():
+        lines.append(f"{w} ({len(wr['questions'])} questions, ngen {results['config']['ngen']})")
+        head = f"  {'method':<14} {'tok/s':>7} {'speedup':>8} {'tok/fwd':>8} {'fwd':>6} {'accept':>7}  same"
+        lines += [head, "  " + "-" * (len(head) - 2)]
+        for m, s in wr["summary"].items():
+            acc = "" if s["acceptance"] is None else f"{100 * s['acceptance']:.0f}%"
+            lines.append(f"  {m:<14} {s['tok_s_median']:>7.1f} {_f(s['speedup'], '.2f'):>7}x "
+                         f"{_f(s['tokens_per_forward'], '.2f'):>8} {_f(s['forwards'], 'd'):>6} {acc:>7}  "
+                         f"{same_cell(s).replace('**', '')}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---- plots -------------------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_speedup(results: dict, path: Path) -> None:
+    """Grouped bars: speedup over plain greedy per workload (groups) and method (bars); hatched = output differs."""
+    plt = _plt()
+    wls = list(results["workloads"])
+    methods = [m for m in results["methods"] if m != BASELINE]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(wls) + 2), 3.4), dpi=80)
+    width = 0.8 / max(1, len(methods))
+    cmap = plt.get_cmap("tab10")
+    for j, m in enumerate(methods):
+        xs, ys, hatch = [], [], []
+        for i, w in enumerate(wls):
+            s = results["workloads"][w]["summary"].get(m)
+            if s and s["speedup"] is not None:
+                xs.append(i + (j - (len(methods) - 1) / 2) * width)
+                ys.append(s["speedup"])
+                hatch.append(not s["all_identical"])
+        bars = ax.bar(xs, ys, width, label=m, color=cmap(j % 10))
+        for b, h in zip(bars, hatch):
+            if h:
+                b.set_hatch("//")
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(wls)), wls)
+    ax.set_ylabel("speedup over plain greedy")
+    ax.set_title(f"{results['model'].get('name')} — ratio of median tok/s (hatched: output differs)", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _drafting(runs: list[dict], m: str) -> bool:
+    """True for a method with draft sources (plain greedy and the peers have none)."""
+    return m != BASELINE and any(r.get("sources") for r in runs if r["method"] == m)
+
+
+def plot_tokens_per_forward(results: dict, path: Path) -> None:
+    """Per workload: share of decode forwards emitting t tokens (accepted + 1), one step line per drafting method."""
+    plt = _plt()
+    wls = list(results["workloads"])
+    top = int(results["config"]["k"]) + 1
+    fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
+    for ax, w in zip(axes[0], wls):
+        runs = results["workloads"][w]["runs"]
+        for m in results["methods"]:
+            if not _drafting(runs, m):
+                continue
+            acc = [a for r in runs if r["method"] == m and r.get("accepted_per_forward") for a in
+                   r["accepted_per_forward"][1:]]  # [0] is the prefill forward
+            if not acc:
+                continue
+            counts = [0] * (top + 1)
+            for a in acc:
+                counts[min(a + 1, top)] += 1
+            ax.plot(range(1, top + 1), [c / len(acc) for c in counts[1:]], drawstyle="steps-mid", label=m)
+        ax.set_ylim(0, 1)
+        ax.set_title(w, fontsize=9)
+        ax.set_xlabel("tokens per forward")
+    axes[0][0].set_ylabel("share of forwards")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def acceptance_by_position(accepted_per_forward: Sequence[Sequence[int]], depth: int) -> list[float]:
+    """Share of decode forwards (prefill excluded) that accepted at least d draft tokens, d = 1..depth."""
+    acc = [a for apf in accepted_per_forward for a in apf[1:]]
+    if not acc:
+        return [0.0] * depth
+    return [sum(a >= d for a in acc) / len(acc) for d in range(1, depth + 1)]
+
+
+def plot_acceptance_by_position(results: dict, path: Path) -> None:
+    """Per workload: share of forwards accepting >= d draft tokens, d = 1..K, per redraft drafting method."""
+    plt = _plt()
+    wls = list(results["workloads"])
+    depth = max(int(results["config"]["k"]), 1)
+    fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
+    for ax, w in zip(axes[0], wls):
+        runs = results["workloads"][w]["runs"]
+        for m in results["methods"]:
+            apf = [r["accepted_per_forward"] for r in runs if r["method"] == m and r.get("accepted_per_forward")]
+            if not apf or not _drafting(runs, m):
+                continue
+            ax.plot(range(1, depth + 1), acceptance_by_position(apf, depth), marker=".", ms=3, label=m)
+        ax.set_ylim(0, 1)
+        ax.set_title(w, fontsize=9)
+        ax.set_xlabel("draft position d")
+    axes[0][0].set_ylabel("forwards accepting ≥ d")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_cost(cost: dict, path: Path) -> None:
+    """The verify cost curve c(S) = time(S) / time(1)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=80)
+    top = 2.0
+    for name, curve in cost["curves"].items():
+        ax.plot(curve["s"], curve["c"], marker=".", ms=3, label=name)
+        top = max(top, max(curve["c"]) * 1.15)
+    ax.plot([1, cost["max_s"]], [1, cost["max_s"]], color="0.7", lw=0.8, ls=":", label="c(S) = S")
+    ax.set_ylim(0, top)
+    ax.set_xlabel("tokens in the forward (S)")
+    ax.set_ylabel("c(S) = time(S) / time(1)")
+    ax.set_title(f"{cost['model']}: after a {cost['prefix']}-token prefix, t(1) = "
+                 f"{1000 * cost['t1_s']:.1f} ms", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_plots(results: dict, out: Path) -> list[Path]:
+    """speedup.png, tokens_per_forward.png, acceptance_by_position.png under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "speedup.png", out / "tokens_per_forward.png", out / "acceptance_by_position.png"]
+    plot_speedup(results, paths[0])
+    plot_tokens_per_forward(results, paths[1])
+    plot_acceptance_by_position(results, paths[2])
+    return paths
