@@ -45,7 +45,8 @@ class TargetMismatchError(CheckpointError):
 def _tensor_stats(t: torch.Tensor) -> str:
     t = t.detach().double()
     flat = t.flatten()
-    picks = flat[torch.linspace(0, flat.numel() - 1, 7).long()]
+    n = flat.numel()
+    picks = flat[torch.tensor([i * (n - 1) // 6 for i in range(7)])]
     return (f"{list(t.shape)} sum={t.sum().item():.6e} abs={t.abs().sum().item():.6e} "
             f"pick={[float(f'{x:.6e}') for x in picks.tolist()]}")
 

@@ -1,0 +1,168 @@
+"""``redraft glide train | eval`` (registered by :func:`add_glide_parser`) and the ``--draft glide`` flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _load(model):
+    from redraft.models import ModelLoadError, load_model
+
+    try:
+        return load_model(model, quiet=False)
+    except ModelLoadError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
+def _bins(text: str):
+    from redraft.drafters.cape import CapeBins
+
+    try:
+        return CapeBins.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    from redraft.glide.train import TrainConfig, run_training
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = _load(args.model)
+    cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
+                      batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
+                      n_layers=args.layers, vanilla=args.vanilla, seed=args.seed, init=args.init,
+                      warmup=args.warmup)
+    state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
+                         max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
+                         data_dir=args.data_dir, threads=args.threads)
+    print(f"wrote {args.out}: {state.step} steps, {state.tokens} tokens, {state.seconds / 60:.1f} min of training",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from redraft.drafters.cape import CapeBins
+    from redraft.glide.checkpoint import CheckpointError
+    from redraft.glide.data import MEASURE_IDS
+    from redraft.glide.evaluate import Config, measure, table, write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = _load(args.model)
+    bins = args.cape_bins or CapeBins()
+    configs = [Config("plain greedy")]
+    for path, name in ((args.draft_model, "glide"), (args.vanilla_model, "vanilla")):
+        if not path:
+            continue
+        configs.append(Config(f"{name} chain", path, 0, None, args.gamma))
+        if name == "glide":
+            configs.append(Config(f"{name} + CaPE", path, 0, bins, args.gamma))
+        for n in args.head_vocab:
+            configs.append(Config(f"{name} chain, {n}-token head", path, n, None, args.gamma))
+            if name == "glide":
+                configs.append(Config(f"{name} + CaPE, {n}-token head", path, n, bins, args.gamma))
+    ids = MEASURE_IDS[:args.questions]
+    print(f"glide eval: {len(configs)} configurations x {len(ids)} held-out Spec-Bench questions {ids}, "
+          f"ngen {args.ngen}", file=sys.stderr)
+    try:
+        results = measure(loaded, configs, ids, args.ngen, tree_budget=args.tree_budget)
+    except CheckpointError as e:
+        raise SystemExit(f"redraft glide eval: error: {e}")
+    print(table(results))
+    if args.json:
+        write_json(args.json, results, {"questions": ids, "ngen": args.ngen, "threads": torch.get_num_threads()})
+    return 0 if all(r.identical == r.questions for r in results) else 1
+
+
+def add_glide_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser."""
+    p = subparsers.add_parser("glide", help="train and measure GliDe draft models (see 'redraft glide -h')",
+                              description="GliDe draft models (arXiv 2402.02082) that read the target's KV cache.")
+    sub = p.add_subparsers(dest="glide_command", metavar="GLIDE")
+    sub.required = True
+
+    t = sub.add_parser("train", help="train a GliDe (or --vanilla) draft for the target by self-distillation",
+                       description="Generate training answers with the target (cached), then train the draft with "
+                                   "the block-masked next-token loss. Checkpoints (safetensors + JSON with the target "
+                                   "fingerprint) go to --out; --resume continues one.")
+    t.add_argument("--model", default=None, help="target: HF directory or .gguf (default: bundled SmolLM2-135M)")
+    t.add_argument("--out", required=True, help="checkpoint directory (e.g. ~/.cache/redraft/glide/smollm2)")
+    t.add_argument("--max-steps", type=int, default=400, help="optimizer steps in total (default 400)")
+    t.add_argument("--max-minutes", type=float, default=None, help="stop training after this many minutes")
+    t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    t.add_argument("--vanilla", action="store_true", help="baseline draft without cross-attention")
+    t.add_argument("--layers", type=int, default=1, help="draft layers L_D (default 1)")
+    t.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default 1e-3)")
+    t.add_argument("--warmup", type=int, default=20, help="warm-up steps (default 20)")
+    t.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per batch (default 2048)")
+    t.add_argument("--train-vocab", type=int, default=0,
+                   help="compute the loss over the N most frequent tokens only (default 0 = full vocabulary)")
+    t.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    t.add_argument("--data-minutes", type=float, default=10.0,
+                   help="budget for generating new training answers in this call (default 10; cached data is reused)")
+    t.add_argument("--max-new-tokens", type=int, default=128, help="answer length of training generations")
+    t.add_argument("--text-windows", type=int, default=0, help="add N 256-token stdlib text windows (default 0)")
+    t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")
+    t.add_argument("--init", choices=("target", "random"), default="target",
+                   help="initialise from the target's last layer(s) (default) or at random")
+    t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="measure drafts on held-out Spec-Bench questions against plain greedy",
+                       description="Acceptance, tokens/forward, tok/s and identical output for GliDe chain, GliDe + "
+                                   "CaPE and a vanilla draft, on Spec-Bench questions never used in training.")
+    e.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M)")
+    e.add_argument("--draft-model", required=True, help="GliDe checkpoint directory")
+    e.add_argument("--vanilla-model", default=None, help="vanilla checkpoint directory (baseline)")
+    e.add_argument("--questions", type=int, default=10, help="held-out questions (default 10, at most 10)")
+    e.add_argument("--ngen", type=int, default=64, help="tokens per answer (default 64)")
+    e.add_argument("--gamma", type=int, default=4, help="draft depth (default 4)")
+    e.add_argument("--head-vocab", type=int, nargs="*", default=[],
+                   help="also measure reduced-vocabulary heads of these sizes (e.g. 8192)")
+    e.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
+    e.add_argument("--tree-budget", type=int, default=64, help="most draft nodes per verify forward (default 64)")
+    e.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    e.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
+    e.set_defaults(func=cmd_eval)
+    return p
+
+
+def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
+    """``--draft glide --draft-model PATH [--cape] [--gamma N] [--draft-vocab N] [--cape-bins SPEC]`` for run-style
+    commands."""
+    p.add_argument("--draft", choices=("glide",), default=None, help="add a draft model source (glide)")
+    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
+    p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
+    p.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
+    p.add_argument("--gamma", type=int, default=4, help="GliDe draft depth (default 4)")
+    p.add_argument("--draft-vocab", type=int, default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
+
+
+def glide_drafter_from_args(args, loaded):
+    """The GliDe drafter a run-style command asked for, or None. Attach the engine's target afterwards
+    (:func:`redraft.drafters.glide.attach_target`).
+
+    Raises:
+        SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
+    """
+    if getattr(args, "draft", None) != "glide":
+        return None
+    if not args.draft_model:
+        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
+    from redraft.drafters.cape import CapeBins
+    from redraft.drafters.glide import load_glide_drafter
+    from redraft.glide.checkpoint import CheckpointError
+
+    bins = (args.cape_bins or CapeBins()) if args.cape else None
+    try:
+        return load_glide_drafter(args.draft_model, loaded.model, gamma=args.gamma, cape=bins,
+                                  head_vocab=args.draft_vocab or None)
+    except CheckpointError as e:
+        raise SystemExit(f"redraft: error: {e}")

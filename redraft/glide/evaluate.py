@@ -1,0 +1,124 @@
+"""``redraft glide eval``: GliDe vs vanilla drafts, chain vs CaPE, against plain greedy, on held-out questions.
+
+Every configuration runs the same held-out Spec-Bench questions (:data:`redraft.glide.data.MEASURE_IDS`, never
+used in training) through :class:`redraft.engine.Engine`, one after the other, and is compared with plain greedy
+decoding (the engine with no drafters) on the same questions: acceptance rate (accepted / proposed draft tokens),
+tokens per verify forward, wall-clock tokens/s and speed-up, and whether the output ids are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+from redraft.drafters.cape import CapeBins
+
+
+@dataclass
+class Config:
+    """One measured configuration: a draft checkpoint (None = plain greedy), head size, chain or CaPE."""
+
+    label: str
+    path: str | None = None
+    head_vocab: int = 0
+    cape: CapeBins | None = None
+    gamma: int = 4
+
+
+@dataclass
+class Result:
+    label: str
+    tokens: int = 0
+    forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+    identical: int = 0
+    questions: int = 0
+    outputs: list = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *, tree_budget: int = 64,
+            log=sys.stderr) -> list[Result]:
+    """Run every configuration on every question; the first config must be plain greedy (``path`` None).
+
+    Returns:
+        one :class:`Result` per config; ``identical`` counts questions whose ids equal plain greedy's.
+    Raises:
+        ValueError: the first configuration is not plain greedy.
+    """
+    from redraft.drafters.glide import load_glide_drafter
+    from redraft.engine import Engine
+    from redraft.glide.data import load_questions
+    from redraft.models import encode_prompt
+    from redraft.target import HFTarget
+
+    if configs[0].path is not None:
+        raise ValueError("the first configuration must be plain greedy (the reference)")
+    qs = load_questions()
+    prompts = [encode_prompt(loaded.tokenizer, qs[i]["turns"][0]) for i in question_ids]
+    results = []
+    for c in configs:
+        target = HFTarget(loaded.model)
+        drafters = []
+        if c.path is not None:
+            drafters = [load_glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape,
+                                           head_vocab=c.head_vocab or None, target=target)]
+        engine = Engine(target, drafters, eos_token_ids=loaded.eos_token_ids, merge=True, tree_budget=tree_budget)
+        engine.generate(prompts[0][:8], 2)  # warm-up
+        res = Result(c.label)
+        for q, p in zip(question_ids, prompts):
+            t0 = time.perf_counter()
+            g = engine.generate(p, ngen)
+            res.seconds += time.perf_counter() - t0
+            res.tokens += len(g.output_ids)
+            res.forwards += g.forwards
+            for st in g.sources.values():
+                res.proposed += st.proposed
+                res.accepted += st.accepted
+            res.outputs.append(g.output_ids)
+            res.questions += 1
+        ref = results[0].outputs if results else res.outputs
+        res.identical = sum(a == b for a, b in zip(res.outputs, ref))
+        results.append(res)
+        print(f"  {c.label}: {res.tokens_per_forward:.2f} tokens/forward, acceptance {res.acceptance:.1%}, "
+              f"{res.tokens_per_second:.1f} tok/s, identical {res.identical}/{res.questions}", file=log, flush=True)
+    return results
+
+
+def table(results: list[Result]) -> str:
+    """Markdown table of results (speed-up against the first row)."""
+    base = results[0].tokens_per_second or 1.0
+    lines = ["| configuration | acceptance | tokens/forward | tok/s | speed-up | identical |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        acc = f"{r.acceptance:.1%}" if r.proposed else "-"
+        lines.append(f"| {r.label} | {acc} | {r.tokens_per_forward:.2f} | {r.tokens_per_second:.1f} | "
+                     f"{r.tokens_per_second / base:.2f}x | {r.identical}/{r.questions} |")
+    return "\n".join(lines)
+
+
+def to_json(results: list[Result]) -> list[dict]:
+    return [{"label": r.label, "acceptance": r.acceptance, "tokens_per_forward": r.tokens_per_forward,
+             "tokens_per_second": r.tokens_per_second, "tokens": r.tokens, "forwards": r.forwards,
+             "proposed": r.proposed, "accepted": r.accepted, "seconds": r.seconds, "identical": r.identical,
+             "questions": r.questions} for r in results]
+
+
+def write_json(path: str, results: list[Result], extra: dict | None = None) -> None:
+    with open(path, "w") as f:
+        json.dump({"results": to_json(results), **(extra or {})}, f, indent=2)

@@ -1,0 +1,360 @@
+"""Training loop for GliDe (and vanilla) drafts: frozen target, self-distillation, resumable checkpoints.
+
+``redraft glide train --out DIR`` runs :func:`run_training`: it builds (or reuses) the cached training records
+(:mod:`redraft.glide.data`), initialises the draft from the target's last layer(s), and trains with AdamW
+(linear warm-up, cosine decay) on the block-masked next-token loss (:mod:`redraft.glide.objective`). Every
+``ckpt_every`` steps, and when the step or time budget ends, it writes a checkpoint (weights + JSON config with
+the target fingerprint + optimizer state) and prints the held-out acceptance estimate. ``--resume`` continues from
+the checkpoint in DIR: same data order, same optimizer moments, same schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from redraft.glide.checkpoint import save_draft, read_meta, check_target
+from redraft.glide.data import Record, batches_by_length
+from redraft.glide.model import GlideConfig, GlideDraft, build_draft, init_from_target
+from redraft.glide.objective import collate, draft_loss, estimate_acceptance
+
+OPTIM_FILE = "optimizer.safetensors"
+STATE_FILE = "train_state.json"
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one training run (all recorded in the checkpoint).
+
+    Attributes:
+        max_steps: optimizer steps in total (a resumed run continues up to this count).
+        max_minutes: stop (and checkpoint) after this much training wall-clock, None = no limit.
+        lr, min_lr_ratio, warmup: AdamW peak learning rate, cosine floor as a fraction of it, warm-up steps.
+        weight_decay, grad_clip: AdamW decay; gradient-norm clip.
+        batch_tokens, max_batch: padded tokens and records per batch.
+        block, offset_jitter: block size of the cross-attention mask; draw the block phase at random per batch.
+        train_vocab: 0 = full-vocabulary loss; N = loss over the N most frequent tokens (cheaper per step).
+        gamma: chain depth of the held-out acceptance estimate.
+        ckpt_every: steps between checkpoints.
+    """
+
+    max_steps: int = 400
+    max_minutes: float | None = None
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 20
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    batch_tokens: int = 2048
+    max_batch: int = 16
+    block: int = 5
+    offset_jitter: bool = True
+    train_vocab: int = 0
+    gamma: int = 4
+    ckpt_every: int = 100
+    seed: int = 0
+    n_layers: int = 1
+    vanilla: bool = False
+    init: str = "target"
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_lr_ratio * lr`` at ``max_steps``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+# ---- optimizer state as safetensors --------------------------------------------------------------------------------
+
+def save_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) -> None:
+    from safetensors.torch import save_file
+
+    t = {}
+    for name, p in draft.named_parameters():
+        st = opt.state.get(p)
+        if st:
+            t[f"{name}.exp_avg"] = st["exp_avg"].contiguous()
+            t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+            t[f"{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(t, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) -> None:
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    for name, p in draft.named_parameters():
+        if f"{name}.exp_avg" in t:
+            opt.state[p] = {"step": t[f"{name}.step"].reshape(()).clone(), "exp_avg": t[f"{name}.exp_avg"],
+                            "exp_avg_sq": t[f"{name}.exp_avg_sq"]}
+
+
+# ---- the trainer ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainState:
+    """Where a run stands (``train_state.json``)."""
+
+    step: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    loss_ema: float | None = None
+    history: list = field(default_factory=list)
+
+
+class Trainer:
+    """Trains one draft for one target on in-memory records.
+
+    Args:
+        target: the transformers target model (frozen; supplies embeddings, head, rope, fingerprint).
+        records: training records; ``heldout``: held-out target generations for the acceptance estimate.
+        cfg: :class:`TrainConfig`.
+        out: checkpoint directory.
+        vocab_rank: token ids by descending frequency (stored with the checkpoint; cuts the train_vocab head).
+        data_info: JSON-able description of the data, recorded in the checkpoint.
+    """
+
+    def __init__(self, target, records: Sequence[Record], cfg: TrainConfig, out: str | os.PathLike, *,
+                 heldout: Sequence[Record] = (), vocab_rank: torch.Tensor | None = None,
+                 data_info: dict | None = None) -> None:
+        for p in target.parameters():
+            p.requires_grad_(False)
+        self.target, self.records, self.heldout, self.cfg = target, list(records), list(heldout), cfg
+        self.out = Path(out).expanduser()
+        self.vocab_rank = vocab_rank
+        self.data_info = data_info or {}
+        gcfg = GlideConfig.from_target(target.config, n_layers=cfg.n_layers, cross_attention=not cfg.vanilla,
+                                       block_size=cfg.block)
+        self.draft = build_draft(target, gcfg)
+        if cfg.init == "target":
+            init_from_target(self.draft, target)
+        elif cfg.init != "random":
+            raise ValueError(f"init must be 'target' or 'random', got {cfg.init!r}")
+        self.opt = torch.optim.AdamW([p for p in self.draft.parameters() if p.requires_grad], lr=cfg.lr,
+                                     betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.state = TrainState()
+        self.head, self.lut = None, None
+        if cfg.train_vocab:
+            if vocab_rank is None:
+                raise ValueError("train_vocab needs a vocabulary ranking")
+            ids = torch.sort(vocab_rank[:cfg.train_vocab]).values
+            self.head = self.draft.head_weight.index_select(0, ids).contiguous()
+            self.lut = torch.full((self.draft.head_weight.shape[0],), -100, dtype=torch.long)
+            self.lut[ids] = torch.arange(len(ids))
+
+    # -- checkpoints --
+    def resume(self) -> None:
+        """Load weights, optimizer moments and state from ``out``.
+
+        Raises:
+            redraft.glide.checkpoint.CheckpointError / TargetMismatchError: no usable checkpoint for this target.
+            ValueError: the checkpoint is a different kind of draft (vanilla vs GliDe, layer count).
+        """
+        from safetensors.torch import load_file
+
+        meta = read_meta(self.out)
+        check_target(meta, self.target, self.out)
+        saved = GlideConfig.from_dict(meta["config"])
+        if (saved.cross_attention, saved.n_layers) != (self.draft.cfg.cross_attention, self.draft.cfg.n_layers):
+            raise ValueError(f"{self.out} holds a {'GliDe' if saved.cross_attention else 'vanilla'} draft with "
+                             f"{saved.n_layers} layer(s); this run trains another kind")
+        tensors = load_file(str(self.out / "draft.safetensors"))
+        tensors.pop("vocab_rank", None)
+        self.draft.load_state_dict(tensors, strict=False)
+        if (self.out / OPTIM_FILE).is_file():
+            load_optimizer(self.out / OPTIM_FILE, self.draft, self.opt)
+        if (self.out / STATE_FILE).is_file():
+            self.state = TrainState(**json.loads((self.out / STATE_FILE).read_text()))
+
+    def checkpoint(self) -> dict:
+        """Estimate held-out acceptance, write the checkpoint, return the estimate."""
+        est = estimate_acceptance(self.draft, self.heldout, gamma=self.cfg.gamma) if self.heldout else {}
+        self.state.history.append({"step": self.state.step, "tokens": self.state.tokens,
+                                   "seconds": round(self.state.seconds, 1), "loss": self.state.loss_ema, **est})
+        training = {"config": asdict(self.cfg), "data": self.data_info, **asdict(self.state)}
+        save_draft(self.out, self.draft, self.target, vocab_rank=self.vocab_rank, training=training)
+        save_optimizer(self.out / OPTIM_FILE, self.draft, self.opt)
+        tmp = self.out / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self.state), indent=1))
+        os.replace(tmp, self.out / STATE_FILE)
+        return est
+
+    # -- data order --
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        order = list(range(len(self.records)))
+        random.Random(self.cfg.seed * 1_000_003 + epoch).shuffle(order)
+        lengths = [len(r) for r in self.records]
+        return batches_by_length(order, lengths, self.cfg.batch_tokens, self.cfg.max_batch)
+
+    def _batches(self):
+        """Endless (epoch, batch records, block offset) stream, deterministic given the seed; skips done steps."""
+        step, epoch = 0, 0
+        while True:
+            for i, idx in enumerate(self._epoch_batches(epoch)):
+                if step >= self.state.step:
+                    rng = random.Random(self.cfg.seed * 7919 + step)
+                    offset = rng.randrange(self.cfg.block) if self.cfg.offset_jitter else 0
+                    yield epoch, [self.records[j] for j in idx], offset
+                step += 1
+            epoch += 1
+
+    # -- the loop --
+    def step(self, records: Sequence[Record], offset: int = 0) -> tuple[float, int]:
+        """One optimizer step on ``records``; returns (loss, tokens in the loss)."""
+        batch = collate(records, block=self.cfg.block, offset=offset, with_kv=not self.cfg.vanilla)
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.state.step, self.cfg)
+        self.opt.zero_grad(set_to_none=True)
+        loss, n = draft_loss(self.draft, batch, head=self.head, lut=self.lut)
+        if n:
+            torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
+            self.opt.step()
+        return loss, n
+
+    def train(self, *, progress: bool = True, log=sys.stderr, until: int | None = None) -> TrainState:
+        """Run until ``max_steps`` or ``max_minutes``; checkpoint every ``ckpt_every`` steps and at the end.
+
+        ``until`` stops earlier, at that step, without changing the schedule (as an interruption would).
+        """
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed + self.state.step)
+        self.draft.train()
+        t_start = time.perf_counter()
+        sec0 = self.state.seconds
+        bar = tqdm(total=cfg.max_steps, initial=self.state.step, desc="glide train" if not cfg.vanilla else
+                   "vanilla train", unit="step", file=log, disable=not progress, dynamic_ncols=True)
+        stream = self._batches()
+        last_ckpt = self.state.step
+        try:
+            while self.state.step < min(cfg.max_steps, until or cfg.max_steps):
+                if cfg.max_minutes is not None and time.perf_counter() - t_start >= cfg.max_minutes * 60:
+                    break
+                epoch, recs, offset = next(stream)
+                t0 = time.perf_counter()
+                loss, n = self.step(recs, offset)
+                dt = time.perf_counter() - t0
+                self.state.step += 1
+                self.state.tokens += n
+                self.state.seconds = sec0 + time.perf_counter() - t_start
+                ema = self.state.loss_ema
+                self.state.loss_ema = loss if ema is None else 0.9 * ema + 0.1 * loss
+                bar.update(1)
+                bar.set_postfix(loss=f"{self.state.loss_ema:.3f}", tok_s=f"{n / dt:.0f}", epoch=epoch)
+                if self.state.step - last_ckpt >= cfg.ckpt_every:
+                    est = self.checkpoint()
+                    last_ckpt = self.state.step
+                    if est:
+                        bar.write(_est_line(self.state, est), file=log)
+        except KeyboardInterrupt:
+            bar.write("interrupted: writing a checkpoint", file=log)
+        finally:
+            bar.close()
+        if self.state.step != last_ckpt or not (self.out / STATE_FILE).is_file():
+            est = self.checkpoint()
+            if est:
+                print(_est_line(self.state, est), file=log)
+        return self.state
+
+
+def _est_line(state: TrainState, est: dict) -> str:
+    return (f"step {state.step}: loss {state.loss_ema:.3f}, held-out chain acceptance {est['acceptance']:.1%} "
+            f"({est['tokens_per_forward']:.2f} tokens/forward est., top-1 {est['top1']:.1%}, "
+            f"{est['blocks']} blocks), {state.tokens} tokens in {state.seconds / 60:.1f} min")
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+
+def default_glide_dir() -> Path:
+    from redraft.models import cache_dir
+
+    return cache_dir() / "glide"
+
+
+def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bool = False,
+                 data_minutes: float = 10.0, max_new_tokens: int = 128, text_windows: int = 0,
+                 data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
+                 log=sys.stderr) -> TrainState:
+    """Build/reuse the training records for ``loaded`` (a LoadedModel), then train a draft into ``out``.
+
+    Args:
+        data_minutes: wall-clock budget for generating new training answers in this call (cached ones are reused).
+        max_new_tokens: answer length of the training generations.
+        text_windows: stdlib text windows (256 tokens) added to the training data.
+        data_dir: feature cache (default ``<cache>/glide/data/<target fingerprint>-L<layers>-n<max_new>``).
+        threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
+    """
+    from redraft.glide.checkpoint import target_fingerprint
+    from redraft.glide.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
+                                    load_questions, stdlib_files, training_order, vocab_ranking)
+
+    if threads:
+        torch.set_num_threads(threads)
+    model, tok = loaded.model, loaded.tokenizer
+    gcfg = GlideConfig.from_target(model.config, n_layers=cfg.n_layers)
+    layers = gcfg.target_layers
+    fp = target_fingerprint(model)
+    root = Path(data_dir).expanduser() if data_dir else default_glide_dir() / "data" / (
+        f"{fp}-L{'_'.join(map(str, layers))}-n{max_new_tokens}")
+    meta = {"fingerprint": fp, "layers": layers, "max_new_tokens": max_new_tokens}
+    train_store = FeatureStore(root / "train", meta)
+    held_store = FeatureStore(root / "heldout", meta)
+    eos = loaded.eos_token_ids
+
+    t0 = time.perf_counter()
+    build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
+                          eos_ids=eos)
+    if data_minutes > 0:
+        print(f"glide data: generating training answers for up to {data_minutes:.0f} min into {root}", file=log)
+        from tqdm import tqdm
+
+        bar = tqdm(desc="glide data", unit="tok", file=log, disable=not progress, dynamic_ncols=True)
+        build_generation_data(model, tok, train_store, layers, question_ids=training_order(load_questions()),
+                              max_new_tokens=max_new_tokens, eos_ids=eos, seconds=data_minutes * 60,
+                              progress=lambda r, n: bar.update(n))
+        bar.close()
+    if text_windows:
+        build_text_data(model, tok, train_store, layers, n_windows=text_windows)
+    data_seconds = time.perf_counter() - t0
+    records, heldout = train_store.load(), held_store.load()
+    if not records:
+        raise SystemExit("redraft glide train: error: no training data (raise --data-minutes)")
+    n_tok = sum(len(r) for r in records)
+    n_gen = sum(len(r) - r.gen_start for r in records)
+    print(f"glide data: {len(records)} records, {n_tok} tokens ({n_gen} generated by the target) from "
+          f"{len(train_store.done_questions)} Spec-Bench questions and {train_store.index['text_windows']} stdlib "
+          f"windows; {data_seconds:.0f} s this call, {train_store.index['seconds']:.0f} s in total", file=log)
+
+    # token frequencies: the target's labels (weighted x4) + stdlib docs/sources + the training questions' text
+    questions = load_questions()
+    texts = [f.read_text(errors="replace") for f in stdlib_files()[:80]]
+    texts += [questions[i]["turns"][0] for i in training_order(questions)]
+    rank = vocab_ranking(model.config.vocab_size, records, tok, texts)
+    info = {"dir": str(root), "records": len(records), "tokens": n_tok, "generated_tokens": n_gen,
+            "questions": len(train_store.done_questions), "text_windows": train_store.index["text_windows"],
+            "heldout_questions": ESTIMATE_IDS, "generation_seconds": round(train_store.index["seconds"], 1)}
+    trainer = Trainer(model, records, cfg, out, heldout=heldout, vocab_rank=rank, data_info=info)
+    if resume:
+        if (Path(out).expanduser() / "glide.json").is_file():
+            trainer.resume()
+            print(f"resuming at step {trainer.state.step} ({trainer.state.tokens} tokens)", file=log)
+        else:
+            print(f"--resume: no checkpoint in {out} yet, starting fresh", file=log)
+    print(f"training a {'vanilla' if cfg.vanilla else 'GliDe'} draft: {trainer.draft.n_trainable / 1e6:.2f} M "
+          f"trainable parameters, target layers {layers if not cfg.vanilla else '-'}, threads "
+          f"{torch.get_num_threads()}", file=log)
+    return trainer.train(progress=progress, log=log)
