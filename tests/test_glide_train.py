@@ -1,0 +1,225 @@
+"""GliDe training on tiny targets: data records, the loss falls, checkpoints round-trip, wrong targets are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import build_tiny
+from redraft.glide.checkpoint import (CheckpointError, TargetMismatchError, load_draft, save_draft,
+                                      target_fingerprint)
+from redraft.glide.data import FeatureStore, batches_by_length, generate_records, text_records, training_order, \
+    load_questions, is_held_out, vocab_ranking
+from redraft.glide.model import GlideConfig, build_draft
+from redraft.glide.objective import collate, draft_loss, estimate_acceptance
+from redraft.glide.train import TrainConfig, Trainer, lr_at
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny("llama", "sdpa", seed=4)
+
+
+@pytest.fixture(scope="module")
+def records(tiny):
+    g = torch.Generator().manual_seed(0)
+    return text_records(tiny, torch.randint(0, 96, (6, 30), generator=g).tolist(), [1])
+
+
+@pytest.fixture(scope="module")
+def heldout(tiny):
+    return generate_records(tiny, [[5, 6, 7], [9, 10, 11, 12, 13]], [1], max_new_tokens=25, qids=[0, 1])
+
+
+def test_generated_records_carry_the_targets_choices_and_cache(tiny, heldout):
+    from transformers import DynamicCache
+
+    for r in heldout:
+        n = len(r)
+        assert r.labels.shape == r.ids.shape and r.k.shape == (1, 2, n, 8) and r.k.dtype == torch.float16
+        # generated part: each input is the previous position's label (the target's own greedy path)
+        assert torch.equal(r.ids[r.gen_start:], r.labels[r.gen_start - 1:n - 1])
+        cache = DynamicCache(config=tiny.config)
+        with torch.no_grad():
+            out = tiny(input_ids=r.ids[None], cache=cache, use_cache=True)
+        assert torch.equal(out.logits[0].argmax(-1), r.labels)
+        torch.testing.assert_close(r.k[0].float(), cache.layers[1].keys[0], atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(r.v[0].float(), cache.layers[1].values[0], atol=2e-3, rtol=2e-3)
+
+
+def test_feature_store_round_trip(tmp_path, records, heldout):
+    meta = {"fingerprint": "x", "layers": [1], "max_new_tokens": 25}
+    store = FeatureStore(tmp_path, meta)
+    store.append(records[:3], 1.0)
+    store.append(heldout, 2.0)
+    back = FeatureStore(tmp_path, meta).load()
+    assert len(back) == 5 and FeatureStore(tmp_path, meta).done_questions == {0, 1}
+    for a, b in zip(records[:3] + heldout, back):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.labels, b.labels) and torch.equal(a.k, b.k)
+        assert a.gen_start == b.gen_start and a.qid == b.qid
+    with pytest.raises(ValueError):
+        FeatureStore(tmp_path, dict(meta, fingerprint="y"))
+
+
+def test_question_split_holds_out_every_tenth():
+    qs = load_questions()
+    order = training_order(qs)
+    assert len(order) == len(set(order)) == len(qs) - len(qs) // 10
+    assert not any(is_held_out(i) for i in order)
+    cats = [qs[i]["category"] for i in order[:6]]
+    assert len(set(cats)) == 6  # round-robin: the first six come from six different groups
+
+
+def test_batches_by_length_respects_the_budget():
+    lengths = [5, 50, 7, 48, 6, 49, 100]
+    batches = batches_by_length(list(range(7)), lengths, max_tokens=120, max_batch=3)
+    assert sorted(i for b in batches for i in b) == list(range(7))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 120
+
+
+def test_collate_masks_and_rows(records):
+    b = collate(records[:2], block=5)
+    S = len(records[0])
+    assert b.ids.shape == (2, S) and b.mask.shape == (1, 1, S, S)
+    assert not b.rows[:, :5].any() and b.rows[:, 5:].all()
+    assert b.kv[0][0].shape == (2, 2, S, 8) and b.kv[0][0].dtype == torch.float32
+    shifted = collate(records[:1], block=5, offset=3)
+    assert not shifted.rows[0, :2].any() and shifted.rows[0, 2:].all()
+
+
+def test_vocab_ranking_orders_by_frequency(records):
+    rank = vocab_ranking(96, records)
+    assert sorted(rank.tolist()) == list(range(96))
+    counts = torch.bincount(torch.cat([r.labels for r in records]), minlength=96)
+    assert (counts[rank][:-1] >= counts[rank][1:]).all()
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(lr=1e-3, warmup=10, max_steps=110, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(1e-4) and lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(60, cfg) == pytest.approx(0.55e-3) and lr_at(110, cfg) == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("vanilla", [False, True])
+def test_a_few_steps_lower_the_loss(tiny, records, heldout, tmp_path, vanilla):
+    torch.manual_seed(0)
+    cfg = TrainConfig(max_steps=25, lr=3e-3, warmup=2, batch_tokens=100, ckpt_every=1000, vanilla=vanilla,
+                      offset_jitter=False)
+    tr = Trainer(tiny, records, cfg, tmp_path, heldout=heldout, vocab_rank=vocab_ranking(96, records))
+    batch = collate(records, block=5)
+
+    def loss():
+        with torch.no_grad():
+            return draft_loss(tr.draft, batch, backward=False)[0]
+
+    before = loss()
+    state = tr.train(progress=False)
+    assert state.step == 25 and loss() < 0.7 * before
+    assert (tmp_path / "glide.json").is_file() and (tmp_path / "optimizer.safetensors").is_file()
+    est = state.history[-1]
+    assert 0.0 <= est["acceptance"] <= 1.0 and est["blocks"] > 0
+
+
+def test_reduced_vocabulary_loss(tiny, records, tmp_path):
+    rank = vocab_ranking(96, records)
+    cfg = TrainConfig(max_steps=2, batch_tokens=100, train_vocab=40)
+    tr = Trainer(tiny, records, cfg, tmp_path, vocab_rank=rank)
+    assert tr.head.shape == (40, 32)
+    loss, n = draft_loss(tr.draft, collate(records, block=5), head=tr.head, lut=tr.lut, backward=False)
+    in_head = torch.isin(torch.cat([r.labels[5:] for r in records]), rank[:40])
+    assert n == int(in_head.sum()) and loss > 0
+
+
+def test_resume_continues_where_it_stopped(tiny, records, tmp_path):
+    cfg = TrainConfig(max_steps=6, lr=2e-3, warmup=1, batch_tokens=100, ckpt_every=3)
+    full = Trainer(tiny, records, cfg, tmp_path / "a")
+    full.train(progress=False)
+    half = Trainer(tiny, records, cfg, tmp_path / "b")
+    half.train(progress=False, until=3)
+    again = Trainer(tiny, records, cfg, tmp_path / "b")
+    again.resume()
+    assert again.state.step == 3 and len(again.opt.state) > 0
+    again.train(progress=False)
+    assert again.state.step == 6
+    for (n, p), (_, q) in zip(full.draft.named_parameters(), again.draft.named_parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_checkpoint_round_trip_and_head_size(tiny, records, tmp_path):
+    draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
+    rank = vocab_ranking(96, records)
+    save_draft(tmp_path, draft, tiny, vocab_rank=rank, training={"steps": 0})
+    meta = json.loads((tmp_path / "glide.json").read_text())
+    assert meta["target"]["fingerprint"] == target_fingerprint(tiny)
+    back = load_draft(tmp_path, tiny)
+    ids, pos = torch.tensor([[1, 2, 3]]), torch.arange(3)[None]
+    torch.testing.assert_close(back(ids, pos, None), draft(ids, pos, None))
+    small = load_draft(tmp_path, tiny, head_vocab=10)
+    assert torch.equal(small.vocab_ids, torch.sort(rank[:10]).values)
+
+
+def test_wrong_target_checkpoint_is_refused(tiny, tmp_path):
+    draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
+    save_draft(tmp_path, draft, tiny)
+    other_weights = build_tiny("llama", "sdpa", seed=5)  # same architecture, other weights
+    other_arch = build_tiny("llama", "sdpa", seed=4, num_hidden_layers=3)
+    for other in (other_weights, other_arch):
+        with pytest.raises(TargetMismatchError) as e:
+            load_draft(tmp_path, other)
+        msg = str(e.value)
+        assert target_fingerprint(tiny) in msg and target_fingerprint(other) in msg
+        assert f"{other.config.num_hidden_layers} layers" in msg and "2 layers" in msg
+    with pytest.raises(CheckpointError, match="not a GliDe"):
+        load_draft(tmp_path / "missing", tiny)
+
+
+def test_fingerprint_ignores_attention_backend():
+    assert target_fingerprint(build_tiny("llama", "eager", seed=4)) == target_fingerprint(build_tiny("llama", "sdpa",
+                                                                                                     seed=4))
+
+
+def test_estimate_matches_a_real_chain(tiny, heldout):
+    """The teacher-forced estimate equals what GliDe chains from these roots really get accepted."""
+    import numpy as np
+
+    from redraft.drafters.glide import GlideDrafter
+    from redraft.glide.model import init_from_target
+    from redraft.target import HFTarget
+
+    draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
+    init_from_target(draft, tiny)
+    est = estimate_acceptance(draft, heldout, gamma=4)
+    acc = blocks = 0
+    for r in heldout:
+        n = len(r)
+        start = max(r.gen_start - 1, 5)
+        for s in range(-(-start // 5) * 5, n - 4, 5):
+            t = HFTarget(tiny)
+            t.reset()
+            t.forward(r.ids[:s].tolist())
+            prop = GlideDrafter(draft, t, gamma=4).propose(np.array(r.ids[:s + 1].tolist()), 4)
+            a = 0
+            while a < 4 and prop.tokens[a] == int(r.labels[s + a]):
+                a += 1
+            acc, blocks = acc + a, blocks + 1
+    assert blocks == est["blocks"] and acc / (4 * blocks) == pytest.approx(est["acceptance"])
+
+
+def test_cli_parser_registers_train_and_eval():
+    import argparse
+
+    from redraft.glide.cli import add_glide_draft_args, add_glide_parser
+
+    parser = argparse.ArgumentParser(prog="redraft")
+    add_glide_parser(parser.add_subparsers(dest="command"))
+    a = parser.parse_args(["glide", "train", "--out", "D", "--max-steps", "7", "--resume", "--vanilla"])
+    assert (a.out, a.max_steps, a.resume, a.vanilla, a.threads) == ("D", 7, True, True, 1)
+    a = parser.parse_args(["glide", "eval", "--draft-model", "D", "--head-vocab", "8192", "--cape-bins", "0.5:3,1"])
+    assert a.head_vocab == [8192] and a.cape_bins.extras == (3, 1)
+    run = argparse.ArgumentParser()
+    add_glide_draft_args(run)
+    a = run.parse_args(["--draft", "glide", "--draft-model", "D", "--cape"])
+    assert (a.draft, a.draft_model, a.cape, a.gamma) == ("glide", "D", True, 4)
