@@ -1,0 +1,209 @@
+"""Shared fixtures for the engine tests: tiny random-weight target models, reference decoders, test drafters.
+
+The tiny models are built from configs (no hub, no files) once per session, in eval mode and fp32. Their LM heads
+are initialised with a large standard deviation so logits spread over several units: argmax near-ties, where the
+~1e-6 difference between a verify forward and a single-token forward could flip the greedy choice, become rare.
+``test_engine.py::test_tiny_models_have_clear_greedy_margins`` checks that the margins really are large.
+
+Helpers here are plain functions and classes (``from conftest import ...``) so that hypothesis-driven tests can
+call them without function-scoped fixtures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from redraft.drafters.base import Proposal
+from redraft.engine import Engine
+from redraft.target import HFTarget
+
+# Tiny models gain nothing from intra-op threads, and on a shared 2-core machine torch's thread pool spinning
+# against other processes made them 10-20x slower. One thread for the whole test session.
+torch.set_num_threads(1)
+
+VOCAB = 96
+MAX_POS = 128
+HEAD_STD = 1.0  # LM head init std: logits have std ~ sqrt(hidden) * HEAD_STD after the final RMSNorm
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POS,
+              bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+
+
+def build_tiny(kind: str, attn: str = "sdpa", seed: int = 0, **overrides):
+    """A tiny random-weight causal LM: kind in llama | mixtral | qwen2 | mistral; fp32, eval mode.
+
+    The same (kind, seed, overrides) always gives the same weights, whatever ``attn`` is.
+    """
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
+                              MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+    kw = dict(COMMON, **overrides)
+    if kind == "llama":
+        cfg, cls = LlamaConfig(**kw), LlamaForCausalLM
+    elif kind == "mixtral":
+        kw.setdefault("num_local_experts", 4)
+        kw.setdefault("num_experts_per_tok", 2)
+        kw.setdefault("sliding_window", None)
+        cfg, cls = MixtralConfig(**kw), MixtralForCausalLM
+    elif kind == "qwen2":
+        kw.setdefault("use_sliding_window", False)
+        cfg, cls = Qwen2Config(**kw), Qwen2ForCausalLM
+    elif kind == "mistral":
+        cfg, cls = MistralConfig(**kw), MistralForCausalLM
+    else:
+        raise ValueError(kind)
+    cfg._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.normal_(0.0, HEAD_STD, generator=torch.Generator().manual_seed(seed + 1000))
+    model.eval()
+    assert next(model.parameters()).dtype == torch.float32
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """Tiny Llama, eager attention."""
+    return build_tiny("llama", "eager", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_sdpa():
+    """The same weights as ``tiny_llama``, sdpa attention."""
+    return build_tiny("llama", "sdpa", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral():
+    """Tiny Mixtral (4 experts, top-2 routing), sdpa attention."""
+    return build_tiny("mixtral", "sdpa", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2():
+    """Tiny Qwen2 (q/k/v biases), sdpa attention."""
+    return build_tiny("qwen2", "sdpa", seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_llama, tiny_llama_sdpa, tiny_mixtral, tiny_qwen2):
+    return {"llama-eager": tiny_llama, "llama-sdpa": tiny_llama_sdpa, "mixtral-sdpa": tiny_mixtral,
+            "qwen2-sdpa": tiny_qwen2}
+
+
+# ---- reference decoders -----------------------------------------------------------------------------------------
+
+def plain_greedy(model, prompt: Sequence[int], n: int, eos: Sequence[int] = ()) -> list[int]:
+    """Plain greedy decoding through the engine with no drafters (one token per forward)."""
+    res = Engine(model, [], eos_token_ids=eos).generate(list(prompt), n)
+    assert res.forwards == len(res.output_ids)
+    return res.output_ids
+
+
+def hf_greedy(model, prompt: Sequence[int], n: int, eos: int | None = None, *, scores: bool = False):
+    """Hugging Face ``generate(do_sample=False)``; the new ids (and the per-step logits when ``scores``)."""
+    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos if eos is not None else 0,
+                             output_logits=scores, return_dict_in_generate=True, num_beams=1,
+                             temperature=None, top_p=None, top_k=None)
+    new = out.sequences[0, len(prompt):].tolist()
+    if scores:
+        return new, torch.stack(out.logits, 1)[0]
+    return new
+
+
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """Per row: top-1 minus top-2 logit."""
+    top = logits.float().topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    """Index of the first position where a and b differ (min length when one is a prefix of the other)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b)) if len(a) != len(b) else -1
+
+
+# ---- test drafters ------------------------------------------------------------------------------------------------
+
+class SequenceDrafter:
+    """Proposes the continuation of a known token sequence (an "oracle" when that is the greedy output).
+
+    ``shift`` is added (mod vocab) to every proposed id, so shift != 0 makes a drafter that is always wrong.
+    ``depth`` overrides max_depth when set (a drafter that ignores the engine's limit).
+    """
+
+    def __init__(self, seq: Sequence[int], name: str = "oracle", *, shift: int = 0, vocab: int = VOCAB,
+                 depth: int | None = None, limit: int | None = None) -> None:
+        self.seq = [int(t) for t in seq]
+        self.name, self.shift, self.vocab, self.depth, self.limit = name, shift, vocab, depth, limit
+        self.calls: list[tuple[int, int]] = []  # (context length, max_depth) per propose call
+        self.observed: list[tuple[int, int, int]] = []
+        self.begun = 0
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self.begun += 1
+
+    def propose(self, context: np.ndarray, max_depth: int):
+        self.calls.append((len(context), max_depth))
+        L = len(context)
+        if context.tolist() != self.seq[:L]:
+            return None
+        d = self.depth if self.depth is not None else max_depth
+        if self.limit is not None:
+            d = min(d, self.limit)
+        ids = [(t + self.shift) % self.vocab for t in self.seq[L:L + d]]
+        return Proposal(ids) if ids else None
+
+    def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.observed.append((proposed, accepted, emitted))
+
+
+class ConstantDrafter:
+    """Always proposes the same ids (a garbage drafter when they are unrelated to the model)."""
+
+    def __init__(self, ids: Sequence[int], name: str = "garbage") -> None:
+        self.ids, self.name = [int(t) for t in ids], name
+        self.observed: list[tuple[int, int, int]] = []
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, max_depth):
+        return Proposal(self.ids[:max_depth]) if max_depth > 0 else None
+
+    def observe(self, proposed, accepted, emitted):
+        self.observed.append((proposed, accepted, emitted))
+
+
+class RecordingTarget(HFTarget):
+    """HFTarget that records every verify forward: (number of ids, tree mask given, positions given)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.log: list[tuple[int, bool, bool]] = []
+
+    def forward(self, ids, positions=None, mask=None, n_logits=1):
+        self.log.append((len(ids), mask is not None, positions is not None))
+        return super().forward(ids, positions, mask, n_logits)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["build_tiny", "plain_greedy", "hf_greedy", "top2_gap", "first_diff", "SequenceDrafter",
+           "ConstantDrafter", "RecordingTarget", "ceil_div", "VOCAB", "MAX_POS", "math"]

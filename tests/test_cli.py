@@ -1,0 +1,482 @@
+"""Command line: argument parsing, environment variables, prompt files, token logs, corpus policy, and
+``redraft run`` / ``redraft freeze`` end to end (in-process) on a tiny saved model with a word-level tokenizer."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import build_tiny, plain_greedy
+from redraft.cli import build_parser, main, resolve_draft_args
+from redraft.corpus import CorpusError, load_corpus
+from redraft.drafters.corpus import open_corpus
+from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
+
+TOK_VOCAB = 64
+EOS = 1
+SPEC_RE = re.compile(r"^speculation: (\d+\.\d\d) tokens/forward \((\d+) forwards per (\d+) tokens\)$")
+TOKENS_RE = re.compile(r"^\[TOKENS\] (\d+) generated: ?([\d ]*)$")
+PROMPT_RE = re.compile(r"^\[PROMPT_TOKENS\] (\d+): ([\d ]*)$")
+CORPUS_RE = re.compile(r"^corpus drafts: (\d+)% acceptance \((\d+)/(\d+) proposed from (\d+) frozen ids\)$")
+ALL_ENV = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS", "REDRAFT_CORPUS_K", "COLI_CORPUS_K",
+           "REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC", "TOKENS")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ALL_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+# ---- a tiny model directory with a tokenizer ---------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny Llama plus a word-level tokenizer: "t00" .. "t63" are ids 0 .. 63, "t01" is EOS.
+
+    Fixed-width words: the EOS word is an added token, matched before splitting, so it must not be a prefix of
+    another word ("w1" would split "w10" into "w1" + "0").
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny-model")
+    tk = Tokenizer(models.WordLevel(vocab={f"t{i:02d}": i for i in range(TOK_VOCAB)}, unk_token="t00"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t00", eos_token="t01").save_pretrained(d)
+    model = build_tiny("llama", "sdpa", seed=11, vocab_size=TOK_VOCAB, eos_token_id=EOS)
+    model.save_pretrained(d)
+    return d, model
+
+
+def words(ids) -> str:
+    return " ".join(f"t{i:02d}" for i in ids)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, list[str]]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, [line for line in out.err.splitlines() if line.strip()]
+
+
+def parse_report(err: list[str]) -> dict:
+    rep = {}
+    for line in err:
+        for key, rx in (("spec", SPEC_RE), ("tokens", TOKENS_RE), ("prompt", PROMPT_RE), ("corpus", CORPUS_RE)):
+            m = rx.match(line)
+            if m:
+                rep[key] = m.groups()
+    return rep
+
+
+# ---- argument parsing --------------------------------------------------------------------------------------------
+
+def test_run_defaults():
+    a = build_parser().parse_args(["run", "hello"])
+    assert a.command == "run" and a.prompt == "hello"
+    assert a.ngen == 128 and a.model is None and not a.no_chat
+    assert a.corpus is None and a.k is None and a.minacc is None and not a.no_ngram and not a.tokens
+
+
+def test_run_flags():
+    a = build_parser().parse_args(["run", "--corpus", "c.txt", "--k", "16", "--minacc", "30", "--no-ngram",
+                                   "--tokens", "--ngen", "5", "--no-chat", "--model", "m", "p"])
+    assert (a.corpus, a.k, a.minacc, a.no_ngram, a.tokens, a.ngen, a.no_chat, a.model) == \
+        ("c.txt", 16, 30.0, True, True, 5, True, "m")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["run", "--ngen", "0", "p"], "at least 1"),
+    (["run", "--ngen", "x", "p"], "not an integer"),
+    (["run", "--minacc", "101", "p"], "outside 0..100"),
+    (["run", "--minacc", "abc", "p"], "not a number"),
+    (["run", "--k", "eight", "p"], "invalid int"),
+    ([], "required"),
+    (["freeze"], "--out"),
+])
+def test_bad_arguments_exit_2(capsys, argv, msg):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("run", "freeze", "demo", "bench"):
+        assert cmd in out
+
+
+# ---- environment: corpus, K, MINACC ------------------------------------------------------------------------------
+
+def _args(*argv):
+    return build_parser().parse_args(["run", *argv, "p"])
+
+
+def test_resolve_defaults():
+    assert resolve_draft_args(_args()) == (None, 8, 0.5)
+
+
+def test_resolve_redraft_env_beats_coli(monkeypatch):
+    monkeypatch.setenv("COLI_DRAFT_CORPUS", "coli.txt")
+    monkeypatch.setenv("COLI_CORPUS_K", "5")
+    monkeypatch.setenv("COLI_CORPUS_MINACC", "20")
+    assert resolve_draft_args(_args()) == ("coli.txt", 5, 0.2)
+    monkeypatch.setenv("REDRAFT_DRAFT_CORPUS", "redraft.txt")
+    monkeypatch.setenv("REDRAFT_CORPUS_K", "12")
+    monkeypatch.setenv("REDRAFT_CORPUS_MINACC", "75")
+    assert resolve_draft_args(_args()) == ("redraft.txt", 12, 0.75)
+
+
+def test_resolve_flags_beat_env(monkeypatch):
+    monkeypatch.setenv("REDRAFT_DRAFT_CORPUS", "env.txt")
+    monkeypatch.setenv("REDRAFT_CORPUS_K", "12")
+    monkeypatch.setenv("REDRAFT_CORPUS_MINACC", "75")
+    assert resolve_draft_args(_args("--corpus", "flag.txt", "--k", "3", "--minacc", "10")) == ("flag.txt", 3, 0.1)
+    assert resolve_draft_args(_args("--minacc", "0"))[2] == 0.0
+
+
+def test_resolve_empty_env_falls_through(monkeypatch):
+    monkeypatch.setenv("REDRAFT_DRAFT_CORPUS", "")
+    monkeypatch.setenv("COLI_DRAFT_CORPUS", "coli.txt")
+    monkeypatch.setenv("REDRAFT_CORPUS_K", "")
+    assert resolve_draft_args(_args()) == ("coli.txt", 8, 0.5)
+
+
+@pytest.mark.parametrize("name,value,msg", [
+    ("REDRAFT_CORPUS_K", "lots", "not an integer"),
+    ("COLI_CORPUS_K", "8.5", "not an integer"),
+    ("COLI_CORPUS_MINACC", "150", "outside 0..100"),
+    ("REDRAFT_CORPUS_MINACC", "half", "not a number"),
+])
+def test_resolve_bad_env_values(monkeypatch, name, value, msg):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:
+        resolve_draft_args(_args())
+    assert msg in str(e.value.code) and "redraft: error" in str(e.value.code)
+
+
+# ---- prompts files -----------------------------------------------------------------------------------------------
+
+def test_read_prompts_lines_and_jsonl(tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("first prompt\n\n   \n  second  \n"
+                 '{"prompt": "third"}\n'
+                 '{"question_id": 81, "turns": ["fourth", "follow-up"]}\n', encoding="utf-8")
+    assert read_prompts(p) == ["first prompt", "second", "third", "fourth"]
+
+
+def test_read_prompts_bad_json_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"prompt": "ok"}\n{"prompt": "unterminated\n', encoding="utf-8")
+    with pytest.raises(PromptFileError, match=re.escape(f"{p}:2: invalid JSON")):
+        read_prompts(p)
+
+
+@pytest.mark.parametrize("line", ['{"text": "x"}', '{"turns": []}', '{"prompt": 5}', '{"turns": [3]}'])
+def test_read_prompts_object_without_prompt(tmp_path, line):
+    p = tmp_path / "q.jsonl"
+    p.write_text('{"prompt": "ok"}\n\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(PromptFileError, match=re.escape(f"{p}:3: expected")):
+        read_prompts(p)
+
+
+def test_read_prompts_unreadable(tmp_path):
+    with pytest.raises(PromptFileError, match="cannot read prompts"):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(PromptFileError, match="latin1.txt"):
+        read_prompts(tmp_path / "latin1.txt")
+
+
+# ---- token logs and append_spans ---------------------------------------------------------------------------------
+
+def test_parse_token_log(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("some output text\n"
+                   "[PROMPT_TOKENS] 3: 1 2 3\n"
+                   "speculation: 2.00 tokens/forward (2 forwards per 4 tokens)\n"
+                   "[TOKENS] 4 generated: 10 11 12 13\n"
+                   "[TOKENS] 2 generated: 20 21\n"          # no prompt line before it
+                   "noise [PROMPT_TOKENS] 1: 7\n"           # prefixed lines are found too
+                   "[TOKENS] 0 generated:\n", encoding="utf-8")
+    assert parse_token_log(log) == [[1, 2, 3, 10, 11, 12, 13], [20, 21], [7]]
+
+
+def test_parse_token_log_count_mismatch_names_line(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("[PROMPT_TOKENS] 2: 1 2\n[TOKENS] 3 generated: 10 11\n", encoding="utf-8")
+    with pytest.raises(PromptFileError, match=re.escape(f"{log}:2: line says 3 ids but has 2")):
+        parse_token_log(log)
+
+
+def test_parse_token_log_missing_file(tmp_path):
+    with pytest.raises(PromptFileError, match="cannot read log"):
+        parse_token_log(tmp_path / "nope.log")
+
+
+def test_append_spans_format_and_round_trip(tmp_path):
+    c = tmp_path / "sub" / "corpus.txt"
+    assert append_spans(c, [[1, 2, 3], [4, 5]]) == 2
+    assert c.read_text() == "1 2 3\n-1\n4 5\n"
+    assert append_spans(c, [[6]]) == 1
+    assert c.read_text() == "1 2 3\n-1\n4 5\n-1\n6\n"
+    corpus = load_corpus(str(c), vocab_size=10)
+    assert [s.tolist() for s in corpus.span_list()] == [[1, 2, 3], [4, 5], [6]]
+
+
+def test_append_spans_after_trailing_separator(tmp_path):
+    c = tmp_path / "c.txt"
+    c.write_text("1 2 3 -1\n")
+    append_spans(c, [[4, 5]])
+    assert c.read_text() == "1 2 3 -1\n4 5\n"
+    assert append_spans(c, []) == 0 and c.read_text() == "1 2 3 -1\n4 5\n"
+
+
+@pytest.mark.parametrize("existing", ["5 6 7", "5 6 7\n-1"])
+def test_append_spans_to_file_without_trailing_newline(tmp_path, existing):
+    c = tmp_path / "c.txt"
+    c.write_text(existing)
+    append_spans(c, [[8, 9]])
+    assert [s.tolist() for s in load_corpus(str(c), vocab_size=10).span_list()] == [[5, 6, 7], [8, 9]]
+
+
+# ---- open_corpus policy ------------------------------------------------------------------------------------------
+
+def test_open_corpus_missing_file_warns_once(tmp_path, capsys):
+    assert open_corpus(str(tmp_path / "missing.txt"), vocab_size=100) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "warning" in err[0] and "missing.txt" in err[0] and "no such file" in err[0]
+
+
+def test_open_corpus_directory_warns(tmp_path, capsys):
+    assert open_corpus(str(tmp_path), vocab_size=100) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a readable file" in err[0]
+
+
+def test_open_corpus_non_integer_token(tmp_path):
+    c = tmp_path / "c.txt"
+    c.write_text("1 2 3\n-1\n4 five 6\n")
+    with pytest.raises(CorpusError) as e:
+        open_corpus(str(c), vocab_size=100)
+    msg = str(e.value)
+    assert str(c) in msg and ":3:" in msg and "'five'" in msg
+
+
+def test_open_corpus_id_outside_vocab(tmp_path):
+    c = tmp_path / "c.txt"
+    c.write_text("1 2 3 -1\n4 150 6\n")
+    with pytest.raises(CorpusError) as e:
+        open_corpus(str(c), vocab_size=100)
+    msg = str(e.value)
+    assert "150" in msg and "position" in msg and str(c) in msg
+
+
+def test_open_corpus_empty_is_a_note(tmp_path, capsys):
+    c = tmp_path / "empty.txt"
+    c.write_text("")
+    corpus = open_corpus(str(c), vocab_size=100)
+    assert corpus is not None and corpus.n_tokens == 0
+    err = capsys.readouterr().err
+    assert "note" in err and "empty" in err and "warning" not in err
+
+
+def test_open_corpus_good_file(tmp_path, capsys):
+    c = tmp_path / "c.txt"
+    c.write_text("1 2 3 -1\n4 5 6\n")
+    corpus = open_corpus(str(c), vocab_size=100)
+    assert corpus.n_tokens == 6 and capsys.readouterr().err == ""
+
+
+# ---- redraft run, end to end on a tiny model ---------------------------------------------------------------------
+
+PROMPT = [5, 6, 7, 5, 6, 7, 9, 10]
+
+
+def test_run_tokens_report(tiny_model_dir, capsys):
+    d, model = tiny_model_dir
+    want = plain_greedy(model, PROMPT, 12, eos=[EOS])
+    rc, out, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "12", "--tokens", words(PROMPT))
+    assert rc == 0
+    rep = parse_report(err)
+    assert rep["prompt"] == (str(len(PROMPT)), " ".join(map(str, PROMPT)))
+    n, ids = rep["tokens"]
+    assert [int(x) for x in ids.split()] == want and int(n) == len(want)
+    tpf, fwd, tok = rep["spec"]
+    assert int(tok) == len(want) and float(tpf) == pytest.approx(int(tok) / int(fwd), abs=0.006)
+    assert "corpus" not in rep
+    assert any(line.startswith("speed: ") for line in err)
+    from transformers import AutoTokenizer
+    assert out == AutoTokenizer.from_pretrained(str(d)).decode(want, skip_special_tokens=True) + "\n"
+
+
+def test_run_tokens_env_and_stdin(tiny_model_dir, capsys, monkeypatch):
+    d, model = tiny_model_dir
+    monkeypatch.setenv("TOKENS", "1")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(words(PROMPT)))
+    rc, out, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "6", "-")
+    assert rc == 0
+    rep = parse_report(err)
+    assert rep["prompt"][1] == " ".join(map(str, PROMPT))
+    assert [int(x) for x in rep["tokens"][1].split()] == plain_greedy(model, PROMPT, 6, eos=[EOS])
+
+
+def test_run_without_tokens_flag_prints_no_token_lines(tiny_model_dir, capsys):
+    d, _ = tiny_model_dir
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "4", words(PROMPT))
+    assert rc == 0
+    rep = parse_report(err)
+    assert "spec" in rep and "tokens" not in rep and "prompt" not in rep
+
+
+def test_run_missing_corpus_warns_once_and_succeeds(tiny_model_dir, capsys, tmp_path):
+    d, model = tiny_model_dir
+    missing = tmp_path / "nope.txt"
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "8", "--tokens",
+                         "--corpus", str(missing), words(PROMPT))
+    assert rc == 0
+    warns = [line for line in err if "warning" in line]
+    assert len(warns) == 1 and str(missing) in warns[0]
+    assert [int(x) for x in parse_report(err)["tokens"][1].split()] == plain_greedy(model, PROMPT, 8, eos=[EOS])
+
+
+def test_run_corpus_from_env_replays(tiny_model_dir, capsys, tmp_path, monkeypatch):
+    d, model = tiny_model_dir
+    want = plain_greedy(model, PROMPT, 30, eos=[EOS])
+    c = tmp_path / "c.txt"
+    append_spans(c, [PROMPT + want])
+    monkeypatch.setenv("COLI_DRAFT_CORPUS", str(c))
+    monkeypatch.setenv("REDRAFT_CORPUS_K", "6")
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "30", "--tokens", "--no-ngram",
+                         words(PROMPT))
+    assert rc == 0
+    rep = parse_report(err)
+    assert [int(x) for x in rep["tokens"][1].split()] == want
+    pct, acc, prop, frozen = map(int, rep["corpus"])
+    assert frozen == len(PROMPT) + len(want) and acc > 0 and prop >= acc
+    assert pct == round(100 * acc / prop)
+    tpf, fwd, tok = rep["spec"]
+    assert len(want) == 30 and int(fwd) <= 30 // 3
+
+
+@pytest.mark.parametrize("flags", [["--tree", "3"], ["--no-exact"], ["--tree", "2", "--tree-budget", "5", "--k", "4"],
+                                   ["--no-ngram", "--minacc", "100"]])
+def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path, flags):
+    d, model = tiny_model_dir
+    want = plain_greedy(model, PROMPT, 30, eos=[EOS])
+    c = tmp_path / "c.txt"
+    perturbed = PROMPT + want
+    perturbed[len(PROMPT) + 12] = (perturbed[len(PROMPT) + 12] + 1) % TOK_VOCAB
+    append_spans(c, [PROMPT + want[:20], perturbed])
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "30", "--tokens", "--corpus", str(c),
+                         *flags, words(PROMPT))
+    assert rc == 0
+    rep = parse_report(err)
+    assert [int(x) for x in rep["tokens"][1].split()] == want
+    assert int(rep["spec"][1]) < 30
+
+
+def test_run_k_out_of_range_warns(tiny_model_dir, capsys):
+    d, _ = tiny_model_dir
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "3", "--k", "99", words(PROMPT))
+    assert rc == 0
+    assert sum("K=99" in line and "using 48" in line for line in err) == 1
+
+
+def test_run_malformed_corpus_is_refused(tiny_model_dir, capsys, tmp_path):
+    d, _ = tiny_model_dir
+    c = tmp_path / "bad.txt"
+    c.write_text("1 2 3\nx 4\n")
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--model", str(d), "--no-chat", "--ngen", "3", "--corpus", str(c), words(PROMPT)])
+    msg = str(e.value.code)
+    assert "corpus refused" in msg and f"{c}:2" in msg
+    c.write_text(f"1 2 {TOK_VOCAB}\n")
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--model", str(d), "--no-chat", "--ngen", "3", "--corpus", str(c), words(PROMPT)])
+    assert "corpus refused" in str(e.value.code) and str(TOK_VOCAB) in str(e.value.code)
+
+
+def test_run_bad_model_path(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--model", str(tmp_path / "none"), "hi"])
+    assert "redraft: error" in str(e.value.code) and "no such file or directory" in str(e.value.code)
+    (tmp_path / "x.gguf").write_bytes(b"NOPE" + b"\0" * 10)
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--model", str(tmp_path / "x.gguf"), "hi"])
+    assert "not a GGUF file" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--model", str(tmp_path), "hi"])
+    assert "no config.json" in str(e.value.code)
+
+
+# ---- redraft freeze ----------------------------------------------------------------------------------------------
+
+def test_freeze_prompts_appends_prompt_plus_generation(tiny_model_dir, capsys, tmp_path):
+    d, model = tiny_model_dir
+    prompts = [[5, 6, 7], [20, 21, 22, 23]]
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("\n".join(words(p) for p in prompts) + "\n")
+    out = tmp_path / "corpus.txt"
+    rc, _, err = run_cli(capsys, "freeze", "--model", str(d), "--no-chat", "--ngen", "10", "--prompts", str(pf),
+                         "--out", str(out))
+    assert rc == 0
+    want = [p + plain_greedy(model, p, 10, eos=[EOS]) for p in prompts]
+    assert want[1][-1] == EOS and len(want[1]) < 4 + 10  # the second prompt's generation ends at EOS
+    assert [s.tolist() for s in load_corpus(str(out), vocab_size=TOK_VOCAB).span_list()] == want
+    assert any(f"froze 2 spans ({sum(map(len, want))} ids)" in line for line in err)
+
+
+def test_freeze_from_log_round_trip(tiny_model_dir, capsys, tmp_path):
+    d, model = tiny_model_dir
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "9", "--tokens", words(PROMPT))
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(err) + "\n")
+    out = tmp_path / "c.txt"
+    rc, _, err2 = run_cli(capsys, "freeze", "--from-log", str(log), str(log), "--out", str(out))
+    assert rc == 0
+    span = PROMPT + plain_greedy(model, PROMPT, 9, eos=[EOS])
+    assert [s.tolist() for s in load_corpus(str(out)).span_list()] == [span, span]
+    assert any("froze 2 spans" in line for line in err2)
+
+
+def test_freeze_needs_exactly_one_source(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["freeze", "--out", str(tmp_path / "c.txt")])
+    assert "exactly one of" in str(e.value.code)
+    (tmp_path / "p.txt").write_text("x\n")
+    (tmp_path / "l.log").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["freeze", "--prompts", str(tmp_path / "p.txt"), "--from-log", str(tmp_path / "l.log"),
+              "--out", str(tmp_path / "c.txt")])
+    assert "exactly one of" in str(e.value.code)
+
+
+def test_freeze_log_without_tokens_lines(tmp_path):
+    log = tmp_path / "l.log"
+    log.write_text("nothing here\n")
+    with pytest.raises(SystemExit) as e:
+        main(["freeze", "--from-log", str(log), "--out", str(tmp_path / "c.txt")])
+    assert "no [TOKENS] lines" in str(e.value.code)
+    assert not (tmp_path / "c.txt").exists()
+
+
+def test_freeze_bad_prompts_file(tmp_path):
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("{broken\n")
+    with pytest.raises(SystemExit) as e:
+        main(["freeze", "--prompts", str(pf), "--out", str(tmp_path / "c.txt")])
+    assert f"{pf}:1" in str(e.value.code)
+    pf.write_text("\n\n")
+    with pytest.raises(SystemExit) as e:
+        main(["freeze", "--prompts", str(pf), "--out", str(tmp_path / "c.txt")])
+    assert "has no prompts" in str(e.value.code)
