@@ -76,8 +76,8 @@ def results(model):
 
 
 RUN_KEYS = {"question_id", "category", "turn", "method", "order", "prompt_tokens", "tokens", "seconds", "tok_s",
-            "forwards", "tokens_per_forward", "accepted_per_forward", "sources", "stop_reason", "rss_peak_mb",
-            "identical", "first_diff"}
+            "forwards", "tokens_per_forward", "accepted_per_forward", "draft_depth_per_forward", "sources",
+            "stop_reason", "rss_peak_mb", "identical", "first_diff"}
 SUMMARY_KEYS = {"questions", "tokens", "seconds", "tok_s_median", "tok_s_aggregate", "speedup", "speedup_paired",
                 "speedup_aggregate", "forwards", "tokens_per_forward", "proposed", "accepted", "acceptance",
                 "sources", "rss_peak_mb", "identical", "mismatches", "all_identical", "exact_expected"}
@@ -222,8 +222,22 @@ def test_parsers():
 
 
 def test_acceptance_by_position():
-    # prefill forward (index 0) is excluded; forwards accepted 0, 2, 3 draft tokens
+    # without draft depths: prefill forward (index 0) excluded; forwards accepted 0, 2, 3 draft tokens
     assert acceptance_by_position([[0, 0, 2, 3]], 4) == pytest.approx([2 / 3, 2 / 3, 1 / 3, 0.0])
+    # with them: conditional on the draft reaching position d (the forward that drafted nothing does not count)
+    got = acceptance_by_position([[0, 0, 2, 3]], 4, [[0, 4, 4, 3]])
+    assert got[:3] == pytest.approx([2 / 3, 2 / 3, 1 / 3]) and got[3] == 0.0
+
+
+def test_draft_depths_recorded_per_forward(results):
+    for wr in results["workloads"].values():
+        for r in wr["runs"]:
+            if r["method"] in ("ngram", "corpus", "corpus+ngram", "tree"):
+                dd = r["draft_depth_per_forward"]
+                assert dd is not None and len(dd) == r["forwards"]
+                assert all(a <= d for a, d in zip(r["accepted_per_forward"], dd))
+            elif r["method"] in ("plain", "hf", "hf-pld"):
+                assert r["draft_depth_per_forward"] is None
 
 
 def test_llama_cpp_is_skipped_cleanly_when_missing(model):

@@ -142,6 +142,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
                     "forwards": rec.forwards,
                     "tokens_per_forward": n / rec.forwards if rec.forwards else None,
                     "accepted_per_forward": rec.accepted_per_forward,
+                    "draft_depth_per_forward": rec.draft_depth_per_forward,
                     "sources": rec.sources, "stop_reason": rec.stop_reason, "rss_peak_mb": peak,
                     "identical": fd is None, "first_diff": fd,
                 }
@@ -243,7 +244,8 @@ def machine_info(load0=None, load1=None) -> dict:
             "transformers": transformers.__version__, "numpy": numpy.__version__,
             "loadavg_start": list(load0) if load0 else None, "loadavg_end": list(load1) if load1 else None}
     load = f", load average {load0[0]:.2f} at start / {load1[0]:.2f} at end" if load0 and load1 else ""
-    info["summary"] = (f"{cpus} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+    info["summary"] = (f"{cpus} CPUs, torch {torch.__version__} ({torch.get_num_threads()} "
+                       f"thread{'s' if torch.get_num_threads() != 1 else ''}), "
                        f"transformers {transformers.__version__}{load}")
     return info
 

@@ -88,6 +88,10 @@ def _f(x, fmt: str, none: str = "–") -> str:
     return none if x is None else format(x, fmt)
 
 
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
 def same_cell(s: dict) -> str:
     n = s["questions"]
     if s["all_identical"]:
@@ -145,8 +149,8 @@ def markdown(results: dict) -> str:
                   "| peak RSS MB | same as greedy |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
         for m, s in wr["summary"].items():
-            acc = ", ".join(f"{src} {_f(d['acceptance'] and 100 * d['acceptance'], '.0f')}% "
-                            f"({d['accepted']}/{d['proposed']})" for src, d in s["sources"].items()) or "–"
+            acc = ", ".join(f"{src} {_pct(d['acceptance'])} ({d['accepted']}/{d['proposed']})"
+                            for src, d in s["sources"].items()) or "–"
             lines.append(f"| {m} | {s['tok_s_median']:.1f} | {_f(s['speedup'], '.2f')}x | "
                          f"{_f(s['speedup_paired'], '.2f')}x | {_f(s['tokens_per_forward'], '.2f')} | "
                          f"{_f(s['forwards'], 'd')} | {acc} | {_f(s['rss_peak_mb'], '.0f')} | {same_cell(s)} |")
@@ -244,8 +248,21 @@ def plot_tokens_per_forward(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def acceptance_by_position(accepted_per_forward: Sequence[Sequence[int]], depth: int) -> list[float]:
-    """Share of decode forwards (prefill excluded) that accepted at least d draft tokens, d = 1..depth."""
+def acceptance_by_position(accepted_per_forward: Sequence[Sequence[int]], depth: int,
+                           draft_depths: Sequence[Sequence[int]] | None = None) -> list[float]:
+    """Acceptance at draft position d = 1..depth.
+
+    With the per-forward draft depths: accepted >= d among forwards whose draft reached position d (the
+    probability that the d-th drafted token is accepted, given it was drafted). Without them: the share of all
+    decode forwards (prefill excluded, drafted or not) that accepted at least d draft tokens.
+    """
+    if draft_depths is not None:
+        pairs = [(a, dd) for apf, dds in zip(accepted_per_forward, draft_depths) for a, dd in zip(apf, dds)]
+        out = []
+        for d in range(1, depth + 1):
+            n = sum(dd >= d for _, dd in pairs)
+            out.append(sum(a >= d for a, dd in pairs if dd >= d) / n if n else float("nan"))
+        return out
     acc = [a for apf in accepted_per_forward for a in apf[1:]]
     if not acc:
         return [0.0] * depth
@@ -253,22 +270,28 @@ def acceptance_by_position(accepted_per_forward: Sequence[Sequence[int]], depth:
 
 
 def plot_acceptance_by_position(results: dict, path: Path) -> None:
-    """Per workload: share of forwards accepting >= d draft tokens, d = 1..K, per redraft drafting method."""
+    """Per workload: acceptance of the d-th drafted token, d = 1..K, per drafting method (see
+    :func:`acceptance_by_position`)."""
     plt = _plt()
     wls = list(results["workloads"])
     depth = max(int(results["config"]["k"]), 1)
+    conditional = True
     fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
     for ax, w in zip(axes[0], wls):
         runs = results["workloads"][w]["runs"]
         for m in results["methods"]:
-            apf = [r["accepted_per_forward"] for r in runs if r["method"] == m and r.get("accepted_per_forward")]
-            if not apf or not _drafting(runs, m):
+            rs = [r for r in runs if r["method"] == m and r.get("accepted_per_forward")]
+            if not rs or not _drafting(runs, m):
                 continue
-            ax.plot(range(1, depth + 1), acceptance_by_position(apf, depth), marker=".", ms=3, label=m)
-        ax.set_ylim(0, 1)
+            apf = [r["accepted_per_forward"] for r in rs]
+            dds = [r.get("draft_depth_per_forward") for r in rs]
+            if any(d is None for d in dds):
+                dds, conditional = None, False
+            ax.plot(range(1, depth + 1), acceptance_by_position(apf, depth, dds), marker=".", ms=3, label=m)
+        ax.set_ylim(0, 1.02)
         ax.set_title(w, fontsize=9)
         ax.set_xlabel("draft position d")
-    axes[0][0].set_ylabel("forwards accepting ≥ d")
+    axes[0][0].set_ylabel("P(d-th draft token accepted)" if conditional else "forwards accepting ≥ d")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
