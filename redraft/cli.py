@@ -67,6 +67,9 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="pause a draft source whose acceptance falls below PCT%% (default 50); "
                         "env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    p.add_argument("--k-max", type=int, default=None, metavar="K",
+                   help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "
+                        "default off (always --k)")
     p.add_argument("--force", action="store_true",
                    help="use a binary corpus even if its tokenizer fingerprint differs from the model's")
     p.add_argument("--tree", type=int, default=0, metavar="B",
@@ -102,10 +105,13 @@ def sampling_from_args(args):
 def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     """The Engine a `run`-style command asked for: drafters in priority order, chain or tree verification."""
     from redraft.drafters import build_drafters
+    from redraft.drafters.corpus import clamp_k
     from redraft.engine import Engine
 
-    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree)
-    return Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=k,
+    k_max = clamp_k(args.k_max) if args.k_max is not None else None
+    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
+                              k_max=k_max)
+    return Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
                   merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
 
 

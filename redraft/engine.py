@@ -50,6 +50,8 @@ class GenerationResult:
         stop_reason: "eos", "length" (max_new_tokens), "context" (the model's context length) or "stop".
         sources: per-drafter :class:`SourceStats`.
         accepted_per_forward: accepted draft tokens in each forward (0 where nothing was drafted or accepted).
+        drafted_per_forward: draft tokens (tree nodes) verified in each forward; with ``accepted_per_forward`` it
+            gives acceptance by position and, with a cost curve c(S), the model-time cost of the run.
         margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
     """
 
@@ -60,6 +62,7 @@ class GenerationResult:
     stop_reason: str = "length"
     sources: dict[str, SourceStats] = field(default_factory=dict)
     accepted_per_forward: list[int] = field(default_factory=list)
+    drafted_per_forward: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
 
     @property
@@ -184,6 +187,7 @@ class Engine:
                 mask = tree_attention_mask(tree, n_past, n_pend, self.target.dtype)
             logits = self.target.forward(pending + tree.tokens, positions, mask, n_logits=len(tree) + 1)
             res.forwards += 1
+            res.drafted_per_forward.append(len(tree))
             # row 0 (the root) chooses the token at position n_ctx; node i's row the one at n_ctx + depth(i)
             row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
             extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \

@@ -293,3 +293,30 @@ def test_corpus_priority_over_ngram_in_the_engine(tiny_llama):
     assert res.output_ids == want
     assert res.sources["corpus"].accepted > 0
     assert res.sources["ngram"].proposed == 0  # the corpus always had a proposal
+
+
+# ---- adaptive corpus depth ---------------------------------------------------------------------------------------
+
+def test_adaptive_depth_grows_on_whole_acceptance_and_resets(tiny_llama):
+    prompt = [40, 41, 42, 43]
+    want = plain_greedy(tiny_llama, prompt, 60)
+    corpus = Corpus.from_spans([prompt + want], vocab_size=VOCAB)
+    fixed = Engine(tiny_llama, [CorpusDrafter(corpus, k=4)], max_depth=32).generate(prompt, 60)
+    drafter = CorpusDrafter(corpus, k=4, k_max=32)
+    adaptive = Engine(tiny_llama, [drafter], max_depth=32).generate(prompt, 60)
+    assert fixed.output_ids == adaptive.output_ids == want
+    assert adaptive.forwards < fixed.forwards
+    # depths double while drafts are accepted whole: 4, 8, 16, then 28 = 60 - (5 + 9 + 17) - 1 left to draft
+    assert adaptive.drafted_per_forward[:4] == [4, 8, 16, 28]
+    drafter.observe(proposed=8, accepted=3, emitted=4)
+    assert drafter.depth == 4
+
+
+def test_adaptive_depth_respects_cap_and_default_off():
+    corpus = Corpus.from_spans([[1, 2, 3, 4]], vocab_size=VOCAB)
+    assert CorpusDrafter(corpus, k=8).k_max == 8
+    assert CorpusDrafter(corpus, k=8, k_max=100).k_max == K_MAX
+    d = CorpusDrafter(corpus, k=8, k_max=16)
+    for _ in range(5):
+        d.observe(proposed=d.depth, accepted=d.depth, emitted=d.depth + 1)
+    assert d.depth == 16

@@ -10,7 +10,7 @@ __all__ = ["AcceptanceGuard", "Drafter", "Proposal", "CorpusDrafter", "NgramDraf
 
 
 def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool = True,
-                   ngram_k: int | None = None, tree_branches: int = 0) -> list:
+                   ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None) -> list:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -20,10 +20,12 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
         ngram: include the n-gram drafter.
         ngram_k: n-gram draft depth (default: same as k).
         tree_branches: > 0 makes the corpus propose its most frequent continuations as a token tree.
+        k_max: adaptive corpus depth (see :class:`CorpusDrafter`); None = fixed depth k.
     """
     drafters: list = []
     if corpus is not None:
-        drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc), tree_branches=tree_branches))
+        drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc), tree_branches=tree_branches,
+                                      k_max=k_max))
     if ngram:
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), 48), guard=AcceptanceGuard(minacc)))
     return drafters
