@@ -90,6 +90,20 @@ def test_collate_masks_and_rows(records):
     assert not shifted.rows[0, :2].any() and shifted.rows[0, 2:].all()
 
 
+def test_prompt_weight(records, tiny):
+    assert collate(records[:2], prompt_weight=0.0).n_tokens == 0  # text windows are all "prompt"
+    r = generate_records(tiny, [list(range(20, 32))], [1], max_new_tokens=10)[0]
+    b = collate([r], prompt_weight=0.0)
+    g = r.gen_start - 1
+    assert not b.rows[0, :g].any() and b.rows[0, max(g, 5):].all()
+    half = collate([r], prompt_weight=0.5)
+    assert half.weights[0, :g].eq(0.5).all() and half.weights[0, g:].eq(1.0).all()
+    draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
+    loss_all, n_all = draft_loss(draft, collate([r]), backward=False)
+    loss_gen, n_gen = draft_loss(draft, b, backward=False)
+    assert n_gen < n_all and loss_gen != loss_all
+
+
 def test_vocab_ranking_orders_by_frequency(records):
     rank = vocab_ranking(96, records)
     assert sorted(rank.tolist()) == list(range(96))

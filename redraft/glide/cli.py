@@ -35,7 +35,7 @@ def cmd_train(args) -> int:
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
                       n_layers=args.layers, vanilla=args.vanilla, seed=args.seed, init=args.init,
-                      warmup=args.warmup)
+                      warmup=args.warmup, prompt_weight=args.prompt_weight)
     state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
                          max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
                          data_dir=args.data_dir, threads=args.threads)
@@ -93,19 +93,21 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
                                    "fingerprint) go to --out; --resume continues one.")
     t.add_argument("--model", default=None, help="target: HF directory or .gguf (default: bundled SmolLM2-135M)")
     t.add_argument("--out", required=True, help="checkpoint directory (e.g. ~/.cache/redraft/glide/smollm2)")
-    t.add_argument("--max-steps", type=int, default=400, help="optimizer steps in total (default 400)")
+    t.add_argument("--max-steps", type=int, default=800, help="optimizer steps in total (default 800)")
     t.add_argument("--max-minutes", type=float, default=None, help="stop training after this many minutes")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     t.add_argument("--vanilla", action="store_true", help="baseline draft without cross-attention")
     t.add_argument("--layers", type=int, default=1, help="draft layers L_D (default 1)")
-    t.add_argument("--lr", type=float, default=1e-3, help="peak AdamW learning rate (default 1e-3)")
+    t.add_argument("--lr", type=float, default=4e-3, help="peak AdamW learning rate (default 4e-3)")
     t.add_argument("--warmup", type=int, default=20, help="warm-up steps (default 20)")
-    t.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per batch (default 2048)")
-    t.add_argument("--train-vocab", type=int, default=0,
-                   help="compute the loss over the N most frequent tokens only (default 0 = full vocabulary)")
+    t.add_argument("--batch-tokens", type=int, default=512, help="padded tokens per batch (default 512)")
+    t.add_argument("--train-vocab", type=int, default=16384,
+                   help="compute the loss over the N most frequent tokens only (default 16384; 0 = full vocabulary)")
+    t.add_argument("--prompt-weight", type=float, default=1.0,
+                   help="loss weight of prompt positions vs target-generated ones (default 1; 0 = generated only)")
     t.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints (default 100)")
-    t.add_argument("--data-minutes", type=float, default=10.0,
-                   help="budget for generating new training answers in this call (default 10; cached data is reused)")
+    t.add_argument("--data-minutes", type=float, default=18.0,
+                   help="budget for generating new training answers in this call (default 18; cached data is reused)")
     t.add_argument("--max-new-tokens", type=int, default=128, help="answer length of training generations")
     t.add_argument("--text-windows", type=int, default=0, help="add N 256-token stdlib text windows (default 0)")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")

@@ -54,7 +54,7 @@ class Result:
 
 def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *, tree_budget: int = 64,
             log=sys.stderr) -> list[Result]:
-    """Run every configuration on every question; the first config must be plain greedy (``path`` None).
+    """Run every configuration on every question (interleaved); the first config must be plain greedy.
 
     Returns:
         one :class:`Result` per config; ``identical`` counts questions whose ids equal plain greedy's.
@@ -71,7 +71,7 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
         raise ValueError("the first configuration must be plain greedy (the reference)")
     qs = load_questions()
     prompts = [encode_prompt(loaded.tokenizer, qs[i]["turns"][0]) for i in question_ids]
-    results = []
+    engines = []
     for c in configs:
         target = HFTarget(loaded.model)
         drafters = []
@@ -80,8 +80,11 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
                                            head_vocab=c.head_vocab or None, target=target)]
         engine = Engine(target, drafters, eos_token_ids=loaded.eos_token_ids, merge=True, tree_budget=tree_budget)
         engine.generate(prompts[0][:8], 2)  # warm-up
-        res = Result(c.label)
-        for q, p in zip(question_ids, prompts):
+        engines.append(engine)
+    results = [Result(c.label) for c in configs]
+    # interleaved per question, so that load from other processes hits every configuration alike
+    for q, p in zip(question_ids, prompts):
+        for engine, res in zip(engines, results):
             t0 = time.perf_counter()
             g = engine.generate(p, ngen)
             res.seconds += time.perf_counter() - t0
@@ -92,10 +95,10 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
                 res.accepted += st.accepted
             res.outputs.append(g.output_ids)
             res.questions += 1
-        ref = results[0].outputs if results else res.outputs
-        res.identical = sum(a == b for a, b in zip(res.outputs, ref))
-        results.append(res)
-        print(f"  {c.label}: {res.tokens_per_forward:.2f} tokens/forward, acceptance {res.acceptance:.1%}, "
+        print(f"  question {q} done", file=log, flush=True)
+    for res in results:
+        res.identical = sum(a == b for a, b in zip(res.outputs, results[0].outputs))
+        print(f"  {res.label}: {res.tokens_per_forward:.2f} tokens/forward, acceptance {res.acceptance:.1%}, "
               f"{res.tokens_per_second:.1f} tok/s, identical {res.identical}/{res.questions}", file=log, flush=True)
     return results
 

@@ -34,7 +34,10 @@ class Batch:
         pos: LongTensor [B, S] absolute positions 0..S-1.
         kv: per draft layer (keys, values) FloatTensor [B, Hkt, S, D], or None (vanilla / no KV stored).
         mask: BoolTensor [1, 1, S, S] block mask (True = attend).
-        rows: BoolTensor [B, S] positions that count in the loss (real, labelled, sees >= 1 target KV entry).
+        rows: BoolTensor [B, S] positions that count in the loss (real, labelled, sees >= 1 target KV entry,
+            non-zero weight).
+        weights: FloatTensor [B, S] loss weight per position (1 on generated positions, ``prompt_weight`` on
+            the others).
     """
 
     ids: torch.Tensor
@@ -43,6 +46,7 @@ class Batch:
     kv: list | None
     mask: torch.Tensor
     rows: torch.Tensor
+    weights: torch.Tensor
 
     @property
     def n_tokens(self) -> int:
@@ -50,14 +54,24 @@ class Batch:
 
 
 def collate(records: Sequence[Record], *, block: int = 5, offset: int = 0, with_kv: bool = True,
-            dtype: torch.dtype = torch.float32) -> Batch:
-    """Pad ``records`` into one :class:`Batch` with the block mask ``block(i) = (i + offset) // block``."""
+            dtype: torch.dtype = torch.float32, prompt_weight: float = 1.0) -> Batch:
+    """Pad ``records`` into one :class:`Batch` with the block mask ``block(i) = (i + offset) // block``.
+
+    ``prompt_weight`` weighs the positions before a record's generated part (whose labels are the target's
+    predictions on human-written text) relative to the generated ones (the distribution drafts are used on);
+    0 drops them from the loss.
+    """
     B, S = len(records), max(len(r) for r in records)
     ids = torch.zeros(B, S, dtype=torch.long)
     labels = torch.full((B, S), -100, dtype=torch.long)
+    weights = torch.zeros(B, S)
     for b, r in enumerate(records):
         ids[b, :len(r)] = r.ids
         labels[b, :len(r)] = r.labels
+        # the last prompt position predicts the first generated token; text records have no generated part
+        g = max(0, r.gen_start - 1) if r.gen_start < len(r) else len(r)
+        weights[b, :g] = prompt_weight
+        weights[b, g:len(r)] = 1.0
     kv = None
     if with_kv and records[0].k is not None:
         n_layers, hkt, _, d = records[0].k.shape
@@ -70,21 +84,21 @@ def collate(records: Sequence[Record], *, block: int = 5, offset: int = 0, with_
                 v[b, :, :len(r)] = r.v[layer].to(dtype)
             kv.append((k, v))
     mask = block_mask(S, S, block, offset)
-    rows = (labels != -100) & mask.any(-1)[None, :]
+    rows = (labels != -100) & mask.any(-1)[None, :] & (weights > 0)
     pos = torch.arange(S)[None].expand(B, S)
-    return Batch(ids, labels, pos, kv, mask[None, None], rows)
+    return Batch(ids, labels, pos, kv, mask[None, None], rows, weights)
 
 
 def draft_loss(draft: GlideDraft, batch: Batch, *, head: torch.Tensor | None = None,
                lut: torch.Tensor | None = None, chunk: int = 1024, backward: bool = True) -> tuple[float, int]:
-    """Mean next-token cross-entropy over ``batch.rows``; with ``backward`` also accumulates gradients.
+    """Weighted mean next-token cross-entropy over ``batch.rows``; with ``backward`` also accumulates gradients.
 
     Args:
         head: [N, H] rows of the LM head used by the loss (default: the draft's own head, full or reduced).
         lut: LongTensor [vocab] token id -> row of ``head`` (-100 = not in it: the position is skipped).
         chunk: rows per vocabulary projection.
     Returns:
-        (mean loss in nats, number of positions it averages over).
+        (weighted mean loss in nats, number of positions it averages over).
     """
     h = draft(batch.ids, batch.pos, batch.kv, batch.mask)  # [B, S, H]
     if head is None:
@@ -100,10 +114,13 @@ def draft_loss(draft: GlideDraft, batch: Batch, *, head: torch.Tensor | None = N
     hd = h.detach().requires_grad_(backward)
     x_all = hd[batch.rows][keep]  # [n, H]
     y = y[keep]
+    w = batch.weights[batch.rows][keep]  # [n]
+    w_sum = float(w.sum())
     total = 0.0
     for s in range(0, n, chunk):
         logits = x_all[s:s + chunk] @ head.T  # [c, N]
-        loss = F.cross_entropy(logits.float(), y[s:s + chunk], reduction="sum") / n
+        ce = F.cross_entropy(logits.float(), y[s:s + chunk], reduction="none")  # [c]
+        loss = (ce * w[s:s + chunk]).sum() / w_sum
         if backward:
             loss.backward(retain_graph=s + chunk < n)
         total += float(loss.detach())

@@ -43,22 +43,24 @@ class TrainConfig:
         batch_tokens, max_batch: padded tokens and records per batch.
         block, offset_jitter: block size of the cross-attention mask; draw the block phase at random per batch.
         train_vocab: 0 = full-vocabulary loss; N = loss over the N most frequent tokens (cheaper per step).
+        prompt_weight: loss weight of prompt positions relative to target-generated ones (0 = generated only).
         gamma: chain depth of the held-out acceptance estimate.
         ckpt_every: steps between checkpoints.
     """
 
-    max_steps: int = 400
+    max_steps: int = 800
     max_minutes: float | None = None
-    lr: float = 1e-3
+    lr: float = 4e-3
     min_lr_ratio: float = 0.1
     warmup: int = 20
     weight_decay: float = 0.05
     grad_clip: float = 1.0
-    batch_tokens: int = 2048
+    batch_tokens: int = 512
     max_batch: int = 16
     block: int = 5
     offset_jitter: bool = True
-    train_vocab: int = 0
+    train_vocab: int = 16384
+    prompt_weight: float = 1.0
     gamma: int = 4
     ckpt_every: int = 100
     seed: int = 0
@@ -147,7 +149,7 @@ class Trainer:
                                      betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.state = TrainState()
         self.head, self.lut = None, None
-        if cfg.train_vocab:
+        if 0 < cfg.train_vocab < self.draft.head_weight.shape[0]:  # else: the full vocabulary
             if vocab_rank is None:
                 raise ValueError("train_vocab needs a vocabulary ranking")
             ids = torch.sort(vocab_rank[:cfg.train_vocab]).values
@@ -214,7 +216,8 @@ class Trainer:
     # -- the loop --
     def step(self, records: Sequence[Record], offset: int = 0) -> tuple[float, int]:
         """One optimizer step on ``records``; returns (loss, tokens in the loss)."""
-        batch = collate(records, block=self.cfg.block, offset=offset, with_kv=not self.cfg.vanilla)
+        batch = collate(records, block=self.cfg.block, offset=offset, with_kv=not self.cfg.vanilla,
+                        prompt_weight=self.cfg.prompt_weight)
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.state.step, self.cfg)
         self.opt.zero_grad(set_to_none=True)
@@ -272,7 +275,8 @@ class Trainer:
 
 
 def _est_line(state: TrainState, est: dict) -> str:
-    return (f"step {state.step}: loss {state.loss_ema:.3f}, held-out chain acceptance {est['acceptance']:.1%} "
+    loss = "-" if state.loss_ema is None else f"{state.loss_ema:.3f}"
+    return (f"step {state.step}: loss {loss}, held-out chain acceptance {est['acceptance']:.1%} "
             f"({est['tokens_per_forward']:.2f} tokens/forward est., top-1 {est['top1']:.1%}, "
             f"{est['blocks']} blocks), {state.tokens} tokens in {state.seconds / 60:.1f} min")
 
@@ -286,7 +290,7 @@ def default_glide_dir() -> Path:
 
 
 def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bool = False,
-                 data_minutes: float = 10.0, max_new_tokens: int = 128, text_windows: int = 0,
+                 data_minutes: float = 18.0, max_new_tokens: int = 128, text_windows: int = 0,
                  data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
                  log=sys.stderr) -> TrainState:
     """Build/reuse the training records for ``loaded`` (a LoadedModel), then train a draft into ``out``.
