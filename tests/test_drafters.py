@@ -276,7 +276,10 @@ def test_build_drafters_priority_and_settings():
     ds = build_drafters(corpus, k=12, minacc=0.25)
     assert [d.name for d in ds] == ["corpus", "ngram"]
     assert ds[0].k == 12 and ds[1].k == 12
-    assert ds[0].guard.minacc == 0.25 and ds[1].guard.minacc == 0.25
+    assert ds[0].guard.minacc == 0.25 and ds[0].guard.pause == 256
+    # the n-gram guard is looser (it pays at low acceptance) but never stricter than the corpus one
+    assert ds[1].guard.minacc == 0.2 and ds[1].guard.pause == 64
+    assert build_drafters(None, minacc=0.1)[0].guard.minacc == 0.1
     assert ds[0].guard is not ds[1].guard
     assert [d.name for d in build_drafters(None)] == ["ngram"]
     assert build_drafters(None, ngram=False) == []
