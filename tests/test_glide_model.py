@@ -217,3 +217,22 @@ def test_reduced_vocabulary_head(target):
         draft.set_vocab(torch.tensor([1000]))
     draft.set_vocab(None)
     assert draft.logits(h).shape == (3, target.config.vocab_size)
+
+
+def test_init_from_target_starts_as_the_vanilla_draft(target):
+    """Cross-attention o_proj starts at zero (q_proj from the read layer): GliDe == vanilla until trained."""
+    glide = build_draft(target, GlideConfig.from_target(target.config))
+    vanilla = build_draft(target, GlideConfig.from_target(target.config, cross_attention=False))
+    init_from_target(glide, target)
+    init_from_target(vanilla, target)
+    last = target.model.layers[-1]
+    assert torch.equal(glide.layers[0].cross_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    assert torch.equal(glide.layers[0].self_attn.k_proj.weight, target.model.layers[0].self_attn.k_proj.weight)
+    ids = [4, 8, 15, 16, 23, 42]
+    cache, _ = _cache_of(target, ids)
+    layer = cache.layers[-1]
+    pos = torch.arange(6)
+    with torch.no_grad():
+        a = glide(torch.tensor([ids]), pos[None], [(layer.keys, layer.values)], prefix_mask(pos, 6)[None, None])
+        b = vanilla(torch.tensor([ids]), pos[None])
+    torch.testing.assert_close(a, b)
