@@ -323,3 +323,11 @@ def test_adaptive_depth_respects_cap_and_default_off():
     for _ in range(5):
         d.observe(proposed=d.depth, accepted=d.depth, emitted=d.depth + 1)
     assert d.depth == 16
+
+
+def test_corpus_guard_window_is_three_drafts():
+    corpus = Corpus.from_spans([[1, 2, 3, 4]], vocab_size=VOCAB)
+    assert build_drafters(corpus, k=8)[0].guard.window == 24  # Colibri's contract at the default K
+    assert build_drafters(corpus, k=4)[0].guard.window == 24
+    assert build_drafters(corpus, k=32)[0].guard.window == 96
+    assert build_drafters(corpus, k=8, k_max=48)[0].guard.window == 144

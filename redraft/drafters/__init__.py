@@ -31,8 +31,11 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
     """
     drafters: list = []
     if corpus is not None:
-        drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc), tree_branches=tree_branches,
-                                      k_max=k_max))
+        # Colibri judges after 24 tokens = three K=8 drafts; deeper drafts get the same three drafts, or one early
+        # miss in a 32-token draft would pause a replay for the rest of the answer
+        window = 3 * max(k, k_max or k, 8)
+        drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
+                                      tree_branches=tree_branches, k_max=k_max))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), 48), guard=guard))
