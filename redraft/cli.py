@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from redraft import __version__
+
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
 ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
@@ -39,6 +41,37 @@ def _percent(text: str) -> float:
     return v
 
 
+def output_file(text: str) -> str:
+    """argparse type for a file we will write: refuse a directory or a missing parent up front, not after a run."""
+    p = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(p):
+        raise argparse.ArgumentTypeError(f"{text} is a directory (expected a file path)")
+    parent = os.path.dirname(p)
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist")
+    return text
+
+
+def _finite(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if v != v or v in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
+    return v
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -64,7 +97,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=None,
                    help="corpus draft depth 1..48 (default 8); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
     p.add_argument("--minacc", type=_percent, default=None,
-                   help="pause a draft source whose acceptance falls below PCT%% (default 50); "
+                   help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three "
+                        "drafts (default 50); the n-gram source uses min(PCT, 20) and pauses 64 tokens; "
                         "env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--k-max", type=int, default=None, metavar="K",
@@ -72,7 +106,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                         "default off (always --k)")
     p.add_argument("--force", action="store_true",
                    help="use a binary corpus even if its tokenizer fingerprint differs from the model's")
-    p.add_argument("--tree", type=int, default=0, metavar="B",
+    p.add_argument("--tree", type=_nonneg, default=0, metavar="B",
                    help="token-tree drafts: the corpus's B most frequent continuations plus the n-gram draft, "
                         "verified in one forward (default 0 = single chain)")
     p.add_argument("--tree-budget", type=_positive, default=32, help="most draft nodes per verify forward (default 32)")
@@ -82,10 +116,10 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """Sampling flags; the defaults give greedy decoding."""
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperature", type=_finite, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1.0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="HF/CTRL repetition penalty (1.0 = off)")
+    p.add_argument("--top-p", type=_finite, default=1.0, help="nucleus sampling threshold (1.0 = off)")
+    p.add_argument("--repetition-penalty", type=_finite, default=1.0, help="HF/CTRL repetition penalty (1.0 = off)")
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed; the same seed gives the same output with or without drafts")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
@@ -218,6 +252,16 @@ def cmd_freeze(args) -> int:
                 spans += parse_token_log(log)
             if not spans:
                 raise SystemExit(f"redraft freeze: error: no [TOKENS] lines found in {', '.join(args.from_log)}")
+            if os.path.isfile(args.out):
+                from redraft.corpus import CorpusError
+                from redraft.corpus.tools import append_to_corpus
+
+                try:  # validates the existing corpus, keeps its format
+                    append_to_corpus(args.out, args.from_log)
+                except CorpusError as e:
+                    raise SystemExit(f"redraft freeze: error: refusing to extend {args.out}: {e}")
+                print(f"froze {len(spans)} spans ({sum(map(len, spans))} ids) into {args.out}", file=sys.stderr)
+                return 0
             n = append_spans(args.out, spans)
             print(f"froze {n} spans ({sum(map(len, spans))} ids) into {args.out}", file=sys.stderr)
             return 0
@@ -235,13 +279,15 @@ def cmd_freeze(args) -> int:
 
     loaded = _load(args)
     binary = None
-    if os.path.isfile(args.out) and sniff(args.out) == "binary":
-        # a binary corpus is extended in memory and rewritten once at the end (or on interrupt)
+    if os.path.isfile(args.out):
+        # never extend a file that is not a valid corpus for this model: check it before any generation
         try:
-            binary = load_corpus(args.out, vocab_size=loaded.vocab_size,
-                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer))
+            existing = load_corpus(args.out, vocab_size=loaded.vocab_size,
+                                   fingerprint=tokenizer_fingerprint(loaded.tokenizer))
         except CorpusError as e:
-            raise SystemExit(f"redraft freeze: error: {e}")
+            raise SystemExit(f"redraft freeze: error: refusing to extend {args.out}: {e}")
+        # a binary corpus is extended in memory and rewritten once at the end (or on interrupt)
+        binary = existing if sniff(args.out) == "binary" else None
     engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
     total = done = 0
     try:
@@ -269,10 +315,14 @@ def cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="redraft",
+        prog="redraft", epilog="On a machine shared with other heavy processes, --threads 1 (or OMP_NUM_THREADS=1) "
+                               "is often several times faster than torch's default of one thread per core.",
         description="Lossless speculative decoding for Hugging Face causal LMs: drafts from a frozen corpus of "
                     "earlier outputs and from the live context, verified by the target model so the output is "
                     "byte-identical to plain greedy decoding.")
+    parser.add_argument("--threads", type=_positive, default=None,
+                        help="torch CPU threads (default: torch's choice, one per core)")
+    parser.add_argument("--version", action="version", version=f"redraft {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -293,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--prompts", help="prompts file: one per line, or JSONL with a 'prompt' or 'turns' field")
     p.add_argument("--from-log", nargs="+", metavar="LOG", help="take the [TOKENS] lines of earlier runs instead")
-    p.add_argument("--out", required=True, help="corpus file to append to (text format; created if missing)")
+    p.add_argument("--out", required=True, type=output_file,
+                   help="corpus file to extend (an existing binary corpus stays binary; otherwise text, created if "
+                        "missing); it is checked before any generation")
     p.set_defaults(func=cmd_freeze)
 
     p = sub.add_parser("demo", help="replay 20 Spec-Bench questions from a frozen corpus and compare with greedy",
@@ -302,16 +354,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Prints per-question and total tokens/forward, acceptance, tok/s and speedup.")
     add_model_args(p)
     p.add_argument("--questions", type=_positive, default=20, help="questions to freeze and replay (default 20)")
-    p.add_argument("--other", type=int, default=10, help="other questions run against the same corpus (default 10)")
+    p.add_argument("--other", type=_nonneg, default=10, help="other questions run against the same corpus (default 10)")
     p.add_argument("--k", type=int, default=8, help="corpus draft depth 1..48 (default 8)")
     p.add_argument("--no-ngram", action="store_true", help="corpus drafts only")
-    p.add_argument("--corpus-out", default=None, help="where to write the frozen corpus (default: a cache file)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.add_argument("--corpus-out", default=None, type=output_file,
+                   help="where to write the frozen corpus, replacing that file (default: <cache>/demo/corpus.txt)")
+    p.add_argument("--json", default=None, metavar="PATH", type=output_file, help="also write every figure as JSON")
     p.set_defaults(func=cmd_demo)
 
+    from redraft.glide.cli import add_glide_parser
     from redraft.oracle import add_oracle_parser
 
     add_oracle_parser(sub)
+    add_glide_parser(sub)
 
     try:
         from redraft.corpus.tools import add_corpus_subparser
@@ -341,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

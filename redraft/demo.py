@@ -81,7 +81,9 @@ def run_demo(args) -> int:
     qs = spec_bench_questions()
     if args.questions + max(args.other, 0) > len(qs):
         raise SystemExit(f"redraft demo: error: only {len(qs)} questions available")
-    replay_q, other_q = qs[:args.questions], qs[args.questions:args.questions + max(args.other, 0)]
+    if args.other < 0:
+        raise SystemExit("redraft demo: error: --other must be >= 0")
+    replay_q, other_q = qs[:args.questions], qs[args.questions:args.questions + args.other]
     k = clamp_k(args.k)
     loaded = _load(args)
     tok = loaded.tokenizer

@@ -35,7 +35,7 @@ def run_oracle(args) -> int:
     from redraft.models import encode_prompt
 
     qs = spec_bench_questions()[args.offset:args.offset + args.questions]
-    ks = sorted({int(x) for x in args.k.split(",") if x.strip()})
+    ks = args.k
     loaded = _load(args)
     sampling = sampling_from_args(args)
     prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
@@ -87,8 +87,20 @@ def run_oracle(args) -> int:
     return 1 if diverged else 0
 
 
+def _depths(text: str) -> list[int]:
+    import argparse
+
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,5,8")
+    if not ks or ks[0] < 1 or ks[-1] > 48:
+        raise argparse.ArgumentTypeError(f"{text!r}: draft depths must be in 1..48")
+    return ks
+
+
 def add_oracle_parser(sub) -> None:
-    from redraft.cli import _positive, add_model_args, add_sampling_args
+    from redraft.cli import _positive, add_model_args, add_sampling_args, output_file
 
     p = sub.add_parser("oracle", help="measure output divergence between plain and drafted decoding",
                        description="Run Spec-Bench questions plain, freeze the answers, replay them with chain drafts "
@@ -99,10 +111,11 @@ def add_oracle_parser(sub) -> None:
     add_sampling_args(p)
     p.add_argument("--questions", type=_positive, default=80, help="questions (default 80)")
     p.add_argument("--offset", type=int, default=0, help="first question index (default 0)")
-    p.add_argument("--k", default="1,2,5,8,16,32", help="comma-separated draft depths (default 1,2,5,8,16,32)")
+    p.add_argument("--k", type=_depths, default=[1, 2, 5, 8, 16, 32],
+                   help="comma-separated draft depths in 1..48 (default 1,2,5,8,16,32)")
     p.add_argument("--tree", type=int, default=4, metavar="B", help="also tree drafts with B corpus branches (0 = no)")
     p.add_argument("--tree-budget", type=_positive, default=32, help="tree node budget (default 32)")
     p.add_argument("--no-exact", dest="exact", action="store_false", help="run without exact mode")
     p.add_argument("--compare-exact", action="store_true", help="run every configuration with and without exact mode")
-    p.add_argument("--json", default=None, metavar="PATH", help="write every figure as JSON")
+    p.add_argument("--json", default=None, metavar="PATH", type=output_file, help="write every figure as JSON")
     p.set_defaults(func=run_oracle)

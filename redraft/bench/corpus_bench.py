@@ -232,7 +232,13 @@ def run_corpus_bench(sizes=DEFAULT_SIZES, *, lookups: int = 20000, k: int = 8, w
 
 # ---- command line -----------------------------------------------------------------------------------------------
 def _sizes(text: str) -> list[int]:
-    return [int(float(s)) for s in text.split(",") if s.strip()]
+    try:
+        sizes = [int(float(s)) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6")
+    if not sizes or min(sizes) < 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: each size must be at least 100 tokens")
+    return sizes
 
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -141,8 +141,9 @@ def _raise_bad_token(raw: bytes, path: str) -> None:
     for lineno, line in enumerate(raw.split(b"\n"), 1):
         for tok in line.split():
             if not _INT.fullmatch(tok) or abs(int(tok)) >= 2**62:
-                shown = tok.decode("utf-8", "replace")
-                raise CorpusError(f"{path}:{lineno}: token {shown!r} is not an integer "
+                shown = tok[:40].decode("utf-8", "replace") + ("..." if len(tok) > 40 else "")
+                what = "is out of range" if _INT.fullmatch(tok) else "is not an integer"
+                raise CorpusError(f"{path}:{lineno}: token {shown!r} {what} "
                                   f"(expected whitespace-separated token ids, -1 between spans)")
     raise CorpusError(f"{path}: unreadable token")  # unreachable: the fast path found one
 
