@@ -237,3 +237,30 @@ def test_cli_parser_registers_train_and_eval():
     add_glide_draft_args(run)
     a = run.parse_args(["--draft", "glide", "--draft-model", "D", "--cape"])
     assert (a.draft, a.draft_model, a.cape, a.gamma) == ("glide", "D", True, 4)
+
+
+def test_run_flags_build_a_working_drafter(tiny, tmp_path):
+    """--draft glide --draft-model DIR --cape: the drafter the CLI builds is lossless through the Engine."""
+    import argparse
+    from types import SimpleNamespace
+
+    from conftest import plain_greedy
+    from redraft.drafters.glide import attach_target
+    from redraft.engine import Engine
+    from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
+
+    save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny,
+               vocab_rank=torch.arange(96))
+    p = argparse.ArgumentParser()
+    add_glide_draft_args(p)
+    args = p.parse_args(["--draft", "glide", "--draft-model", str(tmp_path), "--cape", "--draft-vocab", "50"])
+    d = glide_drafter_from_args(args, SimpleNamespace(model=tiny), minacc=0.5)
+    assert d.cape is not None and d.guard is not None and len(d.draft.vocab_ids) == 50
+    engine = Engine(tiny, [d])
+    attach_target([d], engine.target)
+    assert engine.generate([3, 1, 4, 1, 5], 30).output_ids == plain_greedy(tiny, [3, 1, 4, 1, 5], 30)
+    assert glide_drafter_from_args(p.parse_args([]), SimpleNamespace(model=tiny)) is None
+    with pytest.raises(SystemExit, match="draft-model"):
+        glide_drafter_from_args(p.parse_args(["--draft", "glide"]), SimpleNamespace(model=tiny))
+    with pytest.raises(SystemExit, match="trained for target"):
+        glide_drafter_from_args(args, SimpleNamespace(model=build_tiny("llama", "sdpa", seed=9)))

@@ -147,9 +147,12 @@ def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
 
 
-def glide_drafter_from_args(args, loaded):
+def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     """The GliDe drafter a run-style command asked for, or None. Attach the engine's target afterwards
     (:func:`redraft.drafters.glide.attach_target`).
+
+    ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use: the drafter pauses while its
+    acceptance stays below it, so a draft that does not pay stops costing its ~20-45 ms per step.
 
     Raises:
         SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
@@ -158,13 +161,15 @@ def glide_drafter_from_args(args, loaded):
         return None
     if not args.draft_model:
         raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
+    from redraft.drafters.base import AcceptanceGuard
     from redraft.drafters.cape import CapeBins
     from redraft.drafters.glide import load_glide_drafter
     from redraft.glide.checkpoint import CheckpointError
 
     bins = (args.cape_bins or CapeBins()) if args.cape else None
+    guard = AcceptanceGuard(minacc) if minacc is not None else None
     try:
         return load_glide_drafter(args.draft_model, loaded.model, gamma=args.gamma, cape=bins,
-                                  head_vocab=args.draft_vocab or None)
+                                  head_vocab=args.draft_vocab or None, guard=guard)
     except CheckpointError as e:
         raise SystemExit(f"redraft: error: {e}")
