@@ -230,7 +230,7 @@ def test_cli_parser_registers_train_and_eval():
     parser = argparse.ArgumentParser(prog="redraft")
     add_glide_parser(parser.add_subparsers(dest="command"))
     a = parser.parse_args(["glide", "train", "--out", "D", "--max-steps", "7", "--resume", "--vanilla"])
-    assert (a.out, a.max_steps, a.resume, a.vanilla, a.threads) == ("D", 7, True, True, 1)
+    assert (a.out, a.max_steps, a.resume, a.vanilla) == ("D", 7, True, True)
     a = parser.parse_args(["glide", "eval", "--draft-model", "D", "--head-vocab", "8192", "--cape-bins", "0.5:3,1"])
     assert a.head_vocab == [8192] and a.cape_bins.extras == (3, 1)
     run = argparse.ArgumentParser()

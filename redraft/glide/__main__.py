@@ -1,4 +1,4 @@
-"""``python -m redraft.glide train|eval ...``: the same as ``redraft glide train|eval ...``."""
+"""``python -m redraft.glide [--threads N] train|eval ...``: the same as ``redraft [--threads N] glide ...``."""
 
 import argparse
 import sys
@@ -7,9 +7,12 @@ from redraft.glide.cli import add_glide_parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="redraft")
+    parser = argparse.ArgumentParser(prog="python -m redraft.glide")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (training default: 1)")
     add_glide_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["glide"] + list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lead = argv[:2] if argv[:1] == ["--threads"] else []
+    args = parser.parse_args(lead + ["glide"] + argv[len(lead):])
     return int(args.func(args) or 0)
 
 

@@ -29,8 +29,8 @@ def cmd_train(args) -> int:
 
     from redraft.glide.train import TrainConfig, run_training
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = getattr(args, "threads", None) or 1  # `redraft --threads N`; training defaults to one thread
+    torch.set_num_threads(threads)
     loaded = _load(args.model)
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
@@ -38,7 +38,7 @@ def cmd_train(args) -> int:
                       warmup=args.warmup, prompt_weight=args.prompt_weight)
     state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
                          max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
-                         data_dir=args.data_dir, threads=args.threads)
+                         data_dir=args.data_dir, threads=threads)
     print(f"wrote {args.out}: {state.step} steps, {state.tokens} tokens, {state.seconds / 60:.1f} min of training",
           file=sys.stderr)
     return 0
@@ -52,7 +52,7 @@ def cmd_eval(args) -> int:
     from redraft.glide.data import MEASURE_IDS
     from redraft.glide.evaluate import Config, measure, table, write_json
 
-    if args.threads:
+    if getattr(args, "threads", None):  # `redraft --threads N`
         torch.set_num_threads(args.threads)
     loaded = _load(args.model)
     bins = args.cape_bins or CapeBins()
@@ -81,7 +81,10 @@ def cmd_eval(args) -> int:
 
 
 def add_glide_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser."""
+    """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser.
+
+    Torch threads come from the top-level ``redraft --threads N`` (training uses 1 when it is not given).
+    """
     p = subparsers.add_parser("glide", help="train and measure GliDe draft models (see 'redraft glide -h')",
                               description="GliDe draft models (arXiv 2402.02082) that read the target's KV cache.")
     sub = p.add_subparsers(dest="glide_command", metavar="GLIDE")
@@ -113,7 +116,6 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")
     t.add_argument("--init", choices=("target", "random"), default="target",
                    help="initialise from the target's last layer(s) (default) or at random")
-    t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train)
 
@@ -130,7 +132,6 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
                    help="also measure reduced-vocabulary heads of these sizes (e.g. 8192)")
     e.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
     e.add_argument("--tree-budget", type=int, default=64, help="most draft nodes per verify forward (default 64)")
-    e.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     e.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
     return p
