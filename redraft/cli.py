@@ -112,6 +112,9 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=_positive, default=32, help="most draft nodes per verify forward (default 32)")
     p.add_argument("--no-exact", dest="exact", action="store_false",
                    help="trust near-tie verify rows instead of settling them with a draft-free forward")
+    from redraft.glide.cli import add_glide_draft_args
+
+    add_glide_draft_args(p)  # --draft glide --draft-model PATH --cape [--cape-bins] [--gamma] [--draft-vocab]
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -143,10 +146,15 @@ def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     from redraft.engine import Engine
 
     k_max = clamp_k(args.k_max) if args.k_max is not None else None
+    from redraft.drafters.glide import attach_target
+    from redraft.glide.cli import glide_drafter_from_args
+
     drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
-                              k_max=k_max)
-    return Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
-                  merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
+                              k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc))
+    engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
+                    merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
+    attach_target(drafters, engine.target)
+    return engine
 
 
 def resolve_draft_args(args) -> tuple[str | None, int, float]:

@@ -16,7 +16,8 @@ __all__ = ["AcceptanceGuard", "Drafter", "Proposal", "CorpusDrafter", "NgramDraf
 
 
 def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool = True,
-                   ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None) -> list:
+                   ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None,
+                   glide=None) -> list:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -28,6 +29,8 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
         ngram_k: n-gram draft depth (default: same as k).
         tree_branches: > 0 makes the corpus propose its most frequent continuations as a token tree.
         k_max: adaptive corpus depth (see :class:`CorpusDrafter`); None = fixed depth k.
+        glide: a :class:`~redraft.drafters.glide.GlideDrafter` or None; lowest priority, it fills the steps where
+            the corpus and the n-gram source have nothing.
     """
     drafters: list = []
     if corpus is not None:
@@ -39,4 +42,6 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), 48), guard=guard))
+    if glide is not None:
+        drafters.append(glide)
     return drafters
