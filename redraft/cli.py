@@ -62,24 +62,21 @@ def _finite(text: str) -> float:
     return v
 
 
-def _nonneg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
+def _int_at_least(lo: int):
+    """argparse type: an integer >= lo."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
+        return v
+    return parse
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
-    return v
+_nonneg = _int_at_least(0)
+_positive = _int_at_least(1)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
