@@ -85,7 +85,7 @@ class Engine:
         tree_budget: most nodes per verify forward.
         merge: False = the first drafter with a proposal wins the step (the foundation's priority rule);
             True = all proposals are merged into one token tree, in priority order, within the budget.
-        exact: settle near-tie verify rows the way plain decoding does (see :meth:`_settle`).
+        exact: settle near-tie verify rows the way plain decoding does (a draft-free forward for that token).
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
         exact_margin: a row whose top-2 score gap is below this (logit units) is a near-tie; verify rows differ
             from single-token forwards by ~1e-4 here, so 1e-3 leaves a tenfold margin.
@@ -198,9 +198,12 @@ class Engine:
             rows = [0] + [i + 1 for i in path]  # the verify row that chose each token of `new`
             plain_next = False
             if exact and len(tree) > 0:
+                # A verify row and a single-token forward differ by ~1e-4 in logits, so a choice closer than
+                # exact_margin is not trusted: keep only the tokens decided before it and recompute that one with
+                # a draft-free forward next step, the way plain decoding computes every token.
                 tied = [j for j, r in enumerate(rows) if margins[r] < self.exact_margin]
                 if tied:
-                    new, rows, plain_next = self._settle(tied[0], path, new, rows, n_past, n_pend, n_ctx)
+                    new, rows, plain_next = new[:tied[0]], rows[:tied[0]], True
             if plain_next and not new:
                 # the root's own row was a near-tie: recompute it with a draft-free forward of the root alone
                 res.accepted_per_forward.append(0)
@@ -239,15 +242,6 @@ class Engine:
 
         res.seconds = time.perf_counter() - t0
         return res
-
-    def _settle(self, first_tied: int, path, new, rows, n_past, n_pend, n_ctx):
-        """Near-tie at the row that chose ``new[first_tied]``: keep only the tokens decided before it.
-
-        The verify row and a plain single-token forward differ by ~1e-4 in logits, so a choice closer than
-        ``exact_margin`` is not trusted; the token is recomputed by a draft-free forward next step, the way plain
-        decoding computes every token. Returns (tokens to emit, their rows, plain_next=True).
-        """
-        return new[:first_tied], rows[:first_tied], True
 
     def _replay_root(self, n_past: int, n_pend: int, pending: list[int]) -> list[int]:
         """Undo a forward whose root row was a near-tie; return the tokens to feed next (draft-free).
