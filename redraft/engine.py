@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from redraft.drafters.base import Drafter
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser

@@ -103,17 +103,17 @@ def same_cell(s: dict) -> str:
 def markdown(results: dict) -> str:
     """The results page: settings, a speedup matrix and one table per workload."""
     cfg = results["config"]
-    methods = [m for m in results["methods"]]
+    methods = list(results["methods"])
     wls = list(results["workloads"])
-    lines = [f"# redraft bench results", "",
+    lines = ["# redraft bench results", "",
              f"- command: `{results['command']}`",
              f"- model: {results['model'].get('name')} ({results['model'].get('dtype', '?')}), "
              f"ngen {cfg['ngen']}, K {cfg['k']}, tree {cfg['tree_branches']} branches / budget {cfg['tree_budget']}",
              f"- machine: {results['machine'].get('summary', '')}",
              f"- corpus: {results['corpus']['spans']} frozen answers ({results['corpus']['ids']} ids), "
              f"questions {', '.join(map(str, results['corpus']['question_ids']))}",
-             f"- methods run interleaved per question (rotated start), speedup = median tok/s / median plain "
-             f"tok/s over the same questions in this run", ""]
+             "- methods run interleaved per question (rotated start), speedup = median tok/s / median plain "
+             "tok/s over the same questions in this run", ""]
     if results.get("skipped_methods"):
         for m, why in results["skipped_methods"].items():
             lines.append(f"- skipped `{m}`: {why}")
