@@ -38,7 +38,8 @@ def cmd_train(args) -> int:
                       warmup=args.warmup, prompt_weight=args.prompt_weight)
     state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
                          max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
-                         data_dir=args.data_dir, threads=threads)
+                         data_dir=args.data_dir, threads=threads, samples=args.samples,
+                         sample_temperature=args.sample_temperature)
     print(f"wrote {args.out}: {state.step} steps, {state.tokens} tokens, {state.seconds / 60:.1f} min of training",
           file=sys.stderr)
     return 0
@@ -112,6 +113,10 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--data-minutes", type=float, default=18.0,
                    help="budget for generating new training answers in this call (default 18; cached data is reused)")
     t.add_argument("--max-new-tokens", type=int, default=128, help="answer length of training generations")
+    t.add_argument("--samples", type=int, default=0,
+                   help="after the greedy answers, generate up to N sampled answer sets for the short training "
+                        "questions (more target-written text per minute; labels stay greedy; default 0)")
+    t.add_argument("--sample-temperature", type=float, default=0.7, help="temperature of --samples (default 0.7)")
     t.add_argument("--text-windows", type=int, default=0, help="add N 256-token stdlib text windows (default 0)")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")
     t.add_argument("--init", choices=("target", "random"), default="target",

@@ -94,11 +94,15 @@ def _chunked_argmax(hidden: torch.Tensor, head: torch.Tensor, chunk: int = 64) -
 
 @torch.inference_mode()
 def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[int], *, max_new_tokens: int = 128,
-                     eos_ids: Iterable[int] = (), qids: Sequence[int] | None = None, pad_id: int = 0) -> list[Record]:
-    """Greedy answers of the target for a batch of prompts, with labels and the chosen layers' KV cache.
+                     eos_ids: Iterable[int] = (), qids: Sequence[int] | None = None, pad_id: int = 0,
+                     temperature: float = 0.0, top_k: int = 40, seed: int = 0) -> list[Record]:
+    """Answers of the target for a batch of prompts, with its greedy labels and the chosen layers' KV cache.
 
     The prompts are left-padded into one batch; the prefill computes the target's choice at every prompt
-    position, and each decode step feeds the previous choice. A row stops contributing at its first EOS choice
+    position, and each decode step feeds the next input. With ``temperature`` 0 the input is the target's greedy
+    choice (so the answer is exactly what greedy decoding produces); above 0 it is sampled from the top
+    ``top_k`` tokens at that temperature (seeded), which gives new target-written contexts for the same
+    questions while every label stays the target's greedy choice. A row stops at its first EOS input choice
     (the EOS is its last label, never an input).
 
     Args:
@@ -123,7 +127,17 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     cache = DynamicCache(config=model.config)
     h = base(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
     prompt_labels = _chunked_argmax(h, head)  # [B, P]
-    nxt = prompt_labels[:, -1]
+    gen_rng = torch.Generator().manual_seed(seed)
+
+    def choose(h_last: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+        """The next input ids [B]: the greedy choice, or a top-k sample at ``temperature``."""
+        if temperature <= 0:
+            return greedy
+        top = torch.topk(h_last @ head.T, top_k, dim=-1)  # values/indices [B, top_k]
+        probs = torch.softmax(top.values / temperature, -1)
+        return top.indices.gather(-1, torch.multinomial(probs, 1, generator=gen_rng))[:, 0]
+
+    nxt = choose(h[:, -1], prompt_labels[:, -1])
     gen = [[] for _ in range(B)]  # generated inputs per row
     done = [False] * B
     for b in range(B):
@@ -139,8 +153,9 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
         pos = pos[:, -1:] + 1
         h = base(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, cache=cache,
                  use_cache=True).last_hidden_state
-        nxt = (h[:, -1] @ head.T).argmax(-1)
-        step_labels.append(nxt)
+        greedy = (h[:, -1] @ head.T).argmax(-1)
+        step_labels.append(greedy)
+        nxt = choose(h[:, -1], greedy)
         for b in range(B):
             if not done[b] and (int(nxt[b]) in eos or len(gen[b]) >= max_new_tokens - 1):
                 done[b] = True
@@ -310,12 +325,15 @@ def batches_by_length(order: Sequence[int], lengths: Sequence[int], max_tokens: 
 
 def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequence[int], *, question_ids: Sequence[int],
                           max_new_tokens: int, eos_ids: Iterable[int], seconds: float | None = None,
-                          max_batch: int = 32, max_tokens: int = 8192, max_prompt: int = 1024, progress=None) -> int:
+                          max_batch: int = 32, max_tokens: int = 8192, max_prompt: int = 1024, progress=None,
+                          temperature: float = 0.0, seed: int = 0) -> int:
     """Generate answers for ``question_ids`` not yet in ``store`` (in the given order), until ``seconds`` run out.
 
     Args:
         seconds: wall-clock budget for this call (None = no limit); a batch that started is finished.
         max_prompt: questions whose prompt is longer are skipped.
+        temperature, seed: 0 = greedy answers; above 0, sampled answers (see :func:`generate_records`); the
+            seed of each batch is ``seed`` plus its first question id, so a resumed store stays reproducible.
         progress: optional callable(n_records, n_tokens) after each batch.
     Returns:
         number of records added.
@@ -334,7 +352,8 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
             break
         t1 = time.perf_counter()
         recs = generate_records(model, [prompts[i] for i in batch], layers, max_new_tokens=max_new_tokens,
-                                eos_ids=eos_ids, qids=batch, pad_id=pad)
+                                eos_ids=eos_ids, qids=batch, pad_id=pad, temperature=temperature,
+                                seed=seed * 100_003 + batch[0])
         store.append(recs, time.perf_counter() - t1)
         added += len(recs)
         if progress is not None:

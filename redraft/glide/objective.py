@@ -137,7 +137,8 @@ def estimate_acceptance(draft: GlideDraft, records: Sequence[Record], *, gamma: 
     r .. r+gamma-1 (each seeing target KV < r, as the block mask gives) are the chain it would propose, because
     every input after r is the target's own greedy token as long as the chain is still being accepted. A block
     counts if it lies in the generated part (inputs = the target's choices); its accepted count is the number of
-    leading predictions equal to the target's labels.
+    leading predictions equal to the target's labels. Every block phase is used (gamma + 1 passes per record),
+    so every generated position serves as a root once.
 
     Returns:
         {"acceptance": accepted / (gamma x blocks), "tokens_per_forward": 1 + mean accepted, "blocks": n,
@@ -146,24 +147,27 @@ def estimate_acceptance(draft: GlideDraft, records: Sequence[Record], *, gamma: 
     was = draft.training
     draft.eval()
     acc = blocks = agree = seen = 0
+    size = gamma + 1
     for r in records:
-        b = collate([r], block=gamma + 1)
-        h = draft(b.ids, b.pos, b.kv, b.mask)[0]  # [N, H]
-        pred = draft.to_token_ids(draft.logits(h).argmax(-1))  # [N]
         n = len(r)
-        start = max(r.gen_start - 1, gamma + 1)
-        first = -(-start // (gamma + 1)) * (gamma + 1)
-        for s in range(first, n - gamma, gamma + 1):
-            if not torch.equal(r.labels[s:s + gamma - 1], r.ids[s + 1:s + gamma]):
-                continue  # not on the target's own path
-            ok = (pred[s:s + gamma] == r.labels[s:s + gamma]).tolist()
-            a = 0
-            while a < gamma and ok[a]:
-                a += 1
-            acc += a
-            blocks += 1
-            agree += sum(ok)
-            seen += gamma
+        for phase in range(size):
+            b = collate([r], block=size, offset=phase)
+            h = draft(b.ids, b.pos, b.kv, b.mask)[0]  # [N, H]
+            pred = draft.to_token_ids(draft.logits(h).argmax(-1))  # [N]
+            start = max(r.gen_start - 1, size)
+            # roots are the block starts: positions s with (s + phase) % size == 0
+            first = start + (-(start + phase)) % size
+            for s in range(first, n - gamma, size):
+                if not torch.equal(r.labels[s:s + gamma - 1], r.ids[s + 1:s + gamma]):
+                    continue  # not on the target's own path
+                ok = (pred[s:s + gamma] == r.labels[s:s + gamma]).tolist()
+                a = 0
+                while a < gamma and ok[a]:
+                    a += 1
+                acc += a
+                blocks += 1
+                agree += sum(ok)
+                seen += gamma
     draft.train(was)
     return {"acceptance": acc / (gamma * blocks) if blocks else 0.0,
             "tokens_per_forward": 1 + acc / blocks if blocks else 1.0,
