@@ -281,3 +281,28 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
         glide_drafter_from_args(p.parse_args(["--draft", "glide"]), SimpleNamespace(model=tiny))
     with pytest.raises(SystemExit, match="trained for target"):
         glide_drafter_from_args(args, SimpleNamespace(model=build_tiny("llama", "sdpa", seed=9)))
+
+
+def test_eval_measures_every_configuration_against_plain_greedy(tiny, tmp_path, monkeypatch):
+    """`redraft glide eval`'s measure(): chain, CaPE, reduced head and guarded chain all equal plain greedy."""
+    import io
+    from types import SimpleNamespace
+
+    import redraft.models
+    from redraft.drafters.cape import CapeBins
+    from redraft.glide.evaluate import Config, measure, table
+
+    # the tiny model has 96 ids: map question text onto them instead of the real tokenizer
+    monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
+    save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny, vocab_rank=torch.arange(96))
+    d = str(tmp_path)
+    configs = [Config("plain"), Config("chain", d), Config("cape", d, 0, CapeBins()), Config("head", d, 48),
+               Config("guarded", d, 0, None, 4, 0.5)]
+    res = measure(SimpleNamespace(model=tiny, tokenizer=None, eos_token_ids=[]), configs, [0, 50, 100], 24,
+                  log=io.StringIO())
+    assert [r.identical for r in res] == [3] * 5 and all(r.tokens == 72 for r in res)
+    assert res[1].proposed > 0 and res[2].proposed > res[1].proposed  # CaPE adds siblings
+    assert res[4].proposed <= res[1].proposed  # the guard can only take drafts away
+    assert "| guarded |" in table(res)
+    with pytest.raises(ValueError, match="plain greedy"):
+        measure(SimpleNamespace(model=tiny, tokenizer=None, eos_token_ids=[]), configs[1:], [0], 4)

@@ -15,6 +15,12 @@ def _load(model):
         raise SystemExit(f"redraft: error: {e}")
 
 
+def _percent(text: str) -> float:
+    from redraft.cli import _percent as percent  # one definition of a percentage argument
+
+    return percent(text)
+
+
 def _bins(text: str):
     from redraft.drafters.cape import CapeBins
 
@@ -68,6 +74,11 @@ def cmd_eval(args) -> int:
             configs.append(Config(f"{name} chain, {n}-token head", path, n, None, args.gamma))
             if name == "glide":
                 configs.append(Config(f"{name} + CaPE, {n}-token head", path, n, bins, args.gamma))
+    if args.minacc is not None and args.draft_model:
+        n = args.head_vocab[-1] if args.head_vocab else 0
+        head = f", {n}-token head" if n else ""
+        configs.append(Config(f"glide chain{head}, guard {args.minacc:g}%", args.draft_model, n, None, args.gamma,
+                              args.minacc / 100.0))
     ids = MEASURE_IDS[:args.questions]
     print(f"glide eval: {len(configs)} configurations x {len(ids)} held-out Spec-Bench questions {ids}, "
           f"ngen {args.ngen}", file=sys.stderr)
@@ -137,6 +148,9 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
                    help="also measure reduced-vocabulary heads of these sizes (e.g. 8192)")
     e.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
     e.add_argument("--tree-budget", type=int, default=64, help="most draft nodes per verify forward (default 64)")
+    e.add_argument("--minacc", type=_percent, default=None, metavar="PCT",
+                   help="also measure the GliDe chain with the acceptance guard 'redraft run' attaches (pauses "
+                        "the draft while its acceptance is below PCT%%; uses the last --head-vocab size)")
     e.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
     return p

@@ -25,6 +25,7 @@ class Config:
     head_vocab: int = 0
     cape: CapeBins | None = None
     gamma: int = 4
+    minacc: float | None = None  # acceptance guard (fraction), as `redraft run` attaches it; None = no guard
 
 
 @dataclass
@@ -61,6 +62,7 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     Raises:
         ValueError: the first configuration is not plain greedy.
     """
+    from redraft.drafters.base import AcceptanceGuard
     from redraft.drafters.glide import load_glide_drafter
     from redraft.engine import Engine
     from redraft.glide.data import load_questions
@@ -77,7 +79,8 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
         drafters = []
         if c.path is not None:
             drafters = [load_glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape,
-                                           head_vocab=c.head_vocab or None, target=target)]
+                                           head_vocab=c.head_vocab or None, target=target,
+                                           guard=AcceptanceGuard(c.minacc) if c.minacc is not None else None)]
         engine = Engine(target, drafters, eos_token_ids=loaded.eos_token_ids, merge=True, tree_budget=tree_budget)
         engine.generate(prompts[0][:8], 2)  # warm-up
         engines.append(engine)
