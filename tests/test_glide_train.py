@@ -306,3 +306,34 @@ def test_eval_measures_every_configuration_against_plain_greedy(tiny, tmp_path, 
     assert "| guarded |" in table(res)
     with pytest.raises(ValueError, match="plain greedy"):
         measure(SimpleNamespace(model=tiny, tokenizer=None, eos_token_ids=[]), configs[1:], [0], 4)
+
+
+def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(tiny, tmp_path, monkeypatch):
+    """`redraft glide train` end to end on the tiny model: greedy + sampled answer sets, no held-out question."""
+    import io
+    from types import SimpleNamespace
+
+    import redraft.models
+    from redraft.glide.train import run_training
+
+    class Tok:  # the tiny model has 96 ids; map text onto them
+        pad_token_id = 0
+
+        def __call__(self, text):
+            return {"input_ids": [3 + ord(c) % 90 for c in text[:64]]}
+
+    monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
+    loaded = SimpleNamespace(model=tiny, tokenizer=Tok(), eos_token_ids=[])
+    cfg = TrainConfig(max_steps=3, batch_tokens=200, ckpt_every=1000, train_vocab=0)
+    state = run_training(loaded, tmp_path / "out", cfg, data_minutes=2, max_new_tokens=4, samples=1,
+                         data_dir=tmp_path / "data", progress=False, log=io.StringIO())
+    assert state.step == 3
+    greedy = FeatureStore(tmp_path / "data" / "train", json.loads((tmp_path / "data" / "train" / "index.json")
+                                                                  .read_text())["meta"]).load()
+    s1_dir = tmp_path / "data" / "train-s1"
+    sampled = FeatureStore(s1_dir, json.loads((s1_dir / "index.json").read_text())["meta"]).load()
+    assert len(greedy) == 432 and len(sampled) == 432  # every training question; the fake prompts are short
+    assert not any(is_held_out(r.qid) for r in greedy + sampled)
+    assert sum(not torch.equal(a.ids, b.ids) for a, b in zip(greedy, sampled)) > 100  # sampled paths differ
+    meta = json.loads((tmp_path / "out" / "glide.json").read_text())
+    assert meta["training"]["data"]["sampled_answers"] == 432

@@ -108,7 +108,7 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
                                    "fingerprint) go to --out; --resume continues one.")
     t.add_argument("--model", default=None, help="target: HF directory or .gguf (default: bundled SmolLM2-135M)")
     t.add_argument("--out", required=True, help="checkpoint directory (e.g. ~/.cache/redraft/glide/smollm2)")
-    t.add_argument("--max-steps", type=int, default=800, help="optimizer steps in total (default 800)")
+    t.add_argument("--max-steps", type=int, default=3600, help="optimizer steps in total (default 3600)")
     t.add_argument("--max-minutes", type=float, default=None, help="stop training after this many minutes")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     t.add_argument("--vanilla", action="store_true", help="baseline draft without cross-attention")
@@ -118,15 +118,16 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--batch-tokens", type=int, default=512, help="padded tokens per batch (default 512)")
     t.add_argument("--train-vocab", type=int, default=16384,
                    help="compute the loss over the N most frequent tokens only (default 16384; 0 = full vocabulary)")
-    t.add_argument("--prompt-weight", type=float, default=1.0,
-                   help="loss weight of prompt positions vs target-generated ones (default 1; 0 = generated only)")
-    t.add_argument("--ckpt-every", type=int, default=100, help="steps between checkpoints (default 100)")
-    t.add_argument("--data-minutes", type=float, default=18.0,
-                   help="budget for generating new training answers in this call (default 18; cached data is reused)")
+    t.add_argument("--prompt-weight", type=float, default=0.3,
+                   help="loss weight of prompt positions vs target-generated ones (default 0.3; 0 = generated only)")
+    t.add_argument("--ckpt-every", type=int, default=400, help="steps between checkpoints (default 400)")
+    t.add_argument("--data-minutes", type=float, default=90.0,
+                   help="budget for generating new training answers in this call (default 90; generation stops "
+                        "earlier once every answer set is done; cached data is reused)")
     t.add_argument("--max-new-tokens", type=int, default=128, help="answer length of training generations")
-    t.add_argument("--samples", type=int, default=0,
+    t.add_argument("--samples", type=int, default=8,
                    help="after the greedy answers, generate up to N sampled answer sets for the short training "
-                        "questions (more target-written text per minute; labels stay greedy; default 0)")
+                        "questions (more target-written text per minute; labels stay greedy; default 8)")
     t.add_argument("--sample-temperature", type=float, default=0.7, help="temperature of --samples (default 0.7)")
     t.add_argument("--text-windows", type=int, default=0, help="add N 256-token stdlib text windows (default 0)")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")

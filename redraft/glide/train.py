@@ -48,7 +48,7 @@ class TrainConfig:
         ckpt_every: steps between checkpoints.
     """
 
-    max_steps: int = 800
+    max_steps: int = 3600
     max_minutes: float | None = None
     lr: float = 4e-3
     min_lr_ratio: float = 0.1
@@ -60,9 +60,9 @@ class TrainConfig:
     block: int = 5
     offset_jitter: bool = True
     train_vocab: int = 16384
-    prompt_weight: float = 1.0
+    prompt_weight: float = 0.3
     gamma: int = 4
-    ckpt_every: int = 100
+    ckpt_every: int = 400
     seed: int = 0
     n_layers: int = 1
     vanilla: bool = False
@@ -290,9 +290,9 @@ def default_glide_dir() -> Path:
 
 
 def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bool = False,
-                 data_minutes: float = 18.0, max_new_tokens: int = 128, text_windows: int = 0,
+                 data_minutes: float = 90.0, max_new_tokens: int = 128, text_windows: int = 0,
                  data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
-                 samples: int = 0, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
+                 samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
                  log=sys.stderr) -> TrainState:
     """Build/reuse the training records for ``loaded`` (a LoadedModel), then train a draft into ``out``.
 
