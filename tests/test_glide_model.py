@@ -236,3 +236,52 @@ def test_init_from_target_starts_as_the_vanilla_draft(target):
         a = glide(torch.tensor([ids]), pos[None], [(layer.keys, layer.values)], prefix_mask(pos, 6)[None, None])
         b = vanilla(torch.tensor([ids]), pos[None])
     torch.testing.assert_close(a, b)
+
+
+def test_cross_recency_bias_weights_keys_by_distance(target):
+    """With scores zeroed (q_proj = 0), head h weighs visible key j by exp(-s_h * (p - j)): the ALiBi bias."""
+    cfg = GlideConfig.from_target(target.config, cross_recency=True)
+    ca = CrossAttention(cfg)
+    draft = build_draft(target, cfg)
+    torch.nn.init.zeros_(ca.q_proj.weight)
+    S, T = 7, 7
+    pos = torch.arange(S)[None]
+    x = torch.randn(1, S, cfg.hidden_size)
+    k = torch.randn(1, cfg.target_n_kv_heads, T, cfg.head_dim)
+    v = torch.randn(1, cfg.target_n_kv_heads, T, cfg.head_dim)
+    cos, sin = draft.rotary(pos, x.dtype)
+    mask = block_mask(S, T, 3)[None, None]
+    captured = {}
+    ca.o_proj.register_forward_hook(lambda m, a, o: captured.setdefault("attn", a[0]))
+    out = ca(x, cos, sin, k, v, mask, pos)
+    assert torch.isfinite(out).all() and out[0, :3].abs().max() == 0  # first block sees nothing
+    attn = captured["attn"].view(1, S, ca.n, ca.d)  # per-head attention outputs before o_proj
+    slopes = torch.nn.functional.softplus(ca.recency.detach())
+    assert torch.all(slopes[:-1] > slopes[1:])  # ALiBi's geometric slopes, steepest first
+    group = ca.n // ca.nk
+    for h in range(ca.n):
+        for p in range(3, S):
+            vis = torch.nonzero(mask[0, 0, p]).flatten()
+            w = torch.softmax(-slopes[h] * (p - vis).float(), 0)
+            want = (w[:, None] * v[0, h // group, vis]).sum(0)
+            torch.testing.assert_close(attn[0, p, h], want, atol=1e-5, rtol=1e-4)
+
+
+def test_cross_recency_is_saved_and_the_draft_stays_lossless(target, tmp_path):
+    from conftest import plain_greedy
+    from redraft.drafters.glide import GlideDrafter, attach_target
+    from redraft.engine import Engine
+    from redraft.glide.checkpoint import load_draft, save_draft
+
+    draft = build_draft(target, GlideConfig.from_target(target.config, cross_recency=True))
+    torch.nn.init.normal_(draft.layers[0].cross_attn.o_proj.weight, std=0.3)
+    with torch.no_grad():
+        draft.layers[0].cross_attn.recency.add_(0.25)
+    save_draft(tmp_path, draft, target)
+    back = load_draft(tmp_path, target)
+    assert back.cfg.cross_recency and torch.equal(back.layers[0].cross_attn.recency, draft.layers[0].cross_attn.recency)
+    d = GlideDrafter(back, None, gamma=4)
+    engine = Engine(target, [d])
+    attach_target([d], engine.target)
+    prompt = [5, 9, 2, 7, 7, 1, 30, 4]
+    assert engine.generate(prompt, 40).output_ids == plain_greedy(target, prompt, 40)

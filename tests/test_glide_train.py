@@ -210,7 +210,8 @@ def test_fingerprint_ignores_attention_backend():
                                                                                                      seed=4))
 
 
-def test_estimate_matches_a_real_chain(tiny, heldout):
+@pytest.mark.parametrize("recency", [False, True])
+def test_estimate_matches_a_real_chain(tiny, heldout, recency):
     """The teacher-forced estimate equals what GliDe chains from these roots really get accepted."""
     import numpy as np
 
@@ -218,8 +219,10 @@ def test_estimate_matches_a_real_chain(tiny, heldout):
     from redraft.glide.model import init_from_target
     from redraft.target import HFTarget
 
-    draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
+    draft = build_draft(tiny, GlideConfig.from_target(tiny.config, cross_recency=recency))
     init_from_target(draft, tiny)
+    if recency:  # a zero o_proj would hide the cross-attention from the comparison
+        torch.nn.init.normal_(draft.layers[0].cross_attn.o_proj.weight, std=0.5)
     est = estimate_acceptance(draft, heldout, gamma=4)
     acc = blocks = 0
     for r in heldout:

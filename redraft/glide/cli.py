@@ -41,7 +41,7 @@ def cmd_train(args) -> int:
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
                       n_layers=args.layers, vanilla=args.vanilla, seed=args.seed, init=args.init,
-                      warmup=args.warmup, prompt_weight=args.prompt_weight)
+                      warmup=args.warmup, prompt_weight=args.prompt_weight, cross_recency=args.cross_recency)
     state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
                          max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
                          data_dir=args.data_dir, threads=threads, samples=args.samples,
@@ -113,6 +113,8 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     t.add_argument("--vanilla", action="store_true", help="baseline draft without cross-attention")
     t.add_argument("--layers", type=int, default=1, help="draft layers L_D (default 1)")
+    t.add_argument("--cross-recency", action="store_true",
+                   help="learned per-head recency bias on the cross-attention scores (ours, not in the paper)")
     t.add_argument("--lr", type=float, default=4e-3, help="peak AdamW learning rate (default 4e-3)")
     t.add_argument("--warmup", type=int, default=20, help="warm-up steps (default 20)")
     t.add_argument("--batch-tokens", type=int, default=512, help="padded tokens per batch (default 512)")

@@ -49,6 +49,8 @@ class GlideConfig:
         cross_attention: False = vanilla draft (no cross-attention sub-layer).
         head_vocab: size of the reduced-vocabulary head, 0 = full head.
         block_size: training block size of the cross-attention mask (5 in the paper).
+        cross_recency: add a learned per-head recency bias to the cross-attention scores (ours, not in the
+            paper; see :class:`CrossAttention`). False = the paper's cross-attention.
     """
 
     hidden_size: int
@@ -67,6 +69,7 @@ class GlideConfig:
     cross_attention: bool = True
     head_vocab: int = 0
     block_size: int = 5
+    cross_recency: bool = False
 
     @property
     def target_layers(self) -> list[int]:
@@ -83,7 +86,8 @@ class GlideConfig:
 
     @classmethod
     def from_target(cls, tcfg, *, n_layers: int = 1, cross_attention: bool = True, head_vocab: int = 0,
-                    intermediate_size: int | None = None, block_size: int = 5) -> "GlideConfig":
+                    intermediate_size: int | None = None, block_size: int = 5,
+                    cross_recency: bool = False) -> "GlideConfig":
         """Draft geometry mirroring a Llama-style target config (heads, head_dim, norm eps, rope).
 
         Raises:
@@ -101,7 +105,8 @@ class GlideConfig:
                    n_layers=n_layers, n_heads=heads, n_kv_heads=kv, head_dim=head_dim, target_n_layers=n_t,
                    target_n_heads=heads, target_n_kv_heads=kv, vocab_size=int(tcfg.vocab_size),
                    rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", 1e-5)), rope_theta=theta, rope_type=rtype,
-                   cross_attention=cross_attention, head_vocab=int(head_vocab), block_size=block_size)
+                   cross_attention=cross_attention, head_vocab=int(head_vocab), block_size=block_size,
+                   cross_recency=cross_recency)
 
 
 # ---- rotary position embedding (the target's settings) ------------------------------------------------------------
@@ -278,6 +283,12 @@ class CrossAttention(nn.Module):
 
     Only ``q_proj`` (H -> Ht*D) and ``o_proj`` (Ht*D -> H) are parameters; keys and values come from the target's
     cache, already rotary-encoded at their own positions, so only the query is rotated here.
+
+    With ``cfg.cross_recency`` (ours, not in the paper) each head h also has a learned slope s_h > 0 and its score
+    for key position j from a query at position p gets ``-s_h * (p - j)`` added (ALiBi's linear bias, Press et al.
+    2022, initialised with ALiBi's geometric slopes). Why: the newest visible target entry carries the freshest
+    information, but which entry is newest depends on the draft depth (the block mask hides the last d entries
+    from depth d), and rotary scores alone cannot express "the newest visible key" for every depth at once.
     """
 
     def __init__(self, cfg: GlideConfig) -> None:
@@ -285,16 +296,22 @@ class CrossAttention(nn.Module):
         self.n, self.nk, self.d = cfg.target_n_heads, cfg.target_n_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, self.n * self.d, bias=False)
         self.o_proj = nn.Linear(self.n * self.d, cfg.hidden_size, bias=False)
+        self.recency = None
+        if cfg.cross_recency:
+            slopes = 2.0 ** (-8.0 * torch.arange(1, self.n + 1) / self.n)  # ALiBi's slopes
+            self.recency = nn.Parameter(torch.log(torch.expm1(slopes)))  # softplus^-1: softplus(param) = slope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, q_pos: torch.Tensor | None = None) -> torch.Tensor:
         """Cross-attend.
 
         Args:
             x: [B, S, H] normalised draft hidden states.
             cos, sin: [B, 1, S, D] rotary tables at the queries' absolute positions.
-            k, v: [B, Hkt, T, D] target cache (GQA: each KV head serves Ht/Hkt query heads, as in the target).
+            k, v: [B, Hkt, T, D] target cache (GQA: each KV head serves Ht/Hkt query heads, as in the target);
+                entry j is the target's position j.
             mask: BoolTensor broadcastable to [B, 1, S, T], True = attend; None = every query sees all T.
+            q_pos: LongTensor [B, S] absolute query positions (needed only with the recency bias).
         Returns:
             [B, S, H]; a query that sees no key at all gets a zero output (no NaN).
         """
@@ -302,7 +319,14 @@ class CrossAttention(nn.Module):
         q = apply_rope(self.q_proj(x).view(B, S, self.n, self.d).transpose(1, 2), cos, sin)  # [B, Ht, S, D]
         if k.shape[2] == 0:
             return torch.zeros_like(x)
-        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, enable_gqa=True)
+        attn_mask = mask
+        if self.recency is not None:
+            T = k.shape[2]
+            dist = (q_pos[:, None, :, None] - torch.arange(T)[None, None, None, :]).clamp(min=0).to(q.dtype)
+            bias = -F.softplus(self.recency)[None, :, None, None] * dist  # [B, Ht, S, T]
+            # finite fill: a row with no visible key must not turn into NaN (it is zeroed below)
+            attn_mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=attn_mask, enable_gqa=True)
         if mask is not None:
             o = o * mask.any(-1, keepdim=True).to(o.dtype)  # [B, 1, S, 1]: rows with no visible key -> 0
         return self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
@@ -335,11 +359,11 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, target_kv=None, cross_mask=None, cache=None, layer=0):
+    def forward(self, x, cos, sin, target_kv=None, cross_mask=None, cache=None, layer=0, pos=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
         if self.cross_attn is not None and target_kv is not None:  # no target cache visible: contributes 0
             k, v = target_kv
-            x = x + self.cross_attn(self.cross_layernorm(x), cos, sin, k, v, cross_mask)
+            x = x + self.cross_attn(self.cross_layernorm(x), cos, sin, k, v, cross_mask, pos)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -406,7 +430,7 @@ class GlideDraft(nn.Module):
         cos, sin = self.rotary(pos, x.dtype)
         for i, layer in enumerate(self.layers):
             kv = target_kv[i] if (target_kv is not None and self.cfg.cross_attention) else None
-            x = layer(x, cos, sin, kv, cross_mask, cache, i)
+            x = layer(x, cos, sin, kv, cross_mask, cache, i, pos)
         if cache is not None:
             cache.length += ids.shape[1]
         return self.norm(x)
@@ -465,7 +489,8 @@ def build_draft(target, cfg: GlideConfig, vocab_ids: torch.Tensor | None = None)
         ValueError: the draft geometry does not fit the target (hidden size, head_dim, heads, vocab).
     """
     tcfg = target.config
-    want = GlideConfig.from_target(tcfg, n_layers=cfg.n_layers, cross_attention=cfg.cross_attention)
+    want = GlideConfig.from_target(tcfg, n_layers=cfg.n_layers, cross_attention=cfg.cross_attention,
+                                   cross_recency=cfg.cross_recency)
     for f in ("hidden_size", "head_dim", "target_n_layers", "target_n_heads", "target_n_kv_heads", "vocab_size"):
         if getattr(cfg, f) != getattr(want, f):
             raise ValueError(f"draft {f}={getattr(cfg, f)} does not fit the target ({getattr(want, f)})")

@@ -46,6 +46,9 @@ class TrainConfig:
         prompt_weight: loss weight of prompt positions relative to target-generated ones (0 = generated only).
         gamma: chain depth of the held-out acceptance estimate.
         ckpt_every: steps between checkpoints.
+        n_layers, vanilla, init: draft layers; no cross-attention (the baseline); "target" or "random" start.
+        cross_recency: GliDe draft with the learned recency bias on its cross-attention (ours, see
+            :class:`redraft.glide.model.CrossAttention`).
     """
 
     max_steps: int = 3600
@@ -67,6 +70,7 @@ class TrainConfig:
     n_layers: int = 1
     vanilla: bool = False
     init: str = "target"
+    cross_recency: bool = False
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -139,7 +143,7 @@ class Trainer:
         self.vocab_rank = vocab_rank
         self.data_info = data_info or {}
         gcfg = GlideConfig.from_target(target.config, n_layers=cfg.n_layers, cross_attention=not cfg.vanilla,
-                                       block_size=cfg.block)
+                                       block_size=cfg.block, cross_recency=cfg.cross_recency and not cfg.vanilla)
         self.draft = build_draft(target, gcfg)
         if cfg.init == "target":
             init_from_target(self.draft, target)
@@ -170,7 +174,8 @@ class Trainer:
         meta = read_meta(self.out)
         check_target(meta, self.target, self.out)
         saved = GlideConfig.from_dict(meta["config"])
-        if (saved.cross_attention, saved.n_layers) != (self.draft.cfg.cross_attention, self.draft.cfg.n_layers):
+        if (saved.cross_attention, saved.n_layers, saved.cross_recency) != (
+                self.draft.cfg.cross_attention, self.draft.cfg.n_layers, self.draft.cfg.cross_recency):
             raise ValueError(f"{self.out} holds a {'GliDe' if saved.cross_attention else 'vanilla'} draft with "
                              f"{saved.n_layers} layer(s); this run trains another kind")
         tensors = load_file(str(self.out / "draft.safetensors"))
