@@ -178,3 +178,18 @@ def test_cape_sibling_counts_per_confidence_bin(target, confidences):
             assert i not in parents
     assert len(prop) == 4 + sum(bins.extras_for(p) for p in confidences)
 
+
+
+def test_guard_counts_cape_trees_by_depth(target):
+    """A CaPE tree can get at most one node per level accepted: the guard counts its levels, not its nodes."""
+    from redraft.drafters.base import AcceptanceGuard
+
+    guard = AcceptanceGuard(0.25)
+    t = HFTarget(target)
+    t.reset()
+    t.forward(PROMPTS[0][:-1])
+    d = GlideDrafter(_draft(target, "random"), t, gamma=4, cape=CapeBins(), guard=guard)
+    prop = d.propose(np.array(PROMPTS[0]), 4)
+    assert len(prop.tokens) > 4  # a random draft is unsure: siblings at every level
+    d.observe(len(prop.tokens), 1, 2)
+    assert (guard.proposed, guard.accepted) == (4, 1) and guard.active  # 25%: not paused

@@ -40,6 +40,7 @@ class GlideDrafter:
         self.draft = draft.eval()
         self.target = target
         self.gamma, self.cape, self.guard, self.name = gamma, cape, guard, name
+        self._depth = 0  # levels of the last proposal (what the guard counts as proposed)
         self.layers = draft.cfg.target_layers
         self.begin(np.zeros(0, dtype=np.int64))
 
@@ -119,11 +120,14 @@ class GlideDrafter:
                 h = draft(nxt, torch.tensor([[L + step]]), kv, None, self.cache)[:, -1]
 
         self.cache.crop(L)  # forget the drafted tokens: only the verified context stays
+        self._depth = len(spine)
         return Proposal(spine) if self.cape is None else expand(spine, alts)
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        # the guard judges a CaPE tree by its depth, not its node count: at most one node per level can be
+        # accepted, so counting the siblings would pause the drafter at its first tree
         if self.guard is not None:
-            self.guard.record(proposed, accepted, emitted)
+            self.guard.record(min(proposed, self._depth or proposed), accepted, emitted)
 
 
 def attach_target(drafters, target) -> None:

@@ -77,8 +77,9 @@ def cmd_eval(args) -> int:
     if args.minacc is not None and args.draft_model:
         n = args.head_vocab[-1] if args.head_vocab else 0
         head = f", {n}-token head" if n else ""
-        configs.append(Config(f"glide chain{head}, guard {args.minacc:g}%", args.draft_model, n, None, args.gamma,
-                              args.minacc / 100.0))
+        minacc = min(args.minacc / 100.0, GLIDE_MINACC)  # the guard `redraft run --minacc` gives GliDe
+        configs.append(Config(f"glide chain{head}, guard {minacc:.0%}", args.draft_model, n, None, args.gamma,
+                              minacc))
     ids = MEASURE_IDS[:args.questions]
     print(f"glide eval: {len(configs)} configurations x {len(ids)} held-out Spec-Bench questions {ids}, "
           f"ngen {args.ngen}", file=sys.stderr)
@@ -152,11 +153,15 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
     e.add_argument("--tree-budget", type=int, default=64, help="most draft nodes per verify forward (default 64)")
     e.add_argument("--minacc", type=_percent, default=None, metavar="PCT",
-                   help="also measure the GliDe chain with the acceptance guard 'redraft run' attaches (pauses "
-                        "the draft while its acceptance is below PCT%%; uses the last --head-vocab size)")
+                   help="also measure the GliDe chain with the acceptance guard 'redraft run --minacc PCT' attaches "
+                        "(pauses the draft while its acceptance is below min(PCT, 25)%%; uses the last --head-vocab "
+                        "size)")
     e.add_argument("--json", default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
     return p
+
+
+GLIDE_MINACC = 0.25
 
 
 def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
@@ -174,8 +179,9 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     """The GliDe drafter a run-style command asked for, or None. Attach the engine's target afterwards
     (:func:`redraft.drafters.glide.attach_target`).
 
-    ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use: the drafter pauses while its
-    acceptance stays below it, so a draft that does not pay stops costing its ~20-45 ms per step.
+    ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use, capped at :data:`GLIDE_MINACC`:
+    the drafter pauses while its acceptance (accepted tokens per draft level) stays below it, so a draft that
+    does not pay stops costing its ~20-45 ms per step.
 
     Raises:
         SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
@@ -190,7 +196,9 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     from redraft.glide.checkpoint import CheckpointError
 
     bins = (args.cape_bins or CapeBins()) if args.cape else None
-    guard = AcceptanceGuard(minacc) if minacc is not None else None
+    # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
+    # corpus's 50% would switch off a draft that still pays
+    guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
     try:
         return load_glide_drafter(args.draft_model, loaded.model, gamma=args.gamma, cape=bins,
                                   head_vocab=args.draft_vocab or None, guard=guard)
