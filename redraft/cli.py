@@ -95,8 +95,9 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="corpus draft depth 1..48 (default 8); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
     p.add_argument("--minacc", type=_percent, default=None,
                    help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three "
-                        "drafts (default 50); the n-gram source uses min(PCT, 20) and pauses 64 tokens; "
-                        "env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
+                        "drafts (default 50); the n-gram source uses min(PCT, 20) and pauses 64 tokens, a GliDe "
+                        "draft min(PCT, 25) counted per draft level; env REDRAFT_CORPUS_MINACC or "
+                        "COLI_CORPUS_MINACC")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--k-max", type=int, default=None, metavar="K",
                    help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "

@@ -340,3 +340,80 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
     assert sum(not torch.equal(a.ids, b.ids) for a, b in zip(greedy, sampled)) > 100  # sampled paths differ
     meta = json.loads((tmp_path / "out" / "glide.json").read_text())
     assert meta["training"]["data"]["sampled_answers"] == 432
+
+
+def _glide_cli(argv):
+    import argparse
+
+    from redraft.glide.cli import add_glide_parser
+
+    parser = argparse.ArgumentParser(prog="redraft")
+    add_glide_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.mark.parametrize("argv", [["--max-steps", "0"], ["--lr", "-1"], ["--lr", "nan"], ["--samples", "-1"],
+                                  ["--sample-temperature", "0"], ["--batch-tokens", "0"], ["--train-vocab", "-5"],
+                                  ["--ckpt-every", "0"], ["--data-minutes", "-5"], ["--prompt-weight", "nan"],
+                                  ["--layers", "0"], ["--max-minutes", "-1"]])
+def test_train_refuses_bad_numbers(argv, capsys):
+    with pytest.raises(SystemExit):
+        _glide_cli(["glide", "train", "--out", "unused"] + argv)
+    assert "error: argument" in capsys.readouterr().err
+
+
+def test_train_checks_out_and_data_dir_before_any_work(tmp_path, tiny):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(SystemExit, match="is not a directory"):
+        _glide_cli(["glide", "train", "--out", str(afile)])
+    with pytest.raises(SystemExit, match="--data-dir"):
+        _glide_cli(["glide", "train", "--out", str(tmp_path / "o"), "--data-dir", str(afile)])
+    save_draft(tmp_path / "done", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny)
+    with pytest.raises(SystemExit, match="already holds a checkpoint; pass --resume"):
+        _glide_cli(["glide", "train", "--out", str(tmp_path / "done")])
+
+
+def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny):
+    save_draft(tmp_path / "g", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny)
+    save_draft(tmp_path / "v", build_draft(tiny, GlideConfig.from_target(tiny.config, cross_attention=False)), tiny)
+    with pytest.raises(SystemExit, match="is a vanilla draft"):
+        _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "v")])
+    with pytest.raises(SystemExit, match="is a GliDe draft"):
+        _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g"), "--vanilla-model", str(tmp_path / "g")])
+    with pytest.raises(SystemExit, match="10 held-out"):
+        _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g"), "--questions", "11"])
+    with pytest.raises(SystemExit, match="not a GliDe draft checkpoint"):
+        _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "missing")])
+    for bad in (["--questions", "0"], ["--ngen", "0"], ["--head-vocab", "0"], ["--tree-budget", "0"],
+                ["--json", str(tmp_path / "no" / "x.json")]):
+        with pytest.raises(SystemExit):
+            _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g")] + bad)
+
+
+def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, tiny):
+    import argparse
+    from types import SimpleNamespace
+
+    from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
+
+    p = argparse.ArgumentParser()
+    add_glide_draft_args(p)
+    with pytest.raises(SystemExit, match="--cape need"):
+        glide_drafter_from_args(p.parse_args(["--cape"]), SimpleNamespace(model=tiny))
+    save_draft(tmp_path / "g", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny,
+               vocab_rank=torch.arange(96))
+    save_draft(tmp_path / "c", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny)
+    meta = json.loads((tmp_path / "c" / "glide.json").read_text())
+    del meta["config"]["hidden_size"]
+    for text in ("[]", json.dumps(meta)):
+        (tmp_path / "c" / "glide.json").write_text(text)
+        with pytest.raises(SystemExit, match="glide.json"):
+            glide_drafter_from_args(p.parse_args(["--draft", "glide", "--draft-model", str(tmp_path / "c")]),
+                                    SimpleNamespace(model=tiny))
+    with pytest.raises(SystemExit, match="1..96 tokens"):
+        glide_drafter_from_args(p.parse_args(["--draft", "glide", "--draft-model", str(tmp_path / "g"),
+                                              "--draft-vocab", "1000"]), SimpleNamespace(model=tiny))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--gamma", "0"])

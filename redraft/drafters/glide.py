@@ -153,4 +153,6 @@ def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | N
 
     draft = load_draft(path, model, head_vocab=head_vocab)
     bins = CapeBins() if cape is True else (cape or None)
+    if name == "glide" and not draft.cfg.cross_attention:
+        name = "vanilla draft"  # a baseline checkpoint: say so in the run report
     return GlideDrafter(draft, target, gamma=gamma, cape=bins, guard=guard, name=name)

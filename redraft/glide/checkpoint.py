@@ -128,8 +128,11 @@ def read_meta(path: str | os.PathLike) -> dict:
         meta = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{f}: bad JSON ({e})") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{f}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{f}: format {got!r}, expected {FORMAT!r}")
+    if not isinstance(meta.get("config"), dict):
+        raise CheckpointError(f"{f}: no 'config' object")
     return meta
 
 
@@ -164,7 +167,10 @@ def load_draft(path: str | os.PathLike, target, *, head_vocab: int | None = None
 
     meta = read_meta(path)
     check_target(meta, target, path)
-    cfg = GlideConfig.from_dict(meta["config"])
+    try:
+        cfg = GlideConfig.from_dict(meta["config"])
+    except TypeError as e:  # a missing field
+        raise CheckpointError(f"{Path(path).expanduser() / CONFIG_FILE}: bad 'config' ({e})") from e
     try:
         tensors = load_file(str(Path(path).expanduser() / WEIGHTS_FILE))
     except Exception as e:  # safetensors raises several types for a bad file
@@ -176,6 +182,8 @@ def load_draft(path: str | os.PathLike, target, *, head_vocab: int | None = None
     if missing or unexpected:
         raise CheckpointError(f"{path}: weights do not match the config (missing {missing}, unexpected {unexpected})")
     if head_vocab:
+        if head_vocab < 0 or head_vocab > draft.head_weight.shape[0]:
+            raise CheckpointError(f"a reduced head needs 1..{draft.head_weight.shape[0]} tokens, got {head_vocab}")
         if rank is None:
             raise CheckpointError(f"{path}: no vocab_rank stored, cannot build a {head_vocab}-token head")
         draft.set_vocab(torch.sort(rank[:head_vocab]).values)

@@ -308,7 +308,8 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
         samples: sampled answer sets (``sample_temperature``, top-40) generated after the greedy answers, each
             for the training questions whose prompt has at most ``sample_max_prompt`` tokens (short prompts decode
             in large batches, so they give the most target-written tokens per second). Stored under
-            ``train-s1``, ``train-s2``, ...; labels stay the target's greedy choices.
+            ``train-s1``, ``train-s2``, ... (``train-t<T>-s1``, ... at another temperature); every stored set is
+            used for training; labels stay the target's greedy choices.
         data_dir: feature cache (default ``<cache>/glide/data/<target fingerprint>-L<layers>-n<max_new>``).
         threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
     """
@@ -345,7 +346,9 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
             left = budget_end - time.perf_counter()
             if left <= 0:
                 break
-            build_generation_data(model, tok, FeatureStore(root / f"train-s{v}", {**meta, "temperature":
+            # one directory per (temperature, set): another temperature starts new sets, never clashes
+            name = f"train-s{v}" if sample_temperature == 0.7 else f"train-t{sample_temperature:g}-s{v}"
+            build_generation_data(model, tok, FeatureStore(root / name, {**meta, "temperature":
                                   sample_temperature, "sample": v}), layers,
                                   question_ids=training_order(load_questions()), max_new_tokens=max_new_tokens,
                                   eos_ids=eos, seconds=left, max_batch=64, max_prompt=sample_max_prompt,
@@ -355,7 +358,7 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
         build_text_data(model, tok, train_store, layers, n_windows=text_windows)
     data_seconds = time.perf_counter() - t0
     sample_stores = [FeatureStore(d, json.loads((d / "index.json").read_text())["meta"])
-                     for d in sorted(root.glob("train-s*")) if (d / "index.json").is_file()]
+                     for d in sorted(root.glob("train-*")) if (d / "index.json").is_file()]
     records, heldout = train_store.load(), held_store.load()
     n_sampled = 0
     for st in sample_stores:
