@@ -334,7 +334,8 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
     build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
                           eos_ids=eos)
     if data_minutes > 0:
-        print(f"glide data: generating training answers for up to {data_minutes:.0f} min into {root}", file=log)
+        print(f"glide data: generating training answers for up to {data_minutes:g} min into {root} "
+              f"(a started batch is finished)", file=log)
         from tqdm import tqdm
 
         bar = tqdm(desc="glide data", unit="tok", file=log, disable=not progress, dynamic_ncols=True)
