@@ -201,6 +201,9 @@ def cmd_run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     corpus_path, k, minacc = resolve_draft_args(args)
     k = clamp_k(k)
+    from redraft.glide.cli import check_glide_draft_args
+
+    check_glide_draft_args(args)  # before the model load, not after
     loaded = _load(args)
     sampling = sampling_from_args(args)
     corpus = _open_corpus(corpus_path, loaded, force=args.force)

@@ -373,6 +373,14 @@ def test_train_checks_out_and_data_dir_before_any_work(tmp_path, tiny):
     save_draft(tmp_path / "done", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny)
     with pytest.raises(SystemExit, match="already holds a checkpoint; pass --resume"):
         _glide_cli(["glide", "train", "--out", str(tmp_path / "done")])
+    meta = json.loads((tmp_path / "done" / "glide.json").read_text())
+    del meta["config"]["hidden_size"]
+    (tmp_path / "done" / "glide.json").write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match="bad 'config'"):  # refused before any data work
+        _glide_cli(["glide", "train", "--out", str(tmp_path / "done"), "--resume"])
+    with pytest.raises(SystemExit, match="--data-dir"):
+        _glide_cli(["glide", "train", "--out", str(tmp_path / "new"), "--data-dir", str(afile)])
+    assert not (tmp_path / "new").exists()  # nothing created when an argument is refused
 
 
 def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny):
@@ -400,7 +408,7 @@ def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, ti
 
     p = argparse.ArgumentParser()
     add_glide_draft_args(p)
-    with pytest.raises(SystemExit, match="--cape need"):
+    with pytest.raises(SystemExit, match="--cape: only used with --draft glide"):
         glide_drafter_from_args(p.parse_args(["--cape"]), SimpleNamespace(model=tiny))
     save_draft(tmp_path / "g", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny,
                vocab_rank=torch.arange(96))

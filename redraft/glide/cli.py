@@ -53,11 +53,11 @@ def _directory(text: str, what: str):
 
     p = Path(text).expanduser()
     if p.exists() and not p.is_dir():
-        raise SystemExit(f"redraft glide: error: {what} {text} is not a directory")
+        raise SystemExit(f"redraft glide train: error: {what} {text} is not a directory")
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"redraft glide: error: cannot create {what} {text}: {e.strerror or e}")
+        raise SystemExit(f"redraft glide train: error: cannot create {what} {text}: {e.strerror or e}")
     return p
 
 
@@ -79,12 +79,22 @@ def cmd_train(args) -> int:
 
     threads = getattr(args, "threads", None) or 1  # `redraft --threads N`; training defaults to one thread
     torch.set_num_threads(threads)
-    out = _directory(args.out, "--out")
-    if (out / "glide.json").is_file() and not args.resume:
-        raise SystemExit(f"redraft glide train: error: {args.out} already holds a checkpoint; pass --resume to "
-                         f"continue it or choose another --out")
     if args.data_dir:
         _directory(args.data_dir, "--data-dir")
+    out = _directory(args.out, "--out")
+    if (out / "glide.json").is_file():
+        if not args.resume:
+            raise SystemExit(f"redraft glide train: error: {args.out} already holds a checkpoint; pass --resume to "
+                             f"continue it or choose another --out")
+        try:  # a checkpoint that cannot be resumed is refused before any data work
+            from redraft.glide.checkpoint import read_meta
+            from redraft.glide.model import GlideConfig
+
+            GlideConfig.from_dict(read_meta(out)["config"])
+        except CheckpointError as e:
+            raise SystemExit(f"redraft glide train: error: {e}")
+        except TypeError as e:
+            raise SystemExit(f"redraft glide train: error: {out / 'glide.json'}: bad 'config' ({e})")
     loaded = _load(args.model)
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
@@ -240,6 +250,21 @@ def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=_int_min(0), default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
 
 
+def check_glide_draft_args(args) -> None:
+    """Refuse GliDe flags given without ``--draft glide`` (call before loading the model).
+
+    Raises:
+        SystemExit: ``--draft-model``, ``--cape`` or ``--draft-vocab`` without ``--draft glide``.
+    """
+    if getattr(args, "draft", None) == "glide":
+        return
+    given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
+             ("--draft-vocab", getattr(args, "draft_vocab", 0)))
+    stray = [flag for flag, value in given if value]
+    if stray:
+        raise SystemExit(f"redraft: error: {', '.join(stray)} : only used with --draft glide")
+
+
 def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     """The GliDe drafter a run-style command asked for, or None. Attach the engine's target afterwards
     (:func:`redraft.drafters.glide.attach_target`).
@@ -251,12 +276,8 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     Raises:
         SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
     """
+    check_glide_draft_args(args)
     if getattr(args, "draft", None) != "glide":
-        stray = [f for f, v in (("--draft-model", getattr(args, "draft_model", None)),
-                                ("--cape", getattr(args, "cape", False)),
-                                ("--draft-vocab", getattr(args, "draft_vocab", 0))) if v]
-        if stray:
-            raise SystemExit(f"redraft: error: {', '.join(stray)} need(s) --draft glide")
         return None
     if not args.draft_model:
         raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
