@@ -262,7 +262,7 @@ def check_glide_draft_args(args) -> None:
              ("--draft-vocab", getattr(args, "draft_vocab", 0)))
     stray = [flag for flag, value in given if value]
     if stray:
-        raise SystemExit(f"redraft: error: {', '.join(stray)} : only used with --draft glide")
+        raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
 
 
 def glide_drafter_from_args(args, loaded, minacc: float | None = None):
