@@ -101,7 +101,8 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
         print(f"  question {q} done", file=log, flush=True)
     for res in results:
         res.identical = sum(a == b for a, b in zip(res.outputs, results[0].outputs))
-        print(f"  {res.label}: {res.tokens_per_forward:.2f} tokens/forward, acceptance {res.acceptance:.1%}, "
+        acc = f"{res.acceptance:.1%}" if res.proposed else "-"
+        print(f"  {res.label}: {res.tokens_per_forward:.2f} tokens/forward, acceptance {acc}, "
               f"{res.tokens_per_second:.1f} tok/s, identical {res.identical}/{res.questions}", file=log, flush=True)
     return results
 
