@@ -7,7 +7,7 @@ from redraft.glide.cli import add_glide_parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m redraft.glide")
+    parser = argparse.ArgumentParser(prog="python -m redraft")  # usage then reads "python -m redraft glide train"
     parser.add_argument("--threads", type=int, default=None, help="torch threads (training default: 1)")
     add_glide_parser(parser.add_subparsers(dest="command"))
     argv = list(sys.argv[1:] if argv is None else argv)
