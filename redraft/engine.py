@@ -26,11 +26,13 @@ MAX_DRAFT_DEPTH = 48
 
 @dataclass
 class SourceStats:
-    """Per-drafter counts over one generation: draft tokens proposed and accepted, and steps it drafted."""
+    """Per-drafter counts over one generation: draft tokens proposed and accepted, steps it drafted, and how
+    often its acceptance guard paused it."""
 
     proposed: int = 0
     accepted: int = 0
     steps: int = 0
+    paused: int = 0
 
     @property
     def acceptance(self) -> float:
@@ -266,7 +268,10 @@ class Engine:
             st.proposed += p
             st.accepted += a
             st.steps += p > 0
+            guard = getattr(d, "guard", None)
+            before = getattr(guard, "pauses", 0)
             d.observe(p, a, emitted)
+            st.paused += getattr(guard, "pauses", 0) > before
 
 
 def _first_path(tokens: list[int], parents: Sequence[int]) -> list[int]:

@@ -20,9 +20,15 @@ def corpus_line(res: GenerationResult, frozen_ids: int) -> str | None:
 
 
 def source_lines(res: GenerationResult, skip: tuple[str, ...] = ("corpus",)) -> list[str]:
-    """One ``NAME drafts: NN% acceptance (a/b proposed in S steps)`` line per other source that proposed."""
+    """One ``NAME drafts: NN% acceptance (a/b proposed in S steps[, paused N times by its guard])`` line per other
+    source that proposed."""
     return [f"{name} drafts: {100 * st.acceptance:.0f}% acceptance ({st.accepted}/{st.proposed} proposed in "
-            f"{st.steps} steps)" for name, st in res.sources.items() if name not in skip and st.proposed]
+            f"{st.steps} steps{_paused(st.paused)})" for name, st in res.sources.items()
+            if name not in skip and st.proposed]
+
+
+def _paused(n: int) -> str:
+    return "" if not n else f", paused {n} time{'s' if n > 1 else ''} by its acceptance guard"
 
 
 def speed_line(res: GenerationResult) -> str:

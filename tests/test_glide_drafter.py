@@ -193,3 +193,19 @@ def test_guard_counts_cape_trees_by_depth(target):
     assert len(prop.tokens) > 4  # a random draft is unsure: siblings at every level
     d.observe(len(prop.tokens), 1, 2)
     assert (guard.proposed, guard.accepted) == (4, 1) and guard.active  # 25%: not paused
+
+
+def test_run_report_says_when_the_guard_paused_a_draft(target):
+    """An untrained draft fails its guard: the engine counts the pause and the run report names it."""
+    from redraft.drafters.base import AcceptanceGuard
+    from redraft.report import source_lines
+
+    d = GlideDrafter(_draft(target, "random"), None, gamma=4, guard=AcceptanceGuard(0.9, window=8, pause=10))
+    engine = Engine(target, [d])
+    attach_target([d], engine.target)
+    g = engine.generate(PROMPTS[0], 40)
+    assert g.output_ids == plain_greedy(target, PROMPTS[0], 40)
+    st = g.sources["glide"]
+    assert st.paused >= 1 and st.paused == d.guard.pauses
+    (line,) = source_lines(g)
+    assert line.startswith("glide drafts: ") and f"paused {st.paused} time" in line
