@@ -136,6 +136,18 @@ def read_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
+def config_of(meta: dict, path: str | os.PathLike) -> GlideConfig:
+    """The :class:`GlideConfig` in a checkpoint's parsed ``glide.json`` (from :func:`read_meta`).
+
+    Raises:
+        CheckpointError: a field is missing.
+    """
+    try:
+        return GlideConfig.from_dict(meta["config"])
+    except TypeError as e:  # a missing field
+        raise CheckpointError(f"{Path(path).expanduser() / CONFIG_FILE}: bad 'config' ({e})") from e
+
+
 def check_target(meta: dict, target, path: str | os.PathLike = "") -> None:
     """Refuse a checkpoint trained for another target.
 
@@ -167,10 +179,7 @@ def load_draft(path: str | os.PathLike, target, *, head_vocab: int | None = None
 
     meta = read_meta(path)
     check_target(meta, target, path)
-    try:
-        cfg = GlideConfig.from_dict(meta["config"])
-    except TypeError as e:  # a missing field
-        raise CheckpointError(f"{Path(path).expanduser() / CONFIG_FILE}: bad 'config' ({e})") from e
+    cfg = config_of(meta, path)
     try:
         tensors = load_file(str(Path(path).expanduser() / WEIGHTS_FILE))
     except Exception as e:  # safetensors raises several types for a bad file

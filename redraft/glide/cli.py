@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from redraft.cli import _finite, _int_at_least, _percent, output_file
+
 
 def _load(model):
     from redraft.models import ModelLoadError, load_model
@@ -15,36 +17,14 @@ def _load(model):
         raise SystemExit(f"redraft: error: {e}")
 
 
-def _percent(text: str) -> float:
-    from redraft.cli import _percent as percent  # one definition of a percentage argument
-
-    return percent(text)
-
-
-def _int_min(lo: int):
-    def parse(text: str) -> int:
-        from redraft.cli import _int_at_least
-
-        return _int_at_least(lo)(text)
-    return parse
-
-
 def _float_min(lo: float, *, strict: bool):
     """argparse type: a finite number > lo (strict) or >= lo."""
     def parse(text: str) -> float:
-        from redraft.cli import _finite
-
         v = _finite(text)
         if v < lo or (strict and v == lo):
             raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {lo:g}")
         return v
     return parse
-
-
-def _output(text: str) -> str:
-    from redraft.cli import output_file
-
-    return output_file(text)
 
 
 def _directory(text: str, what: str):
@@ -73,9 +53,8 @@ def _bins(text: str):
 def cmd_train(args) -> int:
     import torch
 
+    from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
     from redraft.glide.train import TrainConfig, run_training
-
-    from redraft.glide.checkpoint import CheckpointError
 
     threads = getattr(args, "threads", None) or 1  # `redraft --threads N`; training defaults to one thread
     torch.set_num_threads(threads)
@@ -87,14 +66,9 @@ def cmd_train(args) -> int:
             raise SystemExit(f"redraft glide train: error: {args.out} already holds a checkpoint; pass --resume to "
                              f"continue it or choose another --out")
         try:  # a checkpoint that cannot be resumed is refused before any data work
-            from redraft.glide.checkpoint import read_meta
-            from redraft.glide.model import GlideConfig
-
-            GlideConfig.from_dict(read_meta(out)["config"])
+            config_of(read_meta(out), out)
         except CheckpointError as e:
             raise SystemExit(f"redraft glide train: error: {e}")
-        except TypeError as e:
-            raise SystemExit(f"redraft glide train: error: {out / 'glide.json'}: bad 'config' ({e})")
     loaded = _load(args.model)
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
@@ -116,7 +90,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from redraft.drafters.cape import CapeBins
-    from redraft.glide.checkpoint import CheckpointError, read_meta
+    from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
     from redraft.glide.data import MEASURE_IDS
     from redraft.glide.evaluate import Config, measure, table, write_json
 
@@ -129,7 +103,7 @@ def cmd_eval(args) -> int:
         if not path:
             continue
         try:
-            kind = bool(read_meta(path)["config"].get("cross_attention", True))
+            kind = config_of(read_meta(path), path).cross_attention
         except CheckpointError as e:
             raise SystemExit(f"redraft glide eval: error: {e}")
         if kind != want:
@@ -183,31 +157,31 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
                                    "fingerprint) go to --out; --resume continues one.")
     t.add_argument("--model", default=None, help="target: HF directory or .gguf (default: bundled SmolLM2-135M)")
     t.add_argument("--out", required=True, help="checkpoint directory (e.g. ~/.cache/redraft/glide/smollm2)")
-    t.add_argument("--max-steps", type=_int_min(1), default=3600, help="optimizer steps in total (default 3600)")
+    t.add_argument("--max-steps", type=_int_at_least(1), default=3600, help="optimizer steps in total (default 3600)")
     t.add_argument("--max-minutes", type=_float_min(0, strict=True), default=None, help="stop training after this many minutes")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     t.add_argument("--vanilla", action="store_true", help="baseline draft without cross-attention")
-    t.add_argument("--layers", type=_int_min(1), default=1, help="draft layers L_D (default 1)")
+    t.add_argument("--layers", type=_int_at_least(1), default=1, help="draft layers L_D (default 1)")
     t.add_argument("--cross-recency", action="store_true",
                    help="learned per-head recency bias on the cross-attention scores (ours, not in the paper)")
     t.add_argument("--lr", type=_float_min(0, strict=True), default=4e-3, help="peak AdamW learning rate (default 4e-3)")
-    t.add_argument("--warmup", type=_int_min(0), default=20, help="warm-up steps (default 20)")
-    t.add_argument("--batch-tokens", type=_int_min(16), default=512, help="padded tokens per batch (default 512)")
-    t.add_argument("--train-vocab", type=_int_min(0), default=16384,
+    t.add_argument("--warmup", type=_int_at_least(0), default=20, help="warm-up steps (default 20)")
+    t.add_argument("--batch-tokens", type=_int_at_least(16), default=512, help="padded tokens per batch (default 512)")
+    t.add_argument("--train-vocab", type=_int_at_least(0), default=16384,
                    help="compute the loss over the N most frequent tokens only (default 16384; 0 = full vocabulary)")
     t.add_argument("--prompt-weight", type=_float_min(0, strict=False), default=0.3,
                    help="loss weight of prompt positions vs target-generated ones (default 0.3; 0 = generated only)")
-    t.add_argument("--ckpt-every", type=_int_min(1), default=400, help="steps between checkpoints (default 400)")
+    t.add_argument("--ckpt-every", type=_int_at_least(1), default=400, help="steps between checkpoints (default 400)")
     t.add_argument("--data-minutes", type=_float_min(0, strict=False), default=90.0,
                    help="budget for generating new training answers in this call (default 90; generation stops "
                         "earlier once every answer set is done; cached data is reused)")
-    t.add_argument("--max-new-tokens", type=_int_min(1), default=128,
+    t.add_argument("--max-new-tokens", type=_int_at_least(1), default=128,
                    help="answer length of training generations (default 128)")
-    t.add_argument("--samples", type=_int_min(0), default=8,
+    t.add_argument("--samples", type=_int_at_least(0), default=8,
                    help="after the greedy answers, generate up to N sampled answer sets for the short training "
                         "questions (more target-written text per minute; labels stay greedy; default 8)")
     t.add_argument("--sample-temperature", type=_float_min(0, strict=True), default=0.7, help="temperature of --samples (default 0.7)")
-    t.add_argument("--text-windows", type=_int_min(0), default=0, help="add N 256-token stdlib text windows (default 0)")
+    t.add_argument("--text-windows", type=_int_at_least(0), default=0, help="add N 256-token stdlib text windows (default 0)")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")
     t.add_argument("--init", choices=("target", "random"), default="target",
                    help="initialise from the target's last layer(s) (default) or at random")
@@ -220,18 +194,18 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M)")
     e.add_argument("--draft-model", required=True, help="GliDe checkpoint directory")
     e.add_argument("--vanilla-model", default=None, help="vanilla checkpoint directory (baseline)")
-    e.add_argument("--questions", type=_int_min(1), default=10, help="held-out questions (default 10, at most 10)")
-    e.add_argument("--ngen", type=_int_min(1), default=64, help="tokens per answer (default 64)")
-    e.add_argument("--gamma", type=_int_min(1), default=4, help="draft depth (default 4)")
-    e.add_argument("--head-vocab", type=_int_min(1), nargs="*", default=[],
+    e.add_argument("--questions", type=_int_at_least(1), default=10, help="held-out questions (default 10, at most 10)")
+    e.add_argument("--ngen", type=_int_at_least(1), default=64, help="tokens per answer (default 64)")
+    e.add_argument("--gamma", type=_int_at_least(1), default=4, help="draft depth (default 4)")
+    e.add_argument("--head-vocab", type=_int_at_least(1), nargs="*", default=[],
                    help="also measure reduced-vocabulary heads of these sizes (e.g. 8192)")
     e.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
-    e.add_argument("--tree-budget", type=_int_min(1), default=64, help="most draft nodes per verify forward (default 64)")
+    e.add_argument("--tree-budget", type=_int_at_least(1), default=64, help="most draft nodes per verify forward (default 64)")
     e.add_argument("--minacc", type=_percent, default=None, metavar="PCT",
                    help="also measure the GliDe chain with the acceptance guard 'redraft run --minacc PCT' attaches "
                         "(pauses the draft while its acceptance is below min(PCT, 25)%%; uses the last --head-vocab "
                         "size)")
-    e.add_argument("--json", type=_output, default=None, metavar="PATH", help="also write the figures as JSON")
+    e.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
     return p
 
@@ -246,8 +220,8 @@ def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
     p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
     p.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
-    p.add_argument("--gamma", type=_int_min(1), default=4, help="GliDe draft depth (default 4)")
-    p.add_argument("--draft-vocab", type=_int_min(0), default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
+    p.add_argument("--gamma", type=_int_at_least(1), default=4, help="GliDe draft depth (default 4)")
+    p.add_argument("--draft-vocab", type=_int_at_least(0), default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
 
 
 def check_glide_draft_args(args) -> None:
