@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from redraft.defaults import MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
@@ -21,7 +22,6 @@ from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
 
-MAX_DRAFT_DEPTH = 48
 
 
 @dataclass

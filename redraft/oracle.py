@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from redraft.defaults import MAX_DRAFT_DEPTH
+
 
 def _compare(ref: list[int], got: list[int]) -> int:
     """Length of the common prefix (tokens after a divergence follow a different context and do not count)."""
@@ -94,8 +96,8 @@ def _depths(text: str) -> list[int]:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,5,8")
-    if not ks or ks[0] < 1 or ks[-1] > 48:
-        raise argparse.ArgumentTypeError(f"{text!r}: draft depths must be in 1..48")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_DRAFT_DEPTH:
+        raise argparse.ArgumentTypeError(f"{text!r}: draft depths must be in 1..{MAX_DRAFT_DEPTH}")
     return ks
 
 

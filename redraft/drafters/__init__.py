@@ -5,12 +5,8 @@ from __future__ import annotations
 from redraft.drafters.base import AcceptanceGuard, Drafter, Proposal
 from redraft.drafters.corpus import CorpusDrafter
 from redraft.drafters.ngram import NgramDrafter
+from redraft.defaults import MAX_DRAFT_DEPTH, NGRAM_MINACC, NGRAM_PAUSE
 
-# The n-gram source pays at a much lower acceptance than the corpus guard's 50%: a 9-token verify forward costs
-# ~1.5 single-token forwards on this CPU (redraft bench cost), so one accepted token in eight already breaks even.
-# Measured on 7 novel + copy questions (ngen 96, side by side): 20% / 64 tokens gave 1.17 tokens/forward and
-# 1.04x against 1.10 and 1.03x with 50% / 256, identical outputs.
-NGRAM_MINACC, NGRAM_PAUSE = 0.2, 64
 
 __all__ = ["AcceptanceGuard", "Drafter", "Proposal", "CorpusDrafter", "NgramDrafter", "build_drafters"]
 
@@ -41,7 +37,7 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
                                       tree_branches=tree_branches, k_max=k_max))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
-        drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), 48), guard=guard))
+        drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard))
     if glide is not None:
         drafters.append(glide)
     return drafters

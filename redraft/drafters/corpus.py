@@ -13,9 +13,10 @@ import warnings
 
 import numpy as np
 
+from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 from redraft.drafters.base import AcceptanceGuard, Proposal
 
-K_DEFAULT, K_MAX = 8, 48
+K_DEFAULT, K_MAX = CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 
 
 def clamp_k(k: int, *, warn: bool = True) -> int:

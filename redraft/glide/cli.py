@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from redraft.cli import _finite, _int_at_least, _percent, output_file
+from redraft.defaults import GLIDE_MINACC
 
 
 def _load(model):
@@ -209,8 +210,6 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eval)
     return p
 
-
-GLIDE_MINACC = 0.25
 
 
 def add_glide_draft_args(p: argparse.ArgumentParser) -> None:

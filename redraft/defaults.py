@@ -1,0 +1,30 @@
+"""Speculation policy constants: the one place every module reads its draft depths and guard settings from.
+
+Figures are from measurements on the 2-core development CPU (see docs/benchmarks.md); the cost-aware policy
+(to come) replaces the fixed guard thresholds with the measured cost curve.
+"""
+
+from __future__ import annotations
+
+# Draft depth (tokens along one path). Colibri's COLI_CORPUS_K default and cap.
+CORPUS_K_DEFAULT = 8
+MAX_DRAFT_DEPTH = 48
+
+# Corpus acceptance guard (Colibri's COLI_CORPUS_MINACC): pause for CORPUS_PAUSE emitted tokens when acceptance
+# over the last window (three drafts' worth of tokens, at least CORPUS_WINDOW) is below CORPUS_MINACC.
+CORPUS_MINACC = 0.5
+CORPUS_WINDOW = 24
+CORPUS_PAUSE = 256
+
+# The n-gram source pays at a much lower acceptance than the corpus guard's 50%: a 9-token verify forward costs
+# ~1.5 single-token forwards on this CPU (redraft bench cost), so one accepted token in eight already breaks even.
+# Measured on 7 novel + copy questions (ngen 96, side by side): 20% / 64 tokens gave 1.17 tokens/forward and
+# 1.04x against 1.10 and 1.03x with 50% / 256, identical outputs.
+NGRAM_MINACC = 0.2
+NGRAM_PAUSE = 64
+
+# A GliDe draft pays from ~26% acceptance per draft level here (docs/glide.md): its guard is capped at 25%.
+GLIDE_MINACC = 0.25
+
+# Token trees: most draft nodes in one verify forward.
+TREE_BUDGET = 32
