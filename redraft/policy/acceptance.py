@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from redraft.defaults import ACCEPT_DECAY, ACCEPT_PRIOR, ACCEPT_PRIOR_WEIGHT
+
 
 class AcceptanceTracker:
     """Decayed per-(source, level) acceptance counts.
@@ -32,8 +34,8 @@ class AcceptanceTracker:
         ValueError: an argument outside its range.
     """
 
-    def __init__(self, max_depth: int = 64, *, prior_mean: float = 0.5, prior_weight: float = 1.0,
-                 decay: float = 0.8) -> None:
+    def __init__(self, max_depth: int = 64, *, prior_mean: float = ACCEPT_PRIOR,
+                 prior_weight: float = ACCEPT_PRIOR_WEIGHT, decay: float = ACCEPT_DECAY) -> None:
         if max_depth < 1 or not 0.0 <= prior_mean <= 1.0 or not prior_weight > 0 or not 0.0 < decay <= 1.0:
             raise ValueError(f"AcceptanceTracker needs max_depth >= 1, prior_mean in [0, 1], prior_weight > 0 and "
                              f"decay in (0, 1]; got {max_depth}, {prior_mean}, {prior_weight}, {decay}")

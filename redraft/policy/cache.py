@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from redraft.policy.costcurve import CostCurve
-from redraft.policy.measure import DEFAULT_PREFIX, DEFAULT_REPEATS, DEFAULT_SIZES, measure_cost_curve
+from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
+from redraft.policy.measure import measure_cost_curve
 
 SCHEMA = "redraft-cost-curve/1"
 
@@ -52,8 +53,8 @@ def model_fingerprint(model) -> dict:
             "attn": str(getattr(cfg, "_attn_implementation", ""))}
 
 
-def curve_key(model, *, sizes: Sequence[int] = DEFAULT_SIZES, prefix: int = DEFAULT_PREFIX,
-              repeats: int = DEFAULT_REPEATS, threads: int | None = None) -> dict:
+def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PREFIX,
+              repeats: int = COST_REPEATS, threads: int | None = None) -> dict:
     """The cache key: model fingerprint, dtype, device, torch thread count, machine and measurement settings.
 
     Args:
@@ -128,8 +129,8 @@ def save_curve(path: str | os.PathLike, key: dict, curve: CostCurve) -> bool:
         return False
 
 
-def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, sizes: Sequence[int] = DEFAULT_SIZES,
-                      prefix: int = DEFAULT_PREFIX, repeats: int = DEFAULT_REPEATS, refresh: bool = False,
+def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, sizes: Sequence[int] = COST_SIZES,
+                      prefix: int = COST_PREFIX, repeats: int = COST_REPEATS, refresh: bool = False,
                       measure: Callable[..., CostCurve] = measure_cost_curve) -> CostCurve:
     """The cost curve for ``model`` here: from the cache when present and valid, else measured and cached.
 

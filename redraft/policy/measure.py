@@ -15,13 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
+from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
 from redraft.policy.costcurve import CostCurve
-
-# Draft sizes the policy measures: every size up to 8 (where the CPU curve jumps around most and novel-text
-# decisions are made), then coarser up to the largest tree budget.
-DEFAULT_SIZES = (0, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
-DEFAULT_PREFIX = 128
-DEFAULT_REPEATS = 3
 
 
 def fit_prefix(target, prefix_ids: Sequence[int], max_s: int) -> list[int]:
@@ -30,7 +25,7 @@ def fit_prefix(target, prefix_ids: Sequence[int], max_s: int) -> list[int]:
     return [int(t) for t in prefix_ids][:max(1, limit - max_s)]
 
 
-def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], repeats: int = DEFAULT_REPEATS,
+def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], repeats: int = COST_REPEATS,
                   tree_mask: bool = False, seed: int = 0, progress: bool = False,
                   desc: str = "cost") -> dict[str, dict[int, list[float]]]:
     """Seconds per forward of S tokens for each S in ``sizes``, after ``prefix_ids`` is cached.
@@ -48,6 +43,7 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     Raises:
         ValueError: empty sizes, a size < 1, repeats < 1 or an empty prefix.
     """
+    import torch
     from tqdm import tqdm
 
     from redraft.target import HFTarget
@@ -73,6 +69,9 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
         return tree_positions(tree, n_prefix, 1), tree_attention_mask(tree, n_prefix, 1, target.dtype)
 
     prepared = {(v, s): inputs(v, s) for v in variants for s in sizes}
+    param = next(target.model.parameters())
+    # an accelerator runs asynchronously: wait for the forward, or only its launch is timed
+    sync = (lambda: torch.cuda.synchronize(param.device)) if param.device.type == "cuda" else (lambda: None)
     target.reset()
     target.forward(prefix, n_logits=1)
     for s in (1, max_s, 1, max_s):  # warm-up: first-call allocations
@@ -87,6 +86,7 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
                 pos, mask = prepared[(v, s)]
                 t0 = time.perf_counter()
                 target.forward(draft[:s], pos, mask, n_logits=s)
+                sync()
                 samples[v][s].append(time.perf_counter() - t0)
                 target.crop(n_prefix)
                 bar.update()
@@ -95,8 +95,8 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     return samples
 
 
-def measure_cost_curve(model, sizes: Sequence[int] = DEFAULT_SIZES, *, prefix: int = DEFAULT_PREFIX,
-                       repeats: int = DEFAULT_REPEATS, seed: int = 0, progress: bool = False) -> CostCurve:
+def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
+                       repeats: int = COST_REPEATS, seed: int = 0, progress: bool = False) -> CostCurve:
     """Measure c(n) at ``sizes`` draft tokens (chain verify forwards, median of ``repeats``).
 
     Args:
@@ -104,7 +104,7 @@ def measure_cost_curve(model, sizes: Sequence[int] = DEFAULT_SIZES, *, prefix: i
         sizes: draft token counts n (0 is added when missing); a forward of 1 + n tokens is timed for each.
         prefix: random ids cached before each timed forward.
     Returns:
-        :class:`CostCurve` with c(0) = 1. Takes roughly repeats x sum(c(n)) x t(1) seconds (~8 s for the
+        :class:`CostCurve` with c(0) = 1. Takes roughly repeats x sum(c(n)) x t(1) seconds (~6 s for the
         defaults on the 2-core development CPU).
     """
     from redraft.target import HFTarget

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from redraft.defaults import PROBE_MAX, PROBE_OVERHEAD
 from redraft.policy.acceptance import AcceptanceTracker
 from redraft.policy.costcurve import CostCurve
 from redraft.policy.priors import node_depths
@@ -46,7 +47,7 @@ class SpeculationPolicy:
     """
 
     def __init__(self, curve: CostCurve, *, max_nodes: int = 64, tracker: AcceptanceTracker | None = None,
-                 probe_overhead: float = 0.03, probe_max: int = 4, min_gain: float = 0.0) -> None:
+                 probe_overhead: float = PROBE_OVERHEAD, probe_max: int = PROBE_MAX, min_gain: float = 0.0) -> None:
         if max_nodes < 1 or not probe_overhead > 0 or probe_max < 1 or min_gain < 0:
             raise ValueError(f"SpeculationPolicy needs max_nodes >= 1, probe_overhead > 0, probe_max >= 1 and "
                              f"min_gain >= 0; got {max_nodes}, {probe_overhead}, {probe_max}, {min_gain}")
