@@ -12,7 +12,7 @@ Then :func:`~redraft.policy.select.select_nodes` keeps the subtree maximising ex
 
 Exploration: a source whose candidates were dropped on every step is re-tried with a probe, the draft of 1..4
 tokens along its first path whose expected net cost c(d) - E(d) is lowest, once that cost spread over the idle
-steps falls under ``probe_overhead`` of a plain step. Its counts decay with every outcome, so after a probe that
+steps (steps in which it had a candidate that was dropped) falls under ``probe_overhead`` of a plain step. Its counts decay with every outcome, so after a probe that
 succeeds the failures before it weigh less and the source drafts again within a step or two. On a flat curve (a
 GPU) probes are nearly free and come at once; on a steep one they are rare. Idle steps themselves teach nothing:
 forgetting on them would re-try a useless source every few steps on its prior alone.
@@ -110,6 +110,8 @@ class SpeculationPolicy:
         prob = path_probabilities(parents, cond)
         forced, probes = [], []
         for s in dict.fromkeys(sources):
+            if self.idle.get(s, 0) < 1:
+                continue  # it drafted last time it had a candidate: nothing to probe
             path = self._probe_path(parents, sources, prob, s, max_depth)
             if path and self.idle.get(s, 0) >= max(1, self._probe_interval(path, prob)):
                 forced += path
