@@ -106,24 +106,18 @@ class Engine:
         self.chain_only = self.target.sliding_window is not None
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
+        """The verify tree of one step: each drafter's proposal in priority order, cleaned and merged."""
         tree = TokenTree()
         if max_depth <= 0:
             return tree
-        vocab = self.target.vocab_size
         for d in self.drafters:
             prop = d.propose(context, max_depth)
             if prop is None or len(prop) == 0:
                 continue
-            tokens, parents = list(prop.tokens), prop.parents
-            if self.chain_only and parents is not None:
-                tokens, parents = _first_path(tokens, parents), None
-            if min(tokens) < 0 or max(tokens) >= vocab:
-                # an id the model cannot embed would crash the verify forward: drop it and what hangs below it
-                tokens, parents = _drop_invalid(tokens, parents, vocab)
-            if parents is None:
-                tree.add_chain(tokens, d.name, budget=self.tree_budget, max_depth=max_depth)
-            else:
-                tree.add_subtree(tokens, parents, d.name, budget=self.tree_budget, max_depth=max_depth)
+            if self.chain_only:
+                prop = prop.first_path()
+            tree.merge(prop.within_vocab(self.target.vocab_size), d.name, budget=self.tree_budget,
+                       max_depth=max_depth)
             if not self.merge or self.chain_only or len(tree) >= self.tree_budget:
                 break
         return tree
@@ -273,28 +267,3 @@ class Engine:
             d.observe(p, a, emitted)
             st.paused += getattr(guard, "pauses", 0) > before
 
-
-def _first_path(tokens: list[int], parents: Sequence[int]) -> list[int]:
-    """The first root-to-leaf path of a proposal tree (each step takes the first-listed child)."""
-    path, node = [], -1
-    for i, p in enumerate(parents):
-        if p == node:
-            path.append(tokens[i])
-            node = i
-    return path
-
-
-def _drop_invalid(tokens: list[int], parents: Sequence[int] | None, vocab: int):
-    """Remove ids outside [0, vocab) with their descendants (a chain is cut at the first bad id)."""
-    if parents is None:
-        bad = next(i for i, t in enumerate(tokens) if not 0 <= t < vocab)
-        return tokens[:bad], None
-    keep: list[int] = []
-    new_index: dict[int, int] = {}
-    new_parents: list[int] = []
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        if 0 <= t < vocab and (p < 0 or p in new_index):
-            new_index[i] = len(keep)
-            keep.append(t)
-            new_parents.append(-1 if p < 0 else new_index[p])
-    return keep, new_parents

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from redraft.drafters.base import Proposal
+from redraft.tree import TokenTree
 from redraft.engine import Engine
 from redraft.target import HFTarget
 
@@ -166,7 +166,7 @@ class SequenceDrafter:
         if self.limit is not None:
             d = min(d, self.limit)
         ids = [(t + self.shift) % self.vocab for t in self.seq[L:L + d]]
-        return Proposal(ids) if ids else None
+        return TokenTree.chain(ids, self.name) if ids else None
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         self.observed.append((proposed, accepted, emitted))
@@ -183,7 +183,7 @@ class ConstantDrafter:
         pass
 
     def propose(self, context, max_depth):
-        return Proposal(self.ids[:max_depth]) if max_depth > 0 else None
+        return TokenTree.chain(self.ids[:max_depth], self.name) if max_depth > 0 else None
 
     def observe(self, proposed, accepted, emitted):
         self.observed.append((proposed, accepted, emitted))

@@ -18,6 +18,7 @@ from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
 from redraft.report import speculation_line
+from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]
@@ -428,8 +429,7 @@ class TreeDrafter:
         pass
 
     def propose(self, context, max_depth):
-        from redraft.drafters import Proposal
-        return Proposal(self.tokens, self.parents)
+        return TokenTree.from_parents(self.tokens, self.parents, self.name)
 
     def observe(self, proposed, accepted, emitted):
         pass

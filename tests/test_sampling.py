@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 from conftest import build_tiny
 from redraft.corpus import Corpus
 from redraft.drafters import CorpusDrafter, NgramDrafter
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.drafters.base import AcceptanceGuard
+from redraft.tree import TokenTree
 from redraft.engine import Engine
 from redraft.sampling import SamplingParams, TokenChooser, gumbel_noise
 from redraft.stopping import StopStrings
@@ -47,7 +48,7 @@ class ArgmaxDrafter:
             nxt = int(self.model(input_ids=ids).logits[0, -1].argmax())
             out.append(nxt)
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-        return Proposal(out)
+        return TokenTree.chain(out, self.name)
 
     def observe(self, proposed, accepted, emitted):
         pass
@@ -62,7 +63,7 @@ class TreeArgmaxDrafter(ArgmaxDrafter):
     def propose(self, context, max_depth):
         logits = self.model(input_ids=torch.tensor([context.tolist()])).logits[0, -1]
         top = torch.topk(logits, 3).indices.tolist()
-        return Proposal(top, [-1, -1, -1])
+        return TokenTree.from_parents(top, [-1, -1, -1], self.name)
 
 
 def _exact_second_token_marginal(model, prompt: list[int]) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 from .errors import CorpusError
 from .index import SuffixIndex
 from .symbols import WIDTHS, width_for
-from .tree import DraftTree, most_frequent_tree
+from .branches import Branches, most_frequent_tree
 
 EMPTY = np.zeros(0, dtype=np.int64)
 MAX_ID = WIDTHS[4][2]  # largest id a corpus can hold (uint32 symbols, id + 1)
@@ -159,12 +159,12 @@ class Corpus:
         return n, seg.continuation(i, k)
 
     def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8
-                     ) -> DraftTree | None:
-        """Most frequent continuations of the longest matching context suffix, as a DraftTree (or None).
+                     ) -> Branches | None:
+        """Most frequent continuations of the longest matching context suffix, as :class:`Branches` (or None).
 
         Same longest-suffix rule as propose(). Every occurrence of that suffix (in every segment) contributes its
         continuation of up to k ids (stopping at a separator); up to `branches` root-to-leaf paths are chosen
-        greedily by count (tree.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
+        greedily by count (branches.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
         Suffixes with more than TREE_SAMPLE (1024) occurrences in a segment use TREE_SAMPLE rows evenly strided
         across the suffix-array range (a deterministic sample, stratified by the preceding context) plus the most
         recent occurrence; counts are then sample counts. Cost O(TREE_SAMPLE * k) at most.
@@ -202,8 +202,8 @@ class Corpus:
         tokens, parents, counts = most_frequent_tree(conts, recency, branches)
         if not tokens:
             return None
-        return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
-                         np.array(counts, dtype=np.int64), n_matched=n, n_occurrences=total)
+        return Branches(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
+                        np.array(counts, dtype=np.int64), match_length=n, occurrences=total)
 
     # ---- growth ---------------------------------------------------------------------------------------------
     def append(self, span: Sequence[int]) -> None:

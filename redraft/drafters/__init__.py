@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from redraft.drafters.base import AcceptanceGuard, Drafter, Proposal
+from redraft.drafters.base import AcceptanceGuard, Drafter
 from redraft.drafters.corpus import CorpusDrafter
 from redraft.drafters.ngram import NgramDrafter
 from redraft.defaults import MAX_DRAFT_DEPTH, NGRAM_MINACC, NGRAM_PAUSE
 
 
-__all__ = ["AcceptanceGuard", "Drafter", "Proposal", "CorpusDrafter", "NgramDrafter", "build_drafters"]
+__all__ = ["AcceptanceGuard", "Drafter", "CorpusDrafter", "NgramDrafter", "build_drafters"]
 
 
 def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool = True,

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
-
-@dataclass
-class Proposal:
-    """What a drafter proposes for one step.
-
-    Attributes:
-        tokens: int ids [N]; a chain when ``parents`` is None, else tree nodes.
-        parents: None for a chain, else parent index per node (-1 = child of the root), parents first.
-    """
-
-    tokens: Sequence[int]
-    parents: Sequence[int] | None = None
-
-    def __len__(self) -> int:
-        return len(self.tokens)
+from redraft.tree import TokenTree
 
 
 class Drafter(Protocol):
@@ -37,7 +22,7 @@ class Drafter(Protocol):
 
     def begin(self, prompt: np.ndarray) -> None: ...
 
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None: ...
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None: ...
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None: ...
 

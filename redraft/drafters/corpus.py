@@ -14,7 +14,8 @@ import warnings
 import numpy as np
 
 from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.drafters.base import AcceptanceGuard
+from redraft.tree import TokenTree
 
 K_DEFAULT, K_MAX = CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 
@@ -59,17 +60,22 @@ class CorpusDrafter:
         self.guard.rearm()
         self.depth = self.k
 
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
+        """A chain from the most recent occurrence (or, with ``tree_branches``, the most frequent continuations
+        with their corpus counts) of the longest context suffix found; None when nothing matches, the guard
+        pauses the source, or the corpus failed."""
         if self.failed or not self.guard.active or max_depth <= 0:
             return None
         k = min(self.depth, max_depth)
         try:
             if self.tree_branches > 0:
-                tree = self.corpus.propose_tree(context, k, branches=self.tree_branches,
-                                                min_n=self.min_n, max_n=self.max_n)
-                if tree is None or len(tree.tokens) == 0:
+                br = self.corpus.propose_tree(context, k, branches=self.tree_branches,
+                                              min_n=self.min_n, max_n=self.max_n)
+                if br is None or len(br.tokens) == 0:
                     return None
-                return Proposal(tree.tokens.tolist(), tree.parents.tolist())
+                return TokenTree.from_parents(br.tokens.tolist(), br.parents.tolist(), self.name,
+                                              counts=br.counts.tolist(), match_length=br.match_length,
+                                              occurrences=br.occurrences)
             n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n)
         except Exception as e:  # a broken corpus must never crash a generation: turn the source off
             self.failed = True
@@ -77,7 +83,9 @@ class CorpusDrafter:
             return None
         if n == 0 or len(ids) == 0:
             return None
-        return Proposal(ids.tolist())
+        tree = TokenTree.chain(ids.tolist(), self.name)
+        tree.match_length = n
+        return tree
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         self.guard.record(proposed, accepted, emitted)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins, expand
 from redraft.glide.model import DraftCache, GlideDraft, prefix_mask
+from redraft.tree import TokenTree
 
 
 class GlideDrafter:
@@ -73,7 +74,7 @@ class GlideDrafter:
         return [(layers[i].keys[:, :, :n_vis], layers[i].values[:, :, :n_vis]) for i in self.layers]
 
     @torch.inference_mode()
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
         """Draft up to ``min(gamma, max_depth)`` tokens after ``context`` (whose last token is the root).
 
         Returns None at prefill (the target cache is still empty), while the guard pauses the drafter, or when
@@ -121,7 +122,7 @@ class GlideDrafter:
 
         self.cache.crop(L)  # forget the drafted tokens: only the verified context stays
         self._depth = len(spine)
-        return Proposal(spine) if self.cape is None else expand(spine, alts)
+        return TokenTree.chain(spine, self.name) if self.cape is None else expand(spine, alts, self.name)
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         # the guard judges a CaPE tree by its depth, not its node count: at most one node per level can be

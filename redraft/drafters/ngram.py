@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.drafters.base import AcceptanceGuard
+from redraft.tree import TokenTree
 
 
 class NgramDrafter:
@@ -45,7 +46,7 @@ class NgramDrafter:
                 self._last[tuple(ctx[e - n:e])] = e
         self._indexed_to = max(self._indexed_to, upto)
 
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
         if not self.guard.active or max_depth <= 0:
             return None
         L = len(context)
@@ -58,7 +59,7 @@ class NgramDrafter:
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
             start = self._last.get(tuple(ctx[L - n:]))
             if start is not None and start < L:
-                return Proposal(ctx[start:start + k])
+                return TokenTree.chain(ctx[start:start + k], self.name)
         return None
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
