@@ -144,14 +144,12 @@ def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     from redraft.engine import Engine
 
     k_max = clamp_k(args.k_max) if args.k_max is not None else None
-    from redraft.drafters.glide import attach_target
     from redraft.glide.cli import glide_drafter_from_args
 
     drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
                               k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc))
     engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
                     merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
-    attach_target(drafters, engine.target)
     return engine
 
 

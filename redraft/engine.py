@@ -51,8 +51,12 @@ class GenerationResult:
         stop_reason: "eos", "length" (max_new_tokens), "context" (the model's context length) or "stop".
         sources: per-drafter :class:`SourceStats`.
         accepted_per_forward: accepted draft tokens in each forward (0 where nothing was drafted or accepted).
-        drafted_per_forward: draft tokens (tree nodes) verified in each forward; with ``accepted_per_forward`` it
-            gives acceptance by position and, with a cost curve c(S), the model-time cost of the run.
+        drafted_per_forward: draft tokens (tree nodes) verified in each forward; with a cost curve c(S) it gives
+            the model-time cost of the run.
+        draft_depth_per_forward: the verify tree's depth in each forward (tokens along its longest path, 0 = no
+            draft); with ``accepted_per_forward`` it gives acceptance by draft position.
+        source_per_forward: names of the drafters with nodes in each forward's tree, in priority order (empty
+            tuple = no draft).
         margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
     """
 
@@ -64,6 +68,8 @@ class GenerationResult:
     sources: dict[str, SourceStats] = field(default_factory=dict)
     accepted_per_forward: list[int] = field(default_factory=list)
     drafted_per_forward: list[int] = field(default_factory=list)
+    draft_depth_per_forward: list[int] = field(default_factory=list)
+    source_per_forward: list[tuple[str, ...]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
 
     @property
@@ -80,7 +86,8 @@ class Engine:
 
     Args:
         model: a transformers causal LM (or an :class:`HFTarget` wrapping one).
-        drafters: draft sources in priority order; empty = plain greedy decoding.
+        drafters: draft sources (:class:`~redraft.drafters.base.Drafter`) in priority order; empty = plain greedy
+            decoding. Each is bound to this engine's target before every generation.
         eos_token_ids: ids that end a generation (may be empty).
         max_depth: cap on the draft depth (tokens along one path), 1..48.
         tree_budget: most nodes per verify forward.
@@ -158,6 +165,7 @@ class Engine:
         pending = prompt  # tokens not yet in the KV cache; the last one is the root of the draft tree
         plain_next = False  # after a near-tie: compute the next token with a draft-free forward, like plain decoding
         for d in self.drafters:
+            d.bind(self.target)
             d.begin(buf[:n_ctx])
         self.target.reset()
         t0 = time.perf_counter()
@@ -183,6 +191,9 @@ class Engine:
             logits = self.target.forward(pending + tree.tokens, positions, mask, n_logits=len(tree) + 1)
             res.forwards += 1
             res.drafted_per_forward.append(len(tree))
+            res.draft_depth_per_forward.append(tree.max_depth)
+            res.source_per_forward.append(tuple(d.name for d in self.drafters if d.name in tree.sources)
+                                          if len(tree) else ())
             # row 0 (the root) chooses the token at position n_ctx; node i's row the one at n_ctx + depth(i)
             row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
             extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
@@ -262,8 +273,7 @@ class Engine:
             st.proposed += p
             st.accepted += a
             st.steps += p > 0
-            guard = getattr(d, "guard", None)
-            before = getattr(guard, "pauses", 0)
+            before = d.guard.pauses if d.guard is not None else 0
             d.observe(p, a, emitted)
-            st.paused += getattr(guard, "pauses", 0) > before
+            st.paused += d.guard is not None and d.guard.pauses > before
 

@@ -146,6 +146,8 @@ class SequenceDrafter:
     ``depth`` overrides max_depth when set (a drafter that ignores the engine's limit).
     """
 
+    guard = None  # never pauses itself
+
     def __init__(self, seq: Sequence[int], name: str = "oracle", *, shift: int = 0, vocab: int = VOCAB,
                  depth: int | None = None, limit: int | None = None) -> None:
         self.seq = [int(t) for t in seq]
@@ -153,6 +155,9 @@ class SequenceDrafter:
         self.calls: list[tuple[int, int]] = []  # (context length, max_depth) per propose call
         self.observed: list[tuple[int, int, int]] = []
         self.begun = 0
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt: np.ndarray) -> None:
         self.begun += 1
@@ -175,9 +180,14 @@ class SequenceDrafter:
 class ConstantDrafter:
     """Always proposes the same ids (a garbage drafter when they are unrelated to the model)."""
 
+    guard = None  # never pauses itself
+
     def __init__(self, ids: Sequence[int], name: str = "garbage") -> None:
         self.ids, self.name = [int(t) for t in ids], name
         self.observed: list[tuple[int, int, int]] = []
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt):
         pass

@@ -269,7 +269,7 @@ def test_cross_recency_bias_weights_keys_by_distance(target):
 
 def test_cross_recency_is_saved_and_the_draft_stays_lossless(target, tmp_path):
     from conftest import plain_greedy
-    from redraft.drafters.glide import GlideDrafter, attach_target
+    from redraft.drafters.glide import GlideDrafter
     from redraft.engine import Engine
     from redraft.glide.checkpoint import load_draft, save_draft
 
@@ -282,6 +282,5 @@ def test_cross_recency_is_saved_and_the_draft_stays_lossless(target, tmp_path):
     assert back.cfg.cross_recency and torch.equal(back.layers[0].cross_attn.recency, draft.layers[0].cross_attn.recency)
     d = GlideDrafter(back, None, gamma=4)
     engine = Engine(target, [d])
-    attach_target([d], engine.target)
     prompt = [5, 9, 2, 7, 7, 1, 30, 4]
     assert engine.generate(prompt, 40).output_ids == plain_greedy(target, prompt, 40)

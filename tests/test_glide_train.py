@@ -265,7 +265,6 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     from types import SimpleNamespace
 
     from conftest import plain_greedy
-    from redraft.drafters.glide import attach_target
     from redraft.engine import Engine
     from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
 
@@ -277,7 +276,6 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     d = glide_drafter_from_args(args, SimpleNamespace(model=tiny), minacc=0.5)
     assert d.cape is not None and d.guard is not None and len(d.draft.vocab_ids) == 50
     engine = Engine(tiny, [d])
-    attach_target([d], engine.target)
     assert engine.generate([3, 1, 4, 1, 5], 30).output_ids == plain_greedy(tiny, [3, 1, 4, 1, 5], 30)
     assert glide_drafter_from_args(p.parse_args([]), SimpleNamespace(model=tiny)) is None
     with pytest.raises(SystemExit, match="draft-model"):

@@ -33,9 +33,13 @@ class ArgmaxDrafter:
     """Point-mass drafter proposing the target's greedy continuation (probable, so often accepted when sampling)."""
 
     name = "argmax"
+    guard = None  # never pauses itself
 
     def __init__(self, model, k: int) -> None:
         self.model, self.k = model, k
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt):
         pass

@@ -363,3 +363,27 @@ def test_engine_random_trees_exact(tiny_llama_sdpa, data):
     res = Engine(model, drafters, merge=True, max_depth=depth, tree_budget=budget).generate(prompt, n)
     assert res.output_ids == greedy[:n]
     assert len(res.output_ids) == n and res.forwards <= n
+
+
+
+def test_verified_kv_reads_the_chosen_layers_of_the_cache(tiny_llama):
+    target = HFTarget(tiny_llama)
+    target.reset()
+    target.forward([1, 2, 3, 4, 5])
+    cfg = tiny_llama.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = target.verified_kv([1, -2], 3)
+    assert len(kv) == 2
+    for (k, v), layer in zip(kv, (1, 0)):
+        assert k.shape == v.shape == (1, cfg.num_key_value_heads, 3, head_dim) and k.dtype == target.dtype
+        # the first 3 positions of that layer, as a fresh 3-token forward caches them
+        ref = HFTarget(tiny_llama)
+        ref.reset()
+        ref.forward([1, 2, 3])
+        (rk, rv), = ref.verified_kv([layer], 3)
+        assert torch.allclose(k, rk, atol=1e-5) and torch.allclose(v, rv, atol=1e-5)
+    for n in (0, 6):
+        with pytest.raises(ValueError, match="cached positions"):
+            target.verified_kv([0], n)
+    with pytest.raises(ValueError, match="out of range"):
+        target.verified_kv([cfg.num_hidden_layers], 2)

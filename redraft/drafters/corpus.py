@@ -56,6 +56,9 @@ class CorpusDrafter:
         self.tree_branches = tree_branches
         self.failed = False
 
+    def bind(self, target) -> None:
+        """Nothing to read from the target: drafts come from the corpus and the live context."""
+
     def begin(self, prompt: np.ndarray) -> None:
         self.guard.rearm()
         self.depth = self.k

@@ -7,8 +7,9 @@ cross-attention queries read the target's cache, which at ``propose`` time holds
 nothing drafted survives into the next step. With :class:`~redraft.drafters.cape.CapeBins` the chain is widened
 into a CaPE token tree (section 3.2).
 
-The drafter needs the engine's :class:`~redraft.target.HFTarget` (the same object the engine verifies with): pass
-it at construction or call :meth:`GlideDrafter.attach` / :func:`attach_target` once the engine exists.
+The drafter needs the engine's :class:`~redraft.target.HFTarget` (the same object the engine verifies with): the
+engine binds it before every generation (:meth:`GlideDrafter.bind`); pass it at construction to draft outside an
+engine. The target's cache is read only through :meth:`HFTarget.verified_kv <redraft.target.HFTarget.verified_kv>`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class GlideDrafter:
 
     Args:
         draft: a trained :class:`GlideDraft` (or a vanilla one: then the target cache is not read).
-        target: the engine's HFTarget, or None to :meth:`attach` it later.
+        target: an HFTarget, or None: the engine binds its own before every generation.
         gamma: draft depth (tokens along the greedy spine), default 4.
         cape: CaPE confidence bins, or None for a plain chain.
         guard: optional acceptance guard (pauses the drafter while its drafts keep failing).
@@ -45,8 +46,8 @@ class GlideDrafter:
         self.layers = draft.cfg.target_layers
         self.begin(np.zeros(0, dtype=np.int64))
 
-    def attach(self, target) -> None:
-        """Use ``target`` (an HFTarget: ``.cache``, ``.length``) as the source of the verified KV cache."""
+    def bind(self, target) -> None:
+        """Read the verified KV cache of ``target`` (the engine's :class:`~redraft.target.HFTarget`)."""
         self.target = target
 
     def begin(self, prompt: np.ndarray) -> None:
@@ -68,11 +69,6 @@ class GlideDrafter:
         self.ids = self.ids[:m]
         return m
 
-    def _target_kv(self, n_vis: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per draft layer, (keys, values) [1, Hkt, n_vis, D] of target layer L_T - L_D + i."""
-        layers = self.target.cache.layers
-        return [(layers[i].keys[:, :, :n_vis], layers[i].values[:, :, :n_vis]) for i in self.layers]
-
     @torch.inference_mode()
     def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
         """Draft up to ``min(gamma, max_depth)`` tokens after ``context`` (whose last token is the root).
@@ -80,19 +76,20 @@ class GlideDrafter:
         Returns None at prefill (the target cache is still empty), while the guard pauses the drafter, or when
         the target cache is not the verified prefix the drafter expects.
         Raises:
-            RuntimeError: no target attached.
+            RuntimeError: no target bound.
         """
         if self.target is None:
-            raise RuntimeError("GlideDrafter has no target: pass the engine's HFTarget or call attach(engine.target)")
+            raise RuntimeError("GlideDrafter has no target: pass an HFTarget or call bind(target) (the engine does)")
         depth = min(self.gamma, max_depth)
         L, n_vis = len(context), self.target.length
-        if depth <= 0 or self.target.cache is None or n_vis == 0 or n_vis >= L:
+        if depth <= 0 or n_vis == 0 or n_vis >= L:
             return None
         if self.guard is not None and not self.guard.active:
             return None
         ctx = context.tolist()
         m = self._sync(ctx)
-        kv = self._target_kv(n_vis) if self.draft.cfg.cross_attention else None
+        # per draft layer i, target layer L_T - L_D + i: (keys, values) [1, Hkt, n_vis, D]
+        kv = self.target.verified_kv(self.layers, n_vis) if self.draft.cfg.cross_attention else None
         draft = self.draft
 
         # feed the context tokens the draft has not seen (at least the root), at their absolute positions
@@ -131,13 +128,6 @@ class GlideDrafter:
             self.guard.record(min(proposed, self._depth or proposed), accepted, emitted)
 
 
-def attach_target(drafters, target) -> None:
-    """Give every drafter that reads the target's cache (has ``attach``) the engine's HFTarget."""
-    for d in drafters:
-        if hasattr(d, "attach"):
-            d.attach(target)
-
-
 def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | None = None,
                        head_vocab: int | None = None, target=None, guard: AcceptanceGuard | None = None,
                        name: str = "glide") -> GlideDrafter:
@@ -146,7 +136,7 @@ def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | N
     Args:
         cape: CapeBins, True for the paper's bins, or None/False for chain drafts.
         head_vocab: N > 0 = reduced-vocabulary head of the N most frequent training tokens.
-        target: the engine's HFTarget, or None to :func:`attach_target` later.
+        target: an HFTarget, or None: the engine binds its own before every generation.
     Raises:
         redraft.glide.checkpoint.CheckpointError / TargetMismatchError: see :func:`redraft.glide.checkpoint.load_draft`.
     """

@@ -33,6 +33,9 @@ class NgramDrafter:
         self._last: dict[tuple[int, ...], int] = {}
         self._indexed_to = 0
 
+    def bind(self, target) -> None:
+        """Nothing to read from the target: drafts come from the live context alone."""
+
     def begin(self, prompt: np.ndarray) -> None:
         self._last = {}
         self._indexed_to = 0
