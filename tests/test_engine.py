@@ -304,7 +304,8 @@ def test_eos_inside_accepted_draft(tiny_models, name):
     assert res.output_ids[-1] == eos and eos not in res.output_ids[:-1]
     assert res.stop_reason == "eos"
     assert [t for s in streamed for t in s] == res.output_ids  # nothing after EOS was streamed either
-    assert res.forwards == 1 and res.accepted_per_forward[0] > j  # EOS was a draft token, accepted with more after it
+    assert res.forwards == 1 and oracle.calls[0][1] > j + 1  # drafted through the EOS and beyond it
+    assert res.accepted_per_forward == [j + 1]  # the EOS was an accepted draft token; nothing after it counts
     assert hf_greedy(model, prompt, 30, eos=eos) == res.output_ids
 
 
