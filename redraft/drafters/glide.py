@@ -19,7 +19,8 @@ import torch
 
 from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins, expand
-from redraft.glide.model import DraftCache, GlideDraft, prefix_mask
+from redraft.glide.network import DraftCache, GlideDraft
+from redraft.glide.positions import prefix_mask
 from redraft.tree import TokenTree
 
 
