@@ -6,9 +6,8 @@ it and returns what followed its most recent occurrence (after Colibri's COLI_DR
 """
 
 from .branches import Branches
-from .corpus import Corpus
+from .corpus import Corpus, load_corpus
 from .errors import CorpusError
 from .fingerprint import tokenizer_fingerprint
-from .format import load_corpus
 
 __all__ = ["Branches", "Corpus", "CorpusError", "load_corpus", "tokenizer_fingerprint"]

@@ -13,11 +13,13 @@ compact() merges everything into one segment.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
 from .errors import CorpusError
+from .format import read_binary, read_text, sniff, write_binary, write_text
 from .index import SuffixIndex
 from .symbols import WIDTHS, width_for
 from .branches import Branches, most_frequent_tree
@@ -234,8 +236,7 @@ class Corpus:
         """All spans, oldest first: (tokens int64 [n_tokens], offsets int64 [n_spans + 1])."""
         if not self._segments:
             return EMPTY, np.zeros(1, dtype=np.int64)
-        parts = [s.spans() for s in self._segments]
-        return _concat_flat(parts)
+        return concat_flat([s.spans() for s in self._segments])
 
     def span_list(self) -> list[np.ndarray]:
         """All spans as a list of int64 arrays, oldest first."""
@@ -251,16 +252,16 @@ class Corpus:
     def save(self, path, *, fmt: str = "binary") -> None:
         """Write the corpus to `path` as fmt="binary" (index included, mmap-able) or "text".
 
-        A corpus with an appended tail is compacted first (binary files hold one index). Raises CorpusError on
-        an unknown fmt or an OSError.
+        A corpus with an appended tail is compacted first (binary files hold one index); text is written in the
+        one text layout (:func:`redraft.corpus.format.append_text`). Raises CorpusError on an unknown fmt or an
+        OSError.
         """
-        from . import format as fmt_mod
-
         if fmt == "binary":
             self.compact()
-            fmt_mod.write_binary(self, path)
+            write_binary(path, self._segments[0] if self._segments else None, vocab_size=self.vocab_size,
+                         fingerprint=self.fingerprint)
         elif fmt == "text":
-            fmt_mod.write_text(self, path)
+            write_text(path, self.span_list())
         else:
             raise CorpusError(f"{path}: unknown corpus format {fmt!r} (expected 'binary' or 'text')")
 
@@ -285,7 +286,29 @@ class Corpus:
         }
 
 
-def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+
+def load_corpus(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
+                progress: bool = False) -> Corpus:
+    """Load a text or binary corpus file, detected by content.
+
+    vocab_size: when given, every id must be < vocab_size. fingerprint: the current tokenizer's fingerprint
+    (fingerprint.tokenizer_fingerprint); a binary corpus made by another tokenizer is refused unless force=True.
+    progress: tqdm bar while parsing text / building the index.
+    Raises CorpusError (never returns a half-loaded corpus) for a missing/unreadable file, a non-integer token
+    (with line), an id < -1 or >= vocab_size (with position and line), a truncated binary, bad magic, unknown
+    version or fingerprint mismatch. An empty file gives an empty corpus.
+    """
+    path = os.fspath(path)
+    if sniff(path) == "binary":
+        seg, file_vocab, file_fp = read_binary(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+        return Corpus([seg] if seg is not None else [], path=path,
+                      vocab_size=vocab_size if vocab_size is not None else file_vocab,
+                      fingerprint=file_fp if file_fp is not None else fingerprint)
+    tokens, offsets = read_text(path, vocab_size=vocab_size, progress=progress)
+    return Corpus.from_flat(tokens, offsets, vocab_size=vocab_size, fingerprint=fingerprint, path=path)
+
+def concat_flat(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate (tokens [n_i], offsets [s_i + 1]) pairs, oldest first, into one (tokens, offsets) pair."""
     tokens = np.concatenate([t for t, _ in parts]) if parts else EMPTY
     offsets, shift = [np.zeros(1, dtype=np.int64)], 0
     for t, o in parts:
@@ -295,6 +318,6 @@ def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
 
 
 def _merge(segments: list[SuffixIndex], vocab_size: int | None) -> SuffixIndex:
-    tokens, offsets = _concat_flat([s.spans() for s in segments])
+    tokens, offsets = concat_flat([s.spans() for s in segments])
     width = width_for(int(tokens.max()), vocab_size)
     return SuffixIndex.build(tokens, offsets, width)
