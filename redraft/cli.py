@@ -140,7 +140,7 @@ def sampling_from_args(args):
 def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     """The Engine a `run`-style command asked for: drafters in priority order, chain or tree verification."""
     from redraft.drafters import build_drafters
-    from redraft.drafters.corpus import clamp_k
+    from redraft.drafters.frozen_corpus import clamp_k
     from redraft.engine import Engine
 
     k_max = clamp_k(args.k_max) if args.k_max is not None else None
@@ -179,7 +179,7 @@ def _load(args):
 
 def _open_corpus(path, loaded, force: bool = False):
     from redraft.corpus import CorpusError, tokenizer_fingerprint
-    from redraft.drafters.corpus import open_corpus
+    from redraft.drafters.frozen_corpus import open_corpus
 
     if path is None:
         return None
@@ -191,7 +191,7 @@ def _open_corpus(path, loaded, force: bool = False):
 
 
 def cmd_run(args) -> int:
-    from redraft.drafters.corpus import clamp_k
+    from redraft.drafters.frozen_corpus import clamp_k
     from redraft.models import encode_prompt
     from redraft.report import corpus_line, source_lines, speculation_line, speed_line, token_lines
     from redraft.stopping import StopStrings

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import VOCAB, plain_greedy
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
-from redraft.drafters.corpus import K_MAX, clamp_k
+from redraft.drafters.frozen_corpus import K_MAX, clamp_k
 from redraft.engine import Engine
 from redraft.tree import TokenTree
 

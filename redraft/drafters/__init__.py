@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from redraft.drafters.base import AcceptanceGuard, Drafter
-from redraft.drafters.corpus import CorpusDrafter
+from redraft.drafters.frozen_corpus import CorpusDrafter
 from redraft.drafters.ngram import NgramDrafter
 from redraft.defaults import MAX_DRAFT_DEPTH, NGRAM_MINACC, NGRAM_PAUSE
 
