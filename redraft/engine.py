@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
@@ -111,7 +111,7 @@ class Engine:
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
-                 exact: bool = True, exact_margin: float = 1e-3) -> None:
+                 exact: bool = True, exact_margin: float = EXACT_MARGIN) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)

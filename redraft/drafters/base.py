@@ -93,6 +93,7 @@ class AcceptanceGuard:
 
     @property
     def active(self) -> bool:
+        """False while paused: the source proposes nothing."""
         return self.paused_for <= 0
 
     def record(self, proposed: int, accepted: int, emitted: int) -> None:

@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
+from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_MAX_N, SUFFIX_MIN_N
 from redraft.drafters.base import AcceptanceGuard
 from redraft.tree import TokenTree
 
@@ -45,7 +45,7 @@ class CorpusDrafter:
 
     name = "corpus"
 
-    def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = 3, max_n: int = 8,
+    def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
                  guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None) -> None:
         self.corpus = corpus
         self.k = clamp_k(k)
@@ -60,6 +60,7 @@ class CorpusDrafter:
         """Nothing to read from the target: drafts come from the corpus and the live context."""
 
     def begin(self, prompt: np.ndarray) -> None:
+        """A new sequence: re-arm the guard, start again at depth k."""
         self.guard.rearm()
         self.depth = self.k
 
@@ -91,6 +92,7 @@ class CorpusDrafter:
         return tree
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Feed the guard; with k_max, double the depth after a draft accepted whole, else go back to k."""
         self.guard.record(proposed, accepted, emitted)
         if proposed:
             whole = accepted == proposed and proposed >= self.depth

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from redraft.defaults import GLIDE_GAMMA
 from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins, expand
 from redraft.glide.network import DraftCache, GlideDraft
@@ -36,7 +37,7 @@ class GlideDrafter:
         name: source name in the engine's statistics.
     """
 
-    def __init__(self, draft: GlideDraft, target=None, *, gamma: int = 4, cape: CapeBins | None = None,
+    def __init__(self, draft: GlideDraft, target=None, *, gamma: int = GLIDE_GAMMA, cape: CapeBins | None = None,
                  guard: AcceptanceGuard | None = None, name: str = "glide") -> None:
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma}")
@@ -52,6 +53,7 @@ class GlideDrafter:
         self.target = target
 
     def begin(self, prompt: np.ndarray) -> None:
+        """A new sequence: an empty draft cache, a re-armed guard."""
         self.cache = DraftCache(self.draft.cfg.n_layers)
         self.ids: list[int] = []  # tokens whose draft KV is in self.cache, in order
         if self.guard is not None:
@@ -123,13 +125,14 @@ class GlideDrafter:
         return TokenTree.chain(spine, self.name) if self.cape is None else expand(spine, alts, self.name)
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Feed the guard, if any (see :meth:`redraft.drafters.base.Drafter.observe`)."""
         # the guard judges a CaPE tree by its depth, not its node count: at most one node per level can be
         # accepted, so counting the siblings would pause the drafter at its first tree
         if self.guard is not None:
             self.guard.record(min(proposed, self._depth or proposed), accepted, emitted)
 
 
-def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | None = None,
+def load_glide_drafter(path, model, *, gamma: int = GLIDE_GAMMA, cape: CapeBins | bool | None = None,
                        head_vocab: int | None = None, target=None, guard: AcceptanceGuard | None = None,
                        name: str = "glide") -> GlideDrafter:
     """A GliDe drafter from a checkpoint directory, for ``model`` (a transformers causal LM).
