@@ -140,18 +140,16 @@ def sampling_from_args(args):
 def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     """The Engine a `run`-style command asked for: drafters in priority order, chain or tree verification."""
     from redraft.drafters import build_drafters
-    from redraft.drafters.corpus import clamp_k
+    from redraft.drafters.frozen_corpus import clamp_k
     from redraft.engine import Engine
 
     k_max = clamp_k(args.k_max) if args.k_max is not None else None
-    from redraft.drafters.glide import attach_target
     from redraft.glide.cli import glide_drafter_from_args
 
     drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
                               k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc))
     engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
                     merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
-    attach_target(drafters, engine.target)
     return engine
 
 
@@ -181,7 +179,7 @@ def _load(args):
 
 def _open_corpus(path, loaded, force: bool = False):
     from redraft.corpus import CorpusError, tokenizer_fingerprint
-    from redraft.drafters.corpus import open_corpus
+    from redraft.drafters.frozen_corpus import open_corpus
 
     if path is None:
         return None
@@ -193,7 +191,7 @@ def _open_corpus(path, loaded, force: bool = False):
 
 
 def cmd_run(args) -> int:
-    from redraft.drafters.corpus import clamp_k
+    from redraft.drafters.frozen_corpus import clamp_k
     from redraft.models import encode_prompt
     from redraft.report import corpus_line, source_lines, speculation_line, speed_line, token_lines
     from redraft.stopping import StopStrings

@@ -29,6 +29,17 @@ GLIDE_MINACC = 0.25
 # Token trees: most draft nodes in one verify forward.
 TREE_BUDGET = 32
 
+# Suffix lengths the lookup drafters try, longest first (Colibri's corpus lookup: 8 down to 3).
+SUFFIX_MIN_N = 3
+SUFFIX_MAX_N = 8
+
+# GliDe draft depth along the greedy spine (the paper's gamma).
+GLIDE_GAMMA = 4
+
+# Exact mode: a verify row whose top-2 logit gap is below this is a near-tie, recomputed draft-free. Verify rows
+# differ from single-token forwards by ~1e-4 here (fp32), so 1e-3 leaves a tenfold margin.
+EXACT_MARGIN = 1e-3
+
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
 # the measured cost curve.
 # Draft sizes at which the verify cost curve is measured (every size to 8, where a CPU's curve jumps most, then

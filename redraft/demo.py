@@ -73,7 +73,7 @@ def format_table(title: str, rows: list[dict], total: dict) -> str:
 def run_demo(args) -> int:
     from redraft.cli import _load, _open_corpus
     from redraft.drafters import build_drafters
-    from redraft.drafters.corpus import clamp_k
+    from redraft.drafters.frozen_corpus import clamp_k
     from redraft.engine import Engine
     from redraft.freeze import append_spans
     from redraft.models import cache_dir, encode_prompt

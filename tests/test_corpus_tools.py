@@ -1,6 +1,7 @@
 """`redraft corpus ...` tools: build from every input kind, append, merge, convert, stats, compact."""
 
 import argparse
+import os
 
 import numpy as np
 import pytest
@@ -77,8 +78,10 @@ def test_append_keeps_format_and_puts_new_spans_last(inputs):
     c = load_corpus(inputs / "c.rdc")
     assert c.n_spans == 2 and c.fingerprint == "sha256:ab"
     assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [12]
-    assert cli("append", inputs / "a.txt", inputs / "c.log") == 0  # text stays text
-    assert (inputs / "a.txt").read_text().splitlines()[-1] == "9 9 1 2 3 12 -1"
+    before, inode = (inputs / "a.txt").read_text(), os.stat(inputs / "a.txt").st_ino
+    assert cli("append", inputs / "a.txt", inputs / "c.log") == 0  # text stays text, and grows in place
+    assert (inputs / "a.txt").read_text() == before + "-1\n9 9 1 2 3 12\n"
+    assert os.stat(inputs / "a.txt").st_ino == inode  # appended, not rewritten and replaced
     assert cli("append", inputs / "c.rdc", inputs / "c.log", "--fingerprint", "sha256:zz") == 2
     assert cli("append", inputs / "c.rdc", inputs / "c.log", "--fingerprint", "sha256:zz", "--force") == 0
 

@@ -10,11 +10,12 @@ import torch
 from conftest import build_tiny
 from redraft.glide.checkpoint import (CheckpointError, TargetMismatchError, load_draft, save_draft,
                                       target_fingerprint)
-from redraft.glide.data import FeatureStore, batches_by_length, generate_records, text_records, training_order, \
+from redraft.training.data import FeatureStore, batches_by_length, generate_records, text_records, training_order, \
     load_questions, is_held_out, vocab_ranking
-from redraft.glide.model import GlideConfig, build_draft
-from redraft.glide.objective import collate, draft_loss, estimate_acceptance
-from redraft.glide.train import TrainConfig, Trainer, lr_at
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import build_draft
+from redraft.training.objective import collate, draft_loss, estimate_acceptance
+from redraft.training.train import TrainConfig, Trainer, lr_at
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +217,7 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
     import numpy as np
 
     from redraft.drafters.glide import GlideDrafter
-    from redraft.glide.model import init_from_target
+    from redraft.glide.network import init_from_target
     from redraft.target import HFTarget
 
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config, cross_recency=recency))
@@ -265,7 +266,6 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     from types import SimpleNamespace
 
     from conftest import plain_greedy
-    from redraft.drafters.glide import attach_target
     from redraft.engine import Engine
     from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
 
@@ -277,7 +277,6 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     d = glide_drafter_from_args(args, SimpleNamespace(model=tiny), minacc=0.5)
     assert d.cape is not None and d.guard is not None and len(d.draft.vocab_ids) == 50
     engine = Engine(tiny, [d])
-    attach_target([d], engine.target)
     assert engine.generate([3, 1, 4, 1, 5], 30).output_ids == plain_greedy(tiny, [3, 1, 4, 1, 5], 30)
     assert glide_drafter_from_args(p.parse_args([]), SimpleNamespace(model=tiny)) is None
     with pytest.raises(SystemExit, match="draft-model"):
@@ -293,7 +292,7 @@ def test_eval_measures_every_configuration_against_plain_greedy(tiny, tmp_path, 
 
     import redraft.models
     from redraft.drafters.cape import CapeBins
-    from redraft.glide.evaluate import Config, measure, table
+    from redraft.training.evaluate import Config, measure, table
 
     # the tiny model has 96 ids: map question text onto them instead of the real tokenizer
     monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
@@ -317,7 +316,7 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
     from types import SimpleNamespace
 
     import redraft.models
-    from redraft.glide.train import run_training
+    from redraft.training.train import run_training
 
     class Tok:  # the tiny model has 96 ids; map text onto them
         pad_token_id = 0

@@ -13,14 +13,16 @@ compact() merges everything into one segment.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
 from .errors import CorpusError
+from .format import read_binary, read_text, sniff, write_binary, write_text
 from .index import SuffixIndex
 from .symbols import WIDTHS, width_for
-from .tree import DraftTree, most_frequent_tree
+from .branches import Branches, most_frequent_tree
 
 EMPTY = np.zeros(0, dtype=np.int64)
 MAX_ID = WIDTHS[4][2]  # largest id a corpus can hold (uint32 symbols, id + 1)
@@ -159,12 +161,12 @@ class Corpus:
         return n, seg.continuation(i, k)
 
     def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8
-                     ) -> DraftTree | None:
-        """Most frequent continuations of the longest matching context suffix, as a DraftTree (or None).
+                     ) -> Branches | None:
+        """Most frequent continuations of the longest matching context suffix, as :class:`Branches` (or None).
 
         Same longest-suffix rule as propose(). Every occurrence of that suffix (in every segment) contributes its
         continuation of up to k ids (stopping at a separator); up to `branches` root-to-leaf paths are chosen
-        greedily by count (tree.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
+        greedily by count (branches.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
         Suffixes with more than TREE_SAMPLE (1024) occurrences in a segment use TREE_SAMPLE rows evenly strided
         across the suffix-array range (a deterministic sample, stratified by the preceding context) plus the most
         recent occurrence; counts are then sample counts. Cost O(TREE_SAMPLE * k) at most.
@@ -202,8 +204,8 @@ class Corpus:
         tokens, parents, counts = most_frequent_tree(conts, recency, branches)
         if not tokens:
             return None
-        return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
-                         np.array(counts, dtype=np.int64), n_matched=n, n_occurrences=total)
+        return Branches(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
+                        np.array(counts, dtype=np.int64), match_length=n, occurrences=total)
 
     # ---- growth ---------------------------------------------------------------------------------------------
     def append(self, span: Sequence[int]) -> None:
@@ -234,8 +236,7 @@ class Corpus:
         """All spans, oldest first: (tokens int64 [n_tokens], offsets int64 [n_spans + 1])."""
         if not self._segments:
             return EMPTY, np.zeros(1, dtype=np.int64)
-        parts = [s.spans() for s in self._segments]
-        return _concat_flat(parts)
+        return concat_flat([s.spans() for s in self._segments])
 
     def span_list(self) -> list[np.ndarray]:
         """All spans as a list of int64 arrays, oldest first."""
@@ -251,16 +252,16 @@ class Corpus:
     def save(self, path, *, fmt: str = "binary") -> None:
         """Write the corpus to `path` as fmt="binary" (index included, mmap-able) or "text".
 
-        A corpus with an appended tail is compacted first (binary files hold one index). Raises CorpusError on
-        an unknown fmt or an OSError.
+        A corpus with an appended tail is compacted first (binary files hold one index); text is written in the
+        one text layout (:func:`redraft.corpus.format.append_text`). Raises CorpusError on an unknown fmt or an
+        OSError.
         """
-        from . import format as fmt_mod
-
         if fmt == "binary":
             self.compact()
-            fmt_mod.write_binary(self, path)
+            write_binary(path, self._segments[0] if self._segments else None, vocab_size=self.vocab_size,
+                         fingerprint=self.fingerprint)
         elif fmt == "text":
-            fmt_mod.write_text(self, path)
+            write_text(path, self.span_list())
         else:
             raise CorpusError(f"{path}: unknown corpus format {fmt!r} (expected 'binary' or 'text')")
 
@@ -285,7 +286,29 @@ class Corpus:
         }
 
 
-def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+
+def load_corpus(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
+                progress: bool = False) -> Corpus:
+    """Load a text or binary corpus file, detected by content.
+
+    vocab_size: when given, every id must be < vocab_size. fingerprint: the current tokenizer's fingerprint
+    (fingerprint.tokenizer_fingerprint); a binary corpus made by another tokenizer is refused unless force=True.
+    progress: tqdm bar while parsing text / building the index.
+    Raises CorpusError (never returns a half-loaded corpus) for a missing/unreadable file, a non-integer token
+    (with line), an id < -1 or >= vocab_size (with position and line), a truncated binary, bad magic, unknown
+    version or fingerprint mismatch. An empty file gives an empty corpus.
+    """
+    path = os.fspath(path)
+    if sniff(path) == "binary":
+        seg, file_vocab, file_fp = read_binary(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+        return Corpus([seg] if seg is not None else [], path=path,
+                      vocab_size=vocab_size if vocab_size is not None else file_vocab,
+                      fingerprint=file_fp if file_fp is not None else fingerprint)
+    tokens, offsets = read_text(path, vocab_size=vocab_size, progress=progress)
+    return Corpus.from_flat(tokens, offsets, vocab_size=vocab_size, fingerprint=fingerprint, path=path)
+
+def concat_flat(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate (tokens [n_i], offsets [s_i + 1]) pairs, oldest first, into one (tokens, offsets) pair."""
     tokens = np.concatenate([t for t, _ in parts]) if parts else EMPTY
     offsets, shift = [np.zeros(1, dtype=np.int64)], 0
     for t, o in parts:
@@ -295,6 +318,6 @@ def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
 
 
 def _merge(segments: list[SuffixIndex], vocab_size: int | None) -> SuffixIndex:
-    tokens, offsets = _concat_flat([s.spans() for s in segments])
+    tokens, offsets = concat_flat([s.spans() for s in segments])
     width = width_for(int(tokens.max()), vocab_size)
     return SuffixIndex.build(tokens, offsets, width)

@@ -1,7 +1,9 @@
 """Corpus files: the text format of Colibri's COLI_DRAFT_CORPUS and redraft's mmap-able binary format.
 
 Text: whitespace-separated integer token ids, -1 between spans (one span = one earlier output). Empty spans
-(repeated, leading or trailing -1) carry nothing and are dropped.
+(repeated, leading or trailing -1) carry nothing and are dropped. Any such layout is read; redraft writes one:
+one span per line and a ``-1`` line between spans, only ever appending (:func:`append_text`), so a growing corpus
+is never rewritten and an interrupted writer leaves every earlier span intact.
 
 Binary (version 1), little-endian:
     0   8 bytes   magic b"RDCORPUS"
@@ -18,7 +20,8 @@ Binary (version 1), little-endian:
     end and must get a short slice (as with bytes), never the bytes of another array.
 Opening maps the file and wraps the arrays in place: nothing is rebuilt, so open time does not depend on size.
 
-The format is detected by content (the magic bytes), never by file name.
+The format is detected by content (the magic bytes), never by file name. This module reads and writes arrays and
+index segments; :func:`redraft.corpus.corpus.load_corpus` turns a file into a :class:`~redraft.corpus.Corpus`.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import os
 import re
 import struct
 
+from typing import Iterable, Sequence
+
 import numpy as np
 
-from .corpus import Corpus
 from .errors import CorpusError
 from .index import BLOCK, SAMPLE, SuffixIndex
 
@@ -54,24 +58,6 @@ def sniff(path) -> str:
         raise CorpusError(f"{path}: cannot read corpus file ({e.strerror or e})") from e
     # A file shorter than the magic but starting like it is a truncated binary, not text.
     return "binary" if head and MAGIC.startswith(head) else "text"
-
-
-def load_corpus(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
-                progress: bool = False) -> Corpus:
-    """Load a text or binary corpus file, detected by content.
-
-    vocab_size: when given, every id must be < vocab_size. fingerprint: the current tokenizer's fingerprint
-    (fingerprint.tokenizer_fingerprint); a binary corpus made by another tokenizer is refused unless force=True.
-    progress: tqdm bar while parsing text / building the index.
-    Raises CorpusError (never returns a half-loaded corpus) for a missing/unreadable file, a non-integer token
-    (with line), an id < -1 or >= vocab_size (with position and line), a truncated binary, bad magic, unknown
-    version or fingerprint mismatch. An empty file gives an empty corpus.
-    """
-    path = os.fspath(path)
-    if sniff(path) == "binary":
-        return read_binary(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
-    tokens, offsets = read_text(path, vocab_size=vocab_size, progress=progress)
-    return Corpus.from_flat(tokens, offsets, vocab_size=vocab_size, fingerprint=fingerprint, path=path)
 
 
 # ---- text -------------------------------------------------------------------------------------------------------
@@ -157,25 +143,81 @@ def _line_of_position(raw: bytes, pos: int) -> int:
     return lineno
 
 
-def write_text(corpus: Corpus, path) -> None:
-    """One span per line, ids separated by spaces, each line ending in ' -1'. Raises CorpusError on OSError."""
-    tokens, offsets = corpus.spans()
+def append_text(path, spans: Iterable[Sequence[int] | np.ndarray]) -> int:
+    """Append spans to a text corpus (created if missing): one span per line, a ``-1`` line between spans.
+
+    The one text writer (freeze, the corpus tools, ``Corpus.save``): costs O(new ids), never rewrites the file.
+    Only the file's last bytes are read, to know whether a separator and a newline are needed. Empty spans are
+    skipped (they would carry nothing).
+
+    Args:
+        path: the text corpus file.
+        spans: token-id sequences or integer arrays [n], ids >= 0.
+    Returns:
+        the number of spans written.
+    Raises:
+        CorpusError: a negative id (it would read back as a separator or a bad token), or an OSError (the
+            message names the file).
+    """
+    path = os.fspath(path)
     try:
-        with open(path, "w", encoding="ascii") as f:
-            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-                f.write(" ".join(map(str, tokens[a:b].tolist())))
-                f.write(" -1\n")
+        need_sep, need_newline = _tail_state(path)
+        n = 0
+        with open(path, "a", encoding="ascii") as f:
+            if need_newline:
+                f.write("\n")  # never glue a new id onto the file's last id
+            for span in spans:
+                ids = np.asarray(span, dtype=np.int64).reshape(-1)
+                if len(ids) == 0:
+                    continue
+                if int(ids.min()) < 0:
+                    raise CorpusError(f"{path}: cannot write id {int(ids.min())}: span ids must be >= 0")
+                if need_sep:
+                    f.write("-1\n")
+                f.write(" ".join(map(str, ids.tolist())) + "\n")
+                need_sep = True
+                n += 1
     except OSError as e:
         raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
+    return n
+
+
+def write_text(path, spans: Iterable[Sequence[int] | np.ndarray]) -> int:
+    """Write spans as a new text corpus (truncating ``path``), in :func:`append_text`'s layout.
+
+    Returns the number of spans written. Raises CorpusError as :func:`append_text`.
+    """
+    try:
+        open(path, "w").close()
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
+    return append_text(path, spans)
+
+
+def _tail_state(path: str) -> tuple[bool, bool]:
+    """(needs a -1 line before the next span, needs a newline first) for an existing text corpus, or a new one."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return False, False
+    if size == 0:
+        return False, False
+    with open(path, "rb") as f:
+        n = 64
+        while True:  # read back until the last word is whole (or the file's start)
+            f.seek(max(0, size - n))
+            tail = f.read()
+            words = tail.split()
+            if n >= size or (words and len(words[-1]) < len(tail.rstrip())):
+                break
+            n *= 4
+    return bool(words) and words[-1] != b"-1", not tail.endswith((b"\n", b"\r"))
 
 
 # ---- binary -----------------------------------------------------------------------------------------------------
-def write_binary(corpus: Corpus, path) -> None:
-    """Write a single-segment corpus (call compact() first) in the binary format. Raises CorpusError on OSError."""
-    segs = corpus.segments
-    if len(segs) > 1:
-        raise CorpusError(f"{path}: corpus has {len(segs)} index segments; compact() before writing")
-    seg = segs[0] if segs else None
+def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, fingerprint: str | None) -> None:
+    """Write one index segment (None = an empty corpus) in the binary format, with the vocabulary size and the
+    tokenizer fingerprint it records. Raises CorpusError on an OSError."""
     stream = np.asarray(seg.rev) if seg else np.zeros(0, dtype=">u2")
     sa = seg.sa if seg else np.zeros(0, dtype=np.int32)
     table = seg.table if seg else np.zeros(0, dtype=np.int32)
@@ -184,11 +226,11 @@ def write_binary(corpus: Corpus, path) -> None:
     header = {
         "token_width": seg.width if seg else 2,
         "length": seg.length if seg else 0,
-        "n_tokens": corpus.n_tokens,
-        "n_spans": corpus.n_spans,
+        "n_tokens": seg.n_tokens if seg else 0,
+        "n_spans": seg.n_spans if seg else 0,
         "max_id": seg.max_id if seg else -1,
-        "vocab_size": corpus.vocab_size,
-        "fingerprint": corpus.fingerprint,
+        "vocab_size": vocab_size,
+        "fingerprint": fingerprint,
         "block": BLOCK,
         "sample": SAMPLE,
         "arrays": {},
@@ -215,9 +257,11 @@ def write_binary(corpus: Corpus, path) -> None:
 
 
 def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None = None,
-                force: bool = False) -> Corpus:
-    """Map a binary corpus. Raises CorpusError for truncation, bad magic, unknown version, a malformed header,
-    ids >= vocab_size or a fingerprint mismatch (unless force)."""
+                force: bool = False) -> tuple[SuffixIndex | None, int | None, str | None]:
+    """Map a binary corpus: (its index segment or None when empty, recorded vocab size, recorded fingerprint).
+
+    Raises CorpusError for truncation, bad magic, unknown version, a malformed header, ids >= vocab_size or a
+    fingerprint mismatch (unless force)."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -263,15 +307,13 @@ def read_binary(path, *, vocab_size: int | None = None, fingerprint: str | None 
     if fingerprint is not None and file_fp is not None and fingerprint != file_fp and not force:
         raise CorpusError(f"{path}: tokenizer fingerprint mismatch: corpus was made with {file_fp}, "
                           f"current tokenizer is {fingerprint} (force=True / --force to use it anyway)")
-    segments = []
-    if n_tokens:
-        sa = np.frombuffer(mm, dtype=arrays["sa"][0], count=arrays["sa"][1], offset=arrays["sa"][2])
-        table = np.frombuffer(mm, dtype=arrays["table"][0], count=arrays["table"][1], offset=arrays["table"][2])
-        samples = np.frombuffer(mm, dtype=arrays["samples"][0], count=arrays["samples"][1],
-                                offset=arrays["samples"][2])
-        segments.append(SuffixIndex(mm, s_off, length, width, sa, table, samples, n_tokens, n_spans, max_id))
-    return Corpus(segments, path=path, vocab_size=vocab_size if vocab_size is not None else file_vocab,
-                  fingerprint=file_fp if file_fp is not None else fingerprint)
+    if not n_tokens:
+        return None, file_vocab, file_fp
+    sa = np.frombuffer(mm, dtype=arrays["sa"][0], count=arrays["sa"][1], offset=arrays["sa"][2])
+    table = np.frombuffer(mm, dtype=arrays["table"][0], count=arrays["table"][1], offset=arrays["table"][2])
+    samples = np.frombuffer(mm, dtype=arrays["samples"][0], count=arrays["samples"][1], offset=arrays["samples"][2])
+    seg = SuffixIndex(mm, s_off, length, width, sa, table, samples, n_tokens, n_spans, max_id)
+    return seg, file_vocab, file_fp
 
 
 def _align(n: int) -> int:

@@ -13,9 +13,9 @@ from collections import Counter
 
 import numpy as np
 
-from .corpus import Corpus, _concat_flat
+from .corpus import Corpus, concat_flat, load_corpus
 from .errors import CorpusError
-from .format import load_corpus, sniff
+from .format import append_text, sniff
 from .sources import read_spans
 
 
@@ -30,7 +30,7 @@ def _gather(inputs, vocab_size, fingerprint, force, progress):
             raise CorpusError(f"{path}: tokenizer fingerprint mismatch: {fp} vs {seen_fp} (--force to merge anyway)")
         seen_fp = seen_fp or fp
         parts.append((tokens, offsets))
-    tokens, offsets = _concat_flat(parts)
+    tokens, offsets = concat_flat(parts)
     return tokens, offsets, seen_fp
 
 
@@ -51,12 +51,25 @@ def merge_corpora(inputs, out, **kw) -> Corpus:
 
 def append_to_corpus(corpus_path, inputs, *, vocab_size=None, fingerprint=None, force=False,
                      progress=False) -> Corpus:
-    """Add the spans of `inputs` to the corpus file at `corpus_path` (newest), rewriting it in its own format."""
+    """Add the spans of `inputs` to the corpus file at `corpus_path` (they become its newest spans).
+
+    The existing corpus is loaded first (a malformed one, or one from another tokenizer, is refused before
+    anything is written). A text corpus is appended to in place (:func:`redraft.corpus.format.append_text`: its
+    bytes are never rewritten); a binary one holds one index, so it is rebuilt and replaced atomically.
+    Returns the corpus as it now is. Raises CorpusError (the message names the file).
+    """
     fmt = sniff(corpus_path)
     base = load_corpus(corpus_path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
     vocab = vocab_size if vocab_size is not None else base.vocab_size
-    tokens, offsets, fp = _gather([corpus_path, *inputs], vocab, base.fingerprint or fingerprint, force, progress)
-    del base  # release the map before rewriting the file
+    tokens, offsets, fp = _gather(list(inputs), vocab, base.fingerprint or fingerprint, force, progress)
+    spans = [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    if fmt == "text":
+        append_text(corpus_path, spans)
+        for span in spans:
+            base.append(span)
+        return base
+    tokens, offsets = concat_flat([base.spans(), (tokens, offsets)])
+    del base  # release the map before replacing the file
     corpus = Corpus.from_flat(tokens, offsets, vocab_size=vocab, fingerprint=fp)
     _replace(corpus, corpus_path, fmt)
     return corpus
@@ -231,7 +244,8 @@ def add_corpus_subparser(subparsers) -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=_cmd_build)
 
-    p = sub.add_parser("append", help="append the spans of INPUT(s) to CORPUS (rewrites it in place)")
+    p = sub.add_parser("append", help="append the spans of INPUT(s) to CORPUS (a text corpus grows in place, a "
+                                      "binary one is rebuilt)")
     p.add_argument("corpus", metavar="CORPUS")
     p.add_argument("inputs", nargs="+", metavar="INPUT")
     p.add_argument("--quiet", "-q", action="store_true")

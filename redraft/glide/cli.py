@@ -55,7 +55,7 @@ def cmd_train(args) -> int:
     import torch
 
     from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
-    from redraft.glide.train import TrainConfig, run_training
+    from redraft.training.train import TrainConfig, run_training
 
     threads = getattr(args, "threads", None) or 1  # `redraft --threads N`; training defaults to one thread
     torch.set_num_threads(threads)
@@ -92,8 +92,8 @@ def cmd_eval(args) -> int:
 
     from redraft.drafters.cape import CapeBins
     from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
-    from redraft.glide.data import MEASURE_IDS
-    from redraft.glide.evaluate import Config, measure, table, write_json
+    from redraft.training.data import MEASURE_IDS
+    from redraft.training.evaluate import Config, measure, table, write_json
 
     if getattr(args, "threads", None):  # `redraft --threads N`
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """``redraft glide eval``: GliDe vs vanilla drafts, chain vs CaPE, against plain greedy, on held-out questions.
 
-Every configuration runs the same held-out Spec-Bench questions (:data:`redraft.glide.data.MEASURE_IDS`, never
+Every configuration runs the same held-out Spec-Bench questions (:data:`redraft.training.data.MEASURE_IDS`, never
 used in training) through :class:`redraft.engine.Engine`, one after the other, and is compared with plain greedy
 decoding (the engine with no drafters) on the same questions: acceptance rate (accepted / proposed draft tokens),
 tokens per verify forward, wall-clock tokens/s and speed-up, and whether the output ids are identical.
@@ -65,7 +65,7 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     from redraft.drafters.base import AcceptanceGuard
     from redraft.drafters.glide import load_glide_drafter
     from redraft.engine import Engine
-    from redraft.glide.data import load_questions
+    from redraft.training.data import load_questions
     from redraft.models import encode_prompt
     from redraft.target import HFTarget
 
