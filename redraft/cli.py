@@ -92,12 +92,17 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=None,
                    help="frozen corpus file (text or binary); env REDRAFT_DRAFT_CORPUS or COLI_DRAFT_CORPUS")
     p.add_argument("--k", type=int, default=None,
-                   help="corpus draft depth 1..48 (default 8); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
+                   help="fixed corpus draft depth 1..48 (Colibri's semantics; default 8 with --no-policy); env "
+                        "REDRAFT_CORPUS_K or COLI_CORPUS_K. Given, it turns the cost-aware policy off")
     p.add_argument("--minacc", type=_percent, default=None,
-                   help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three "
-                        "drafts (default 50); the n-gram source uses min(PCT, 20) and pauses 64 tokens, a GliDe "
-                        "draft min(PCT, 25) counted per draft level; env REDRAFT_CORPUS_MINACC or "
-                        "COLI_CORPUS_MINACC")
+                   help="fixed guard: pause corpus drafts for 256 tokens when their acceptance falls below PCT%% "
+                        "over three drafts (default 50 with --no-policy); the n-gram source uses min(PCT, 20) and "
+                        "pauses 64 tokens, a GliDe draft min(PCT, 25) counted per draft level; env "
+                        "REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC. Given, it turns the cost-aware policy off")
+    p.add_argument("--no-policy", action="store_true",
+                   help="fixed depth and guard (Colibri's behaviour) instead of the default cost-aware policy, which "
+                        "chooses each step's draft depth from the verify cost curve measured here (cached) and the "
+                        "acceptance it learns")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--k-max", type=int, default=None, metavar="K",
                    help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "
@@ -146,11 +151,27 @@ def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     k_max = clamp_k(args.k_max) if args.k_max is not None else None
     from redraft.glide.cli import glide_drafter_from_args
 
+    # GliDe keeps its guard under the policy: the policy weighs verify cost, not a draft model's own ~20-45 ms
+    glide = glide_drafter_from_args(args, loaded, minacc=minacc)
+    policy = None
+    if use_policy(args):
+        from redraft.defaults import MAX_DRAFT_DEPTH
+        from redraft.policy.apply import policy_for
+
+        k, k_max = MAX_DRAFT_DEPTH, None
+        policy = policy_for(loaded.model, max_nodes=max(MAX_DRAFT_DEPTH, args.tree_budget))
     drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
-                              k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc))
+                              k_max=k_max, glide=glide, policy=policy is not None)
     engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
-                    merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
+                    merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact, policy=policy)
     return engine
+
+
+def use_policy(args) -> bool:
+    """True unless --no-policy, or a fixed setting (--k, --k-max, --minacc, or their environment variables)."""
+    fixed = (getattr(args, "k", None), getattr(args, "k_max", None), getattr(args, "minacc", None),
+             _env(ENV_K), _env(ENV_MINACC))
+    return not getattr(args, "no_policy", False) and all(v is None for v in fixed)
 
 
 def resolve_draft_args(args) -> tuple[str | None, int, float]:
@@ -362,7 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--questions", type=_positive, default=20, help="questions to freeze and replay (default 20)")
     p.add_argument("--other", type=_nonneg, default=10, help="other questions run against the same corpus (default 10)")
-    p.add_argument("--k", type=int, default=8, help="corpus draft depth 1..48 (default 8)")
+    p.add_argument("--k", type=int, default=None,
+                   help="fixed corpus draft depth 1..48 instead of the cost-aware policy (the default)")
+    p.add_argument("--no-policy", action="store_true", help="fixed depth (--k, default 8) and guard, Colibri's way")
     p.add_argument("--no-ngram", action="store_true", help="corpus drafts only")
     p.add_argument("--corpus-out", default=None, type=output_file,
                    help="where to write the frozen corpus, replacing that file (default: <cache>/demo/corpus.txt)")

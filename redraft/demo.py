@@ -72,6 +72,8 @@ def format_table(title: str, rows: list[dict], total: dict) -> str:
 
 def run_demo(args) -> int:
     from redraft.cli import _load, _open_corpus
+    from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
+    from redraft.policy.apply import policy_for
     from redraft.drafters import build_drafters
     from redraft.drafters.frozen_corpus import clamp_k
     from redraft.engine import Engine
@@ -84,7 +86,8 @@ def run_demo(args) -> int:
     if args.other < 0:
         raise SystemExit("redraft demo: error: --other must be >= 0")
     replay_q, other_q = qs[:args.questions], qs[args.questions:args.questions + args.other]
-    k = clamp_k(args.k)
+    policy_on = args.k is None and not args.no_policy
+    k = MAX_DRAFT_DEPTH if policy_on else clamp_k(args.k if args.k is not None else CORPUS_K_DEFAULT)
     loaded = _load(args)
     tok = loaded.tokenizer
     chat = False if args.no_chat else None
@@ -103,9 +106,12 @@ def run_demo(args) -> int:
     corpus = _open_corpus(str(corpus_path), loaded)
     print(f"froze {len(base)} answers into {corpus_path} ({corpus.n_tokens} ids)", file=sys.stderr)
 
+    # one policy for the whole demo: it keeps what it learned across questions, as a long-running process would
+    policy = policy_for(loaded.model) if policy_on else None
+
     def spec_engine():
-        return Engine(loaded.model, build_drafters(corpus, k=k, ngram=not args.no_ngram),
-                      eos_token_ids=loaded.eos_token_ids, max_depth=k)
+        return Engine(loaded.model, build_drafters(corpus, k=k, ngram=not args.no_ngram, policy=policy_on),
+                      eos_token_ids=loaded.eos_token_ids, max_depth=k, policy=policy)
 
     replay_rows = []
     for q, b in tqdm(list(zip(replay_q, base)), desc="2/3 replay", unit="q", file=sys.stderr):
@@ -117,10 +123,14 @@ def run_demo(args) -> int:
         b = plain.generate(ids, args.ngen)  # interleaved A B A B: machine noise hits both alike
         other_rows.append(_row(q["question_id"], b, spec_engine().generate(ids, args.ngen)))
 
-    report = {"model": loaded.name, "k": k, "ngen": args.ngen, "ngram": not args.no_ngram,
+    drafts = "cost-aware policy, depth <= 48" if policy_on else f"K={k}"
+    report = {"model": loaded.name, "k": None if policy_on else k, "policy": policy_on, "ngen": args.ngen,
+              "ngram": not args.no_ngram,
               "corpus": str(corpus_path), "corpus_ids": corpus.n_tokens,
               "replay": {"rows": replay_rows, "total": _total(replay_rows)}}
-    print(format_table(f"Replay: {len(replay_rows)} questions frozen in the corpus (K={k})",
+    if policy is not None:
+        report["cost_curve"] = policy.curve.to_dict()
+    print(format_table(f"Replay: {len(replay_rows)} questions frozen in the corpus ({drafts})",
                        replay_rows, report["replay"]["total"]))
     if other_rows:
         report["other"] = {"rows": other_rows, "total": _total(other_rows)}

@@ -16,6 +16,8 @@ import numpy as np
 
 from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
+from redraft.policy.apply import Candidates, cut, observe_outcomes
+from redraft.policy.speculation import SpeculationPolicy
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
 from redraft.target import HFTarget
@@ -107,11 +109,17 @@ class Engine:
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
         exact_margin: a row whose top-2 score gap is below this (logit units) is a near-tie; verify rows differ
             from single-token forwards by ~1e-4 here, so 1e-3 leaves a tenfold margin.
+        policy: a :class:`~redraft.policy.SpeculationPolicy` (e.g. :func:`redraft.policy.apply.policy_for`), or
+            None for fixed depths. With a policy, drafters propose up to ``max_depth`` and the policy chooses each
+            step how much of the proposal to verify (depth; for trees the nodes, at most ``tree_budget``) from the
+            measured cost curve and the acceptance it learns; it keeps learning across generations. Priority mode
+            verifies the first proposal the policy keeps any of; merge mode cuts the merged tree.
     """
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
-                 exact: bool = True, exact_margin: float = EXACT_MARGIN) -> None:
+                 exact: bool = True, exact_margin: float = EXACT_MARGIN,
+                 policy: SpeculationPolicy | None = None) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
@@ -121,23 +129,53 @@ class Engine:
         self.exact = exact
         self.exact_margin = exact_margin
         self.chain_only = self.target.sliding_window is not None
+        self.policy = policy
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
         """The verify tree of one step: each drafter's proposal in priority order, cleaned and merged."""
         tree = TokenTree()
         if max_depth <= 0:
             return tree
+        if self.policy is not None:
+            return self._draft_planned(context, max_depth)
+        for name, prop in self._proposals(context, max_depth):
+            tree.merge(prop, name, budget=self.tree_budget, max_depth=max_depth)
+            if not self.merge or self.chain_only or len(tree) >= self.tree_budget:
+                break
+        return tree
+
+    def _proposals(self, context: np.ndarray, max_depth: int):
+        """(drafter name, proposal) in priority order, cleaned for the verifier; lazily, so a drafter after the
+        one that wins the step is never asked."""
         for d in self.drafters:
             prop = d.propose(context, max_depth)
             if prop is None or len(prop) == 0:
                 continue
             if self.chain_only:
                 prop = prop.first_path()
-            tree.merge(prop.within_vocab(self.target.vocab_size), d.name, budget=self.tree_budget,
-                       max_depth=max_depth)
-            if not self.merge or self.chain_only or len(tree) >= self.tree_budget:
+            yield d.name, prop.within_vocab(self.target.vocab_size)
+
+    def _draft_planned(self, context: np.ndarray, max_depth: int) -> TokenTree:
+        """The verify tree of one step under the policy: the proposals as candidates, cut by the policy.
+
+        Candidates may hold up to the policy's ``max_nodes``; the verified part of a branched tree at most
+        ``tree_budget`` nodes, of a chain at most ``max_depth``. Priority mode tries the sources in order and
+        verifies the first proposal the policy keeps any of (a source whose draft does not pay leaves the step to
+        the next one).
+        """
+        merged = Candidates()
+        for name, prop in self._proposals(context, max_depth):
+            cand = merged if self.merge and not self.chain_only else Candidates()
+            cand.add(prop, name, budget=self.policy.max_nodes, max_depth=max_depth)
+            if cand is not merged:
+                tree = cut(self.policy, cand, max_depth=max_depth,
+                           budget=None if cand.tree.is_chain else self.tree_budget)
+                if len(tree):
+                    return tree
+            elif len(merged) >= self.policy.max_nodes:
                 break
-        return tree
+        return cut(self.policy, merged, max_depth=max_depth,
+                   budget=None if merged.tree.is_chain else self.tree_budget)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
@@ -283,6 +321,8 @@ class Engine:
             judged: None, or the draft depth the output reached when it was cut short: deeper nodes were never
                 part of the output, so they count neither as proposed nor for the draft depth.
         """
+        if self.policy is not None:
+            observe_outcomes(self.policy, tree, path, judged)
         depths = tree.depths if judged is None else [min(d, judged) for d in tree.depths]
         res.accepted_per_forward.append(len(path))
         res.draft_depth_per_forward.append(max(depths, default=0))

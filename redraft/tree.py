@@ -216,3 +216,24 @@ class TokenTree:
             out.counts = [self.counts[i] for i in nodes]
         out.match_length, out.occurrences = self.match_length, self.occurrences
         return out
+
+    def subtree(self, nodes: Sequence[int]) -> "TokenTree":
+        """The kept ``nodes`` (ascending indices, every kept node's parent kept) as a new tree, renumbered.
+
+        What a speculation policy verifies out of a candidate tree; sources, counts, match length and occurrences
+        travel. ``self`` when every node is kept (the common case for a policy that keeps the whole draft).
+        Raises:
+            ValueError: a kept node whose parent is not kept (the result would not be a tree).
+        """
+        if len(nodes) == len(self.tokens):
+            return self
+        index = {int(n): j for j, n in enumerate(nodes)}
+        out = TokenTree(counts=[] if self.counts is not None else None, match_length=self.match_length,
+                        occurrences=self.occurrences)
+        for n in index:
+            p = self.parents[n]
+            if p >= 0 and p not in index:
+                raise ValueError(f"token tree subtree: node {n} is kept but its parent {p} is not")
+            out.add_node(-1 if p < 0 else index[p], self.tokens[n], self.sources[n],
+                         0 if self.counts is None else self.counts[n])
+        return out

@@ -137,6 +137,29 @@ def first_diff(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b)) if len(a) != len(b) else -1
 
 
+def draw_planted_case(data, model, max_new: int, perturbations: int = 3):
+    """A hypothesis case for exactness tests: (prompt, max_new_tokens, eos ids, expected output, corpus span).
+
+    The prompt is random (sometimes repeated, so n-gram drafts find matches), EOS is none or one of the model's own
+    output tokens (so the generation really stops, often inside a draft), and the corpus span is the model's own
+    output planted after the prompt with up to ``perturbations`` ids changed (drafts accepted up to each change).
+    """
+    from hypothesis import strategies as st
+
+    base = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), label="prompt")
+    prompt = base + base if data.draw(st.booleans(), label="repeat prompt") else base
+    n = data.draw(st.integers(1, max_new), label="max_new_tokens")
+    full = plain_greedy(model, prompt, n)
+    eos_pos = data.draw(st.none() | st.integers(0, n - 1), label="eos position")
+    eos = () if eos_pos is None else (full[eos_pos],)
+    want = full if eos_pos is None else full[:full.index(eos[0]) + 1]
+    span = list(prompt + full)
+    for _ in range(data.draw(st.integers(0, perturbations), label="perturbations")):
+        i = data.draw(st.integers(0, len(span) - 1), label="at")
+        span[i] = data.draw(st.integers(0, VOCAB - 1), label="to")
+    return prompt, n, eos, want, span
+
+
 # ---- test drafters ------------------------------------------------------------------------------------------------
 
 class SequenceDrafter:
@@ -215,5 +238,5 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["build_tiny", "plain_greedy", "hf_greedy", "top2_gap", "first_diff", "SequenceDrafter",
+__all__ = ["build_tiny", "plain_greedy", "hf_greedy", "top2_gap", "first_diff", "draw_planted_case", "SequenceDrafter",
            "ConstantDrafter", "RecordingTarget", "ceil_div", "VOCAB", "MAX_POS", "math"]

@@ -19,6 +19,7 @@ from redraft.bench.report import acceptance_by_position, differing, markdown, su
 from redraft.bench.workloads import (ByteEncoder, Item, Workload, build_workloads, parse_workloads,
                                      replay_questions)
 from redraft.demo import spec_bench_questions
+from redraft.policy import CostCurve
 
 try:
     from conftest import build_tiny
@@ -27,6 +28,7 @@ except ImportError:  # conftest without the helper: build the same kind of tiny 
 
 VOCAB = 96
 NGEN = 16
+CURVE = CostCurve((0, 1, 4, 16, 48), (1.0, 1.6, 1.75, 2.9, 5.5))  # the policy method's: injected, never timed
 MAX_PROMPT = 40  # the tiny model's context is 128 positions
 
 
@@ -72,7 +74,7 @@ def results(model):
     return bench(model, [], ByteEncoder(VOCAB), spec_bench_questions(),
                  counts={"replay": 2, "novel": 2, "near": 2, "copy": 2}, ngen=NGEN, methods=methods,
                  max_prompt_tokens=MAX_PROMPT, extra_methods=[WrongMethod(model)], vocab_size=VOCAB,
-                 progress=False, rss_interval=0.01)
+                 progress=False, rss_interval=0.01, cfg=MethodConfig(curve=CURVE))
 
 
 RUN_KEYS = {"question_id", "category", "turn", "method", "order", "prompt_tokens", "tokens", "seconds", "tok_s",
@@ -90,9 +92,10 @@ def test_results_schema(results):
         assert key in results, key
     assert {"ngen", "workloads", "methods", "k", "tree_branches", "tree_budget"} <= set(results["config"])
     assert results["config"]["methods"][0] == "plain"
+    assert results["cost_curves"] == {"policy": CURVE.to_dict()}  # what the policy method decided with
     assert results["corpus"]["spans"] == 2 and results["corpus"]["ids"] > 0
     assert set(results["workloads"]) == {"replay", "novel", "near", "copy"}
-    expected_methods = ["plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "tree", "wrong"]
+    expected_methods = ["plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "wrong"]
     assert list(results["methods"]) == expected_methods
     for w, wr in results["workloads"].items():
         assert len(wr["questions"]) == 2, w
@@ -136,7 +139,7 @@ def test_speedup_is_ratio_of_medians_from_the_same_run(results):
 
 def test_exact_methods_match_greedy_and_wrong_method_is_flagged(results):
     for w, wr in results["workloads"].items():
-        for m in ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "tree"):
+        for m in ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree"):
             assert wr["summary"][m]["all_identical"], (w, m, wr["summary"][m]["mismatches"])
         bad = wr["summary"]["wrong"]
         assert not bad["all_identical"] and bad["identical"] == 0 and len(bad["mismatches"]) == 2
@@ -155,6 +158,7 @@ def test_replay_drafts_pay_on_forwards(results):
     assert s["corpus"]["forwards"] < s["plain"]["forwards"]
     assert s["corpus"]["sources"]["corpus"]["accepted"] > 0
     assert s["corpus"]["tokens_per_forward"] > 1.5
+    assert s["policy"]["forwards"] < s["plain"]["forwards"] and s["policy"]["sources"]["corpus"]["accepted"] > 0
     # HF's forward count comes from a hook: greedy is one forward per token (+ nothing else)
     assert s["hf"]["forwards"] == s["hf"]["tokens"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny, plain_greedy
-from redraft.cli import build_parser, main, resolve_draft_args
+from redraft.cli import build_parser, main, resolve_draft_args, use_policy
 from redraft.corpus import CorpusError, load_corpus
 from redraft.drafters.frozen_corpus import open_corpus
 from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
@@ -27,9 +27,11 @@ ALL_ENV = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS", "REDRAFT_CORPUS_K", "COL
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
+def clean_env(monkeypatch, tmp_path):
     for name in ALL_ENV:
         monkeypatch.delenv(name, raising=False)
+    # the cost-aware policy caches the cost curve it measures: never in the user's cache
+    monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))
 
 
 # ---- a tiny model directory with a tokenizer ---------------------------------------------------------------------
@@ -383,6 +385,32 @@ def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path,
     rep = parse_report(err)
     assert [int(x) for x in rep["tokens"][1].split()] == want
     assert int(rep["spec"][1]) < 30
+
+
+@pytest.mark.parametrize("argv,env,on", [
+    ([], {}, True), (["--no-policy"], {}, False), (["--k", "8"], {}, False), (["--minacc", "50"], {}, False),
+    (["--k-max", "32"], {}, False), ([], {"COLI_CORPUS_K": "8"}, False), ([], {"REDRAFT_CORPUS_K": "8"}, False),
+    ([], {"COLI_CORPUS_MINACC": "50"}, False), ([], {"REDRAFT_CORPUS_MINACC": "50"}, False),
+    ([], {"COLI_CORPUS_K": ""}, True)])
+def test_policy_is_the_default_unless_a_fixed_setting_is_given(monkeypatch, argv, env, on):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert use_policy(build_parser().parse_args(["run", *argv, "hello"])) is on
+
+
+def test_run_with_the_policy_replays_and_caches_its_cost_curve(tiny_model_dir, capsys, tmp_path):
+    d, model = tiny_model_dir
+    want = plain_greedy(model, PROMPT, 40, eos=[EOS])
+    c = tmp_path / "c.txt"
+    append_spans(c, [PROMPT + want])
+    for _ in range(2):  # the second run reads the curve the first measured
+        rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "40", "--tokens", "--corpus",
+                             str(c), words(PROMPT))
+        assert rc == 0
+        rep = parse_report(err)
+        assert [int(x) for x in rep["tokens"][1].split()] == want
+        assert int(rep["spec"][1]) < len(want) // 4  # deep drafts: far fewer forwards than tokens
+    assert len(list((tmp_path / "cache" / "cost-curves").glob("*.json"))) == 1
 
 
 def test_run_k_out_of_range_warns(tiny_model_dir, capsys):

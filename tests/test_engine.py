@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, build_tiny, ceil_div,
-                      first_diff, hf_greedy, plain_greedy, top2_gap)
+                      draw_planted_case, first_diff, hf_greedy, plain_greedy, top2_gap)
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
@@ -72,23 +72,11 @@ def _exactness_property(model, max_examples: int):
     @_settings(max_examples)
     @given(data=st.data())
     def prop(data):
-        base = data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10), label="prompt")
-        prompt = base + base if data.draw(st.booleans(), label="repeat prompt") else base
-        n = data.draw(st.integers(1, 32), label="max_new_tokens")
-        full = plain_greedy(model, prompt, n)
-        # EOS: none, or one of the model's own output tokens (so generation really stops, often inside a draft)
-        eos_pos = data.draw(st.none() | st.integers(0, n - 1), label="eos position")
-        eos = () if eos_pos is None else (full[eos_pos],)
-        want = full if eos_pos is None else full[:full.index(eos[0]) + 1]
-
-        # a corpus planted with the model's own output, perturbed in places
-        span = list(prompt + full)
-        for _ in range(data.draw(st.integers(0, 3), label="perturbations")):
-            i = data.draw(st.integers(0, len(span) - 1), label="at")
-            span[i] = data.draw(st.integers(0, VOCAB - 1), label="to")
+        # a corpus planted with the model's own output, perturbed in places; EOS none or an output token
+        prompt, n, eos, want, span = draw_planted_case(data, model, 32)
         spans = [span]
         if data.draw(st.booleans(), label="clean copy first"):
-            spans.insert(0, prompt + full)
+            spans.insert(0, prompt + plain_greedy(model, prompt, n))
         if data.draw(st.booleans(), label="noise span"):
             spans.append(data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=30), label="noise"))
         corpus = Corpus.from_spans(spans, vocab_size=VOCAB)

@@ -202,6 +202,9 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
     workloads = build_workloads(questions, counts, encoder, frozen, max_prompt_tokens=max_prompt_tokens)
     ms, skipped = build_methods(methods, model, eos_token_ids, corpus, cfg)
     ms = ms + list(extra_methods)
+    # the cost curve each policy-driven method decides with (measured here, or injected)
+    curves = {m.name: m.engine.policy.curve.to_dict() for m in ms
+              if getattr(getattr(m, "engine", None), "policy", None) is not None}
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     try:
         runs = run_methods(workloads, ms, ngen, progress=progress, rss_interval=rss_interval, warmup=warmup)
@@ -226,6 +229,7 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
                    "ids": int(corpus.n_tokens) if corpus is not None else 0, "freeze_seconds": t_freeze},
         "methods": {m.name: {"description": m.description, "exact_expected": m.exact_expected} for m in ms},
         "skipped_methods": skipped,
+        "cost_curves": curves,
         "workloads": runs,
         "process": {"peak_rss_mb": max_rss_mb()},
     }
@@ -376,7 +380,9 @@ methods (--methods, comma-separated; default all; plain always runs, it is the r
   hf-pld         HF prompt lookup decoding, prompt_lookup_num_tokens=10
   ngram          redraft, n-gram drafts from the live context only
   corpus         redraft, frozen-corpus drafts only
-  corpus+ngram   redraft, corpus first, n-gram fills the gaps
+  corpus+ngram   redraft, corpus first, n-gram fills the gaps (fixed --k, --minacc guard)
+  policy         redraft, corpus first, n-gram fills the gaps, depth chosen per step by the cost-aware policy
+                 (cost curve measured here once, cached)
   tree           redraft, corpus top-4 continuations + n-gram merged in one token tree (budget 32)
   llama.cpp      llama-cpp-python greedy on the same GGUF (only when llama_cpp imports)
   llama.cpp-pld  llama-cpp-python with LlamaPromptLookupDecoding(num_pred_tokens=10) (idem)

@@ -11,7 +11,8 @@ each call with the same clock, so figures are comparable across runtimes. Output
 | hf-pld | HF prompt lookup decoding (``prompt_lookup_num_tokens=10``) |
 | ngram | redraft, n-gram drafts from the live context only |
 | corpus | redraft, frozen-corpus drafts only |
-| corpus+ngram | redraft, corpus first, n-gram fills the gaps (the default configuration) |
+| corpus+ngram | redraft, corpus first, n-gram fills the gaps, fixed depth K and guard (Colibri's semantics) |
+| policy | redraft, corpus first, n-gram fills the gaps, the cost-aware policy choosing each depth (the default) |
 | tree | redraft, the corpus's 4 most frequent continuations plus n-gram merged into one token tree (budget 32) |
 | llama.cpp | llama-cpp-python greedy on the same GGUF (optional: only when ``import llama_cpp`` works) |
 | llama.cpp-pld | llama-cpp-python with ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` (optional) |
@@ -24,9 +25,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "tree", "llama.cpp", "llama.cpp-pld")
+ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "llama.cpp",
+               "llama.cpp-pld")
 DEFAULT_METHODS = ALL_METHODS
-NEEDS_CORPUS = ("corpus", "corpus+ngram", "tree")
+NEEDS_CORPUS = ("corpus", "corpus+ngram", "tree")  # policy runs without a corpus too (n-gram drafts only)
 
 
 @dataclass
@@ -186,6 +188,7 @@ class MethodConfig:
     pld_tokens: int = 10
     gguf: str | None = None  # GGUF for the llama.cpp methods (None: skip them)
     n_ctx: int = 4096
+    curve: object | None = None  # the policy method's CostCurve (None: measured here, cached; tests inject one)
 
 
 def parse_methods(spec: str | None) -> list[str]:
@@ -211,6 +214,17 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
     def engine(drafters, **kw):
         return Engine(model, drafters, eos_token_ids=eos, max_depth=cfg.k, **kw)
 
+    def policy_engine():
+        # one policy for the whole run: it keeps learning across questions, as a long-running process does
+        from redraft.defaults import MAX_DRAFT_DEPTH
+        from redraft.policy import SpeculationPolicy
+        from redraft.policy.apply import policy_for
+
+        policy = (SpeculationPolicy(cfg.curve, max_nodes=MAX_DRAFT_DEPTH) if cfg.curve is not None
+                  else policy_for(model, max_nodes=MAX_DRAFT_DEPTH))
+        return Engine(model, build_drafters(corpus, policy=True), eos_token_ids=eos, max_depth=MAX_DRAFT_DEPTH,
+                      policy=policy)
+
     makers: dict[str, Callable[[], Method]] = {
         "plain": lambda: EngineMethod("plain", Engine(model, [], eos_token_ids=eos),
                                       "redraft Engine, no drafters (one token per forward)"),
@@ -225,6 +239,8 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
         "corpus+ngram": lambda: EngineMethod("corpus+ngram", engine(build_drafters(corpus, k=cfg.k,
                                                                                    minacc=cfg.minacc)),
                                              f"redraft, corpus then n-gram (K={cfg.k})"),
+        "policy": lambda: EngineMethod("policy", policy_engine(),
+                                       "redraft, corpus then n-gram, depth per step from the cost-aware policy"),
         "tree": lambda: EngineMethod("tree", engine(build_drafters(corpus, k=cfg.k, minacc=cfg.minacc,
                                                                    tree_branches=cfg.tree_branches),
                                                     merge=True, tree_budget=cfg.tree_budget),

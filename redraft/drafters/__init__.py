@@ -12,7 +12,7 @@ __all__ = ["AcceptanceGuard", "Drafter", "CorpusDrafter", "NgramDrafter", "build
 
 def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CORPUS_MINACC, ngram: bool = True,
                    ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None,
-                   glide=None) -> list[Drafter]:
+                   glide=None, policy: bool = False) -> list[Drafter]:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -26,7 +26,13 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         k_max: adaptive corpus depth (see :class:`CorpusDrafter`); None = fixed depth k.
         glide: a :class:`~redraft.drafters.glide.GlideDrafter` or None; lowest priority, it fills the steps where
             the corpus and the n-gram source have nothing.
+        policy: drafters for an engine with a :class:`~redraft.policy.SpeculationPolicy`: the corpus and n-gram
+            sources propose up to the depth cap (48) and never pause themselves; the policy chooses how much of
+            each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
+            ignored: they are the fixed semantics).
     """
+    if policy:
+        k, ngram_k, k_max, minacc = MAX_DRAFT_DEPTH, MAX_DRAFT_DEPTH, None, 0.0
     drafters: list = []
     if corpus is not None:
         # Colibri judges after 24 tokens = three K=8 drafts; deeper drafts get the same three drafts, or one early

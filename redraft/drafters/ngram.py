@@ -69,7 +69,9 @@ class NgramDrafter:
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
             start = self._last.get(tuple(ctx[L - n:]))
             if start is not None and start < L:
-                return TokenTree.chain(ctx[start:start + k], self.name)
+                tree = TokenTree.chain(ctx[start:start + k], self.name)
+                tree.match_length = n  # what a cost-aware policy reads as this draft's credibility
+                return tree
         return None
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:

@@ -11,10 +11,13 @@ Per candidate node i (source s, depth d) the policy estimates q(i) = P(i accepte
 Then :func:`~redraft.policy.select.select_nodes` keeps the subtree maximising expected tokens / c(size).
 
 Exploration: a source whose candidates were dropped on every step is re-tried with a probe, the draft of 1..4
-tokens along its first path whose expected net cost c(d) - E(d) is lowest, once that cost spread over the idle
-steps (steps in which it had a candidate that was dropped) falls under ``probe_overhead`` of a plain step. Its counts decay with every outcome, so after a probe that
-succeeds the failures before it weigh less and the source drafts again within a step or two. On a flat curve (a
-GPU) probes are nearly free and come at once; on a steep one they are rare. Idle steps themselves teach nothing:
+tokens along its first path whose expected net cost c(d) - E(d) is lowest, once its cost should nothing be accepted,
+c(d) - 1, spread over the idle steps (steps in which it had a candidate that was dropped) falls under
+``probe_overhead`` of a plain step: a useless source costs at most that share of the run. A probe is exactly its
+path (never extended by the selection: the source's deeper levels are untested and their estimates optimistic).
+Its counts decay with every outcome, so after a probe that succeeds the failures before it weigh less and the
+source drafts again within a step or two. On a flat curve (a GPU) probes are nearly free and come at once; on a
+steep one they are rare. Idle steps themselves teach nothing:
 forgetting on them would re-try a useless source every few steps on its prior alone.
 """
 
@@ -57,6 +60,8 @@ class SpeculationPolicy:
         self.tracker = tracker if tracker is not None else AcceptanceTracker(max_nodes)
         self.probe_overhead, self.probe_max, self.min_gain = probe_overhead, probe_max, min_gain
         self.idle: dict[str, int] = {}  # steps since the source last had a node verified
+        self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
+        self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
 
     def conditionals(self, parents: Sequence[int], sources: Sequence[str],
                      priors: Sequence[float] | None = None) -> np.ndarray:
@@ -108,22 +113,32 @@ class SpeculationPolicy:
             cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
         budget = self.max_nodes if budget is None else min(budget, self.max_nodes)
         prob = path_probabilities(parents, cond)
-        forced, probes = [], []
+        sel = select_nodes(parents, cond, self.costs, budget=budget, min_gain=self.min_gain)
+        chosen = {sources[i] for i in sel.nodes}
+        nodes, probes = set(sel.nodes), []
         for s in dict.fromkeys(sources):
-            if self.idle.get(s, 0) < 1:
-                continue  # it drafted last time it had a candidate: nothing to probe
+            paid = s in self.probe_paid
+            if s in chosen or (self.idle.get(s, 0) < 1 and not paid):
+                continue  # it drafts now, or it drafted last time it had a candidate: nothing to probe
             path = self._probe_path(parents, sources, prob, s, max_depth)
-            if path and self.idle.get(s, 0) >= max(1, self._probe_interval(path, prob)):
-                forced += path
-                probes.append(s)
-        sel = select_nodes(parents, cond, self.costs, forced=forced, budget=budget, min_gain=self.min_gain)
-        sel.probes = probes
+            # after a probe that paid, the next comes at once: a source that turned useful is trusted again
+            # within a few steps, while a useless one still costs at most probe_overhead
+            due = paid or self.idle.get(s, 0) >= max(1, self._probe_interval(path))
+            if path and due and len(nodes | set(path)) <= budget:
+                nodes |= set(path)  # exactly the probe: extending it on the source's untested deeper levels
+                probes.append(s)    # would spend more than the probe budget on a source that is likely useless
+        if probes:
+            keep = sorted(nodes)
+            sel = Selection(keep, 1.0 + float(prob[keep].sum()), float(self.costs[len(keep)]), probes)
         kept = {sources[i] for i in sel.nodes}
+        self.probing = set(probes)
         for s in dict.fromkeys(sources):
             if s in kept:
                 self.idle[s] = 0
             else:
                 self.idle[s] = self.idle.get(s, 0) + 1
+            if s in chosen or s not in kept:
+                self.probe_paid.discard(s)  # drafting on its own estimate again, or dropped: probes wait again
         return sel
 
     def depth(self, source: str, length: int, priors: Sequence[float] | None = None, *,
@@ -137,6 +152,12 @@ class SpeculationPolicy:
         ``accepted`` levels were accepted (:func:`~redraft.policy.select.source_outcomes` computes both for a
         tree). ``proposed_depth`` 0 is ignored (:meth:`plan` already accounted for a dropped source)."""
         self.tracker.observe(source, proposed_depth, accepted)
+        if source in self.probing:
+            self.probing.discard(source)
+            if accepted > 0:
+                self.probe_paid.add(source)
+            else:
+                self.probe_paid.discard(source)
 
     def _probe_path(self, parents, sources, prob, source: str, max_depth: int | None) -> list[int]:
         """The probe for ``source``: its first node's ancestors, then its first children, at most the probe
@@ -162,7 +183,8 @@ class SpeculationPolicy:
         net = self.costs[1:len(path) + 1] - (1.0 + np.cumsum(prob[path]))
         return path[:int(np.argmin(net)) + 1]
 
-    def _probe_interval(self, path: list[int], prob: np.ndarray) -> int:
-        """Idle steps before a probe along ``path``: its expected net cost over ``probe_overhead``."""
-        net = self.costs[len(path)] - (1.0 + float(prob[path].sum()))
-        return math.ceil(max(0.0, net) / self.probe_overhead)
+    def _probe_interval(self, path: list[int]) -> int:
+        """Idle steps before a probe along ``path``: its cost should nothing be accepted, c(d) - 1, over
+        ``probe_overhead``. The worst case, not the expected cost: an idle source's estimate never falls below its
+        prior's share (a few percent), so the expected cost would undercount what a useless source's probes cost."""
+        return math.ceil(max(0.0, float(self.costs[len(path)]) - 1.0) / self.probe_overhead)

@@ -1,0 +1,105 @@
+"""The policy on the engine's token trees: a step's candidates with their priors, the cut, the outcomes fed back.
+
+Per step the engine collects the drafters' proposals (each a :class:`~redraft.tree.TokenTree` from one source) into
+:class:`Candidates`, which keeps each node's prior from what its source said about that proposal (corpus counts,
+match length: :func:`proposal_priors`). :func:`cut` asks the :class:`SpeculationPolicy` which nodes to verify and
+returns them as the verify tree; after the verify forward :func:`observe_outcomes` feeds the policy what each source
+proposed and got accepted, counting only what the output reached. All of it is O(nodes) per step, numpy only.
+
+Cutting is lossless by construction: the verify tree is a subtree of the candidates closed under ancestors, and
+verification keeps exactly the drafted tokens the target would have produced (tests/test_engine_policy.py checks
+every depth the policy can choose against plain greedy).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.policy.cache import cached_cost_curve
+from redraft.policy.priors import source_priors
+from redraft.policy.select import source_outcomes
+from redraft.policy.speculation import SpeculationPolicy
+from redraft.tree import TokenTree
+
+
+def proposal_priors(tree: TokenTree) -> np.ndarray | None:
+    """float64 [N] per-node priors of one source's proposal (corpus counts and / or match length), or None.
+
+    Counts that are all zero (a chain, or a source without occurrence counts) say nothing and are ignored.
+    """
+    counts = tree.counts if tree.counts is not None and any(tree.counts) else None
+    return source_priors(tree.parents, counts=counts, match_length=tree.match_length or None)
+
+
+class Candidates:
+    """One step's candidate tree, built proposal by proposal in priority order, with a prior per node.
+
+    Attributes:
+        tree: the merged :class:`~redraft.tree.TokenTree` (shared prefixes kept once, under their first source).
+        priors: float per node, NaN where the node's source said nothing about it.
+    """
+
+    def __init__(self) -> None:
+        self.tree = TokenTree()
+        self.priors: list[float] = []
+
+    def add(self, proposal: TokenTree, source: str, *, budget: int | None = None,
+            max_depth: int | None = None) -> int:
+        """Merge ``proposal`` from ``source`` (see :meth:`TokenTree.merge`); returns the number of new nodes."""
+        before = len(self.tree)
+        added = self.tree.merge(proposal, source, budget=budget, max_depth=max_depth)
+        self.priors.extend([math.nan] * (len(self.tree) - before))
+        prior = proposal_priors(proposal) if added else None
+        if prior is not None:
+            mapped: list[int] = []  # proposal node -> candidate node (-1: dropped by the budget or depth)
+            for i, (t, p) in enumerate(zip(proposal.tokens, proposal.parents)):
+                m = -1 if p >= 0 and mapped[p] < 0 else self.tree.child(-1 if p < 0 else mapped[p], t)
+                mapped.append(m)
+                if m >= before:
+                    self.priors[m] = float(prior[i])
+        return added
+
+    def __len__(self) -> int:
+        return len(self.tree)
+
+
+def cut(policy: SpeculationPolicy, candidates: Candidates, *, max_depth: int | None = None,
+        budget: int | None = None) -> TokenTree:
+    """The verify tree: the candidates' nodes the policy keeps this step (empty = a plain step).
+
+    Advances the policy's idle counts of the sources whose nodes were all dropped (see
+    :meth:`SpeculationPolicy.plan`); call it once per candidate set.
+    """
+    tree = candidates.tree
+    if len(tree) == 0:
+        return tree
+    priors = candidates.priors if any(not math.isnan(p) for p in candidates.priors) else None
+    sel = policy.plan(tree.parents, tree.sources, priors, max_depth=max_depth, budget=budget)
+    return tree.subtree(sel.nodes)
+
+
+def observe_outcomes(policy: SpeculationPolicy, tree: TokenTree, path: Sequence[int], judged: int | None) -> None:
+    """Feed the policy one verify forward's outcome per source.
+
+    Args:
+        tree: the verified tree.
+        path: accepted node indices whose tokens were emitted.
+        judged: None, or the tokens emitted when the output was cut short (EOS, stop string, limits, a near-tie):
+            deeper draft levels were never judged, so the proposed depth counts only up to it.
+    """
+    if len(tree) == 0:
+        return
+    for source, (depth, accepted) in source_outcomes(tree.parents, tree.sources, path).items():
+        if judged is not None:
+            depth = min(depth, judged)
+        policy.observe(source, depth, min(accepted, depth))
+
+
+def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw) -> SpeculationPolicy:
+    """The default policy for ``model`` here: its cost curve from the cache, measured first if missing (a few
+    seconds on a CPU, once per model, dtype, thread count and machine). ``kw`` go to :class:`SpeculationPolicy`."""
+    return SpeculationPolicy(cached_cost_curve(model), max_nodes=max_nodes, **kw)
