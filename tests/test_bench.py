@@ -168,7 +168,7 @@ def test_write_outputs(results, tmp_path):
     paths = write_outputs(results, tmp_path / "out", str(tmp_path / "r.json"))
     names = {p.name for p in paths}
     assert {"results.json", "results.md", "speedup.png", "tokens_per_forward.png",
-            "acceptance_by_position.png", "r.json"} <= names
+            "acceptance_by_position.png", "policy_policy.png", "r.json"} <= names
     for p in paths:
         assert p.stat().st_size > 0
     back = json.loads((tmp_path / "out" / "results.json").read_text())

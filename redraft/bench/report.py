@@ -114,6 +114,11 @@ def markdown(results: dict) -> str:
              f"questions {', '.join(map(str, results['corpus']['question_ids']))}",
              "- methods run interleaved per question (rotated start), speedup = median tok/s / median plain "
              "tok/s over the same questions in this run", ""]
+    for m, c in results.get("cost_curves", {}).items():
+        lines.append(f"- `{m}` decided with the cost curve c(n) (verify time of n draft tokens / a plain step): "
+                     + ", ".join(f"c({n}) {v:.2f}" for n, v in zip(c["sizes"], c["costs"])))
+    if results.get("cost_curves"):
+        lines.append("")
     if results.get("skipped_methods"):
         for m, why in results["skipped_methods"].items():
             lines.append(f"- skipped `{m}`: {why}")
@@ -219,11 +224,18 @@ def _drafting(runs: list[dict], m: str) -> bool:
     return m != BASELINE and any(r.get("sources") for r in runs if r["method"] == m)
 
 
+def _deepest(results: dict) -> int:
+    """The deepest draft any method verified (at least the fixed methods' K): the depth axis of the plots."""
+    depths = [d for w in results["workloads"].values() for r in w["runs"]
+              for d in (r.get("draft_depth_per_forward") or ())]
+    return max([int(results["config"]["k"]), *depths])
+
+
 def plot_tokens_per_forward(results: dict, path: Path) -> None:
     """Per workload: share of decode forwards emitting t tokens (accepted + 1), one step line per drafting method."""
     plt = _plt()
     wls = list(results["workloads"])
-    top = int(results["config"]["k"]) + 1
+    top = _deepest(results) + 1
     fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
     for ax, w in zip(axes[0], wls):
         runs = results["workloads"][w]["runs"]
@@ -274,7 +286,7 @@ def plot_acceptance_by_position(results: dict, path: Path) -> None:
     :func:`acceptance_by_position`)."""
     plt = _plt()
     wls = list(results["workloads"])
-    depth = max(int(results["config"]["k"]), 1)
+    depth = max(_deepest(results), 1)
     conditional = True
     fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
     for ax, w in zip(axes[0], wls):
@@ -318,11 +330,46 @@ def plot_cost(cost: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_policy(results: dict, method: str, path: Path) -> None:
+    """The cost-aware policy's inputs and choices: the cost curve it measured (left) and the draft depth it
+    verified at each forward of every question, against the output position (right, one panel per workload)."""
+    plt = _plt()
+    wls = list(results["workloads"])
+    curve = results["cost_curves"][method]
+    fig, axes = plt.subplots(1, len(wls) + 1, figsize=(3.0 * (len(wls) + 1) + 0.5, 2.8), dpi=80, squeeze=False)
+    ax = axes[0][0]
+    ax.plot(curve["sizes"], curve["costs"], marker="o", ms=3)
+    ax.set_xlabel("draft tokens n")
+    ax.set_ylabel("c(n), plain steps")
+    ax.set_ylim(0, max(curve["costs"]) * 1.15)
+    ax.set_title("cost curve (measured)", fontsize=9)
+    for ax, w in zip(axes[0][1:], wls):
+        for r in results["workloads"][w]["runs"]:
+            if r["method"] != method or not r.get("draft_depth_per_forward"):
+                continue
+            pos = [0]
+            for a in r["accepted_per_forward"][:-1]:
+                pos.append(pos[-1] + a + 1)
+            ax.plot(pos, r["draft_depth_per_forward"], drawstyle="steps-post", lw=0.9, alpha=0.8,
+                    label=f"q{r['question_id']}")
+        ax.set_ylim(-1, _deepest(results) + 2)
+        ax.set_title(f"{w}: depth chosen", fontsize=9)
+        ax.set_xlabel("output position (tokens)")
+    axes[0][1].set_ylabel("draft depth verified")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_plots(results: dict, out: Path) -> list[Path]:
-    """speedup.png, tokens_per_forward.png, acceptance_by_position.png under ``out``."""
+    """speedup.png, tokens_per_forward.png, acceptance_by_position.png under ``out``, and policy_<method>.png for
+    each method driven by the cost-aware policy."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "speedup.png", out / "tokens_per_forward.png", out / "acceptance_by_position.png"]
     plot_speedup(results, paths[0])
     plot_tokens_per_forward(results, paths[1])
     plot_acceptance_by_position(results, paths[2])
+    for method in results.get("cost_curves", {}):
+        paths.append(out / f"policy_{method}.png")
+        plot_policy(results, method, paths[-1])
     return paths
