@@ -57,3 +57,8 @@ ACCEPT_DECAY = 0.8
 # A dropped source's probes may cost this share of a plain step on average; a probe is at most PROBE_MAX tokens.
 PROBE_OVERHEAD = 0.03
 PROBE_MAX = 4
+# Under the policy a lookup's match length is evidence (a replay matches the whole context, a chance phrase a few
+# tokens), and the policy learns acceptance per source and power-of-two match length: the corpus tries suffixes up
+# to this long (one suffix-array search whatever the length), the n-gram source from 2 tokens like HF prompt lookup.
+POLICY_SUFFIX_MAX_N = 64
+POLICY_NGRAM_MIN_N = 2

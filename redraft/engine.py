@@ -130,10 +130,12 @@ class Engine:
         self.exact_margin = exact_margin
         self.chain_only = self.target.sliding_window is not None
         self.policy = policy
+        self._keys: list[str] = []  # the policy's key per node of the step's verify tree
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
         """The verify tree of one step: each drafter's proposal in priority order, cleaned and merged."""
         tree = TokenTree()
+        self._keys = []
         if max_depth <= 0:
             return tree
         if self.policy is not None:
@@ -168,14 +170,15 @@ class Engine:
             cand = merged if self.merge and not self.chain_only else Candidates()
             cand.add(prop, name, budget=self.policy.max_nodes, max_depth=max_depth)
             if cand is not merged:
-                tree = cut(self.policy, cand, max_depth=max_depth,
-                           budget=None if cand.tree.is_chain else self.tree_budget)
+                tree, self._keys = cut(self.policy, cand, max_depth=max_depth,
+                                       budget=None if cand.tree.is_chain else self.tree_budget)
                 if len(tree):
                     return tree
             elif len(merged) >= self.policy.max_nodes:
                 break
-        return cut(self.policy, merged, max_depth=max_depth,
-                   budget=None if merged.tree.is_chain else self.tree_budget)
+        tree, self._keys = cut(self.policy, merged, max_depth=max_depth,
+                               budget=None if merged.tree.is_chain else self.tree_budget)
+        return tree
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
@@ -322,7 +325,7 @@ class Engine:
                 part of the output, so they count neither as proposed nor for the draft depth.
         """
         if self.policy is not None:
-            observe_outcomes(self.policy, tree, path, judged)
+            observe_outcomes(self.policy, tree, self._keys, path, judged)
         depths = tree.depths if judged is None else [min(d, judged) for d in tree.depths]
         res.accepted_per_forward.append(len(path))
         res.draft_depth_per_forward.append(max(depths, default=0))

@@ -271,6 +271,14 @@ def test_candidates_keep_each_sources_priors_on_its_own_nodes():
     cand.add(corpus, "corpus")
     cand.add(ngram, "ngram")  # shares node 5 with the corpus proposal: it stays the corpus's
     assert cand.tree.tokens == [5, 6, 7, 9, 9] and cand.tree.sources[3:] == ["ngram", "ngram"]
+    assert cand.keys == ["corpus/2"] * 3 + ["ngram/2"] * 2  # learned apart, per source and match length
     assert cand.priors[:3] == pytest.approx(list(proposal_priors(corpus)))
     assert cand.priors[3:] == pytest.approx(list(proposal_priors(ngram))[1:])
     assert proposal_priors(TokenTree.chain([1, 2], "x")) is None  # no counts, no match length: nothing known
+
+
+def test_policy_keys_split_sources_by_power_of_two_match_length():
+    from redraft.policy.apply import policy_key
+
+    assert [policy_key("corpus", n) for n in (0, 1, 2, 3, 4, 7, 8, 63, 64)] == [
+        "corpus", "corpus/1", "corpus/2", "corpus/2", "corpus/4", "corpus/4", "corpus/8", "corpus/32", "corpus/64"]

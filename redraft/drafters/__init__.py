@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, CORPUS_WINDOW, MAX_DRAFT_DEPTH, NGRAM_MINACC, NGRAM_PAUSE
+from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, CORPUS_WINDOW, MAX_DRAFT_DEPTH, NGRAM_MINACC,
+                              NGRAM_PAUSE, POLICY_NGRAM_MIN_N, POLICY_SUFFIX_MAX_N, SUFFIX_MAX_N, SUFFIX_MIN_N)
 from redraft.drafters.base import AcceptanceGuard, Drafter
 from redraft.drafters.frozen_corpus import CorpusDrafter
 from redraft.drafters.ngram import NgramDrafter
@@ -29,20 +30,23 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         policy: drafters for an engine with a :class:`~redraft.policy.SpeculationPolicy`: the corpus and n-gram
             sources propose up to the depth cap (48) and never pause themselves; the policy chooses how much of
             each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
-            ignored: they are the fixed semantics).
+            ignored: they are the fixed semantics). The corpus matches suffixes up to POLICY_SUFFIX_MAX_N tokens
+            and the n-gram source from POLICY_NGRAM_MIN_N: their match lengths tell the policy what to trust.
     """
+    corpus_max_n, ngram_min_n = SUFFIX_MAX_N, SUFFIX_MIN_N
     if policy:
         k, ngram_k, k_max, minacc = MAX_DRAFT_DEPTH, MAX_DRAFT_DEPTH, None, 0.0
+        corpus_max_n, ngram_min_n = POLICY_SUFFIX_MAX_N, POLICY_NGRAM_MIN_N
     drafters: list = []
     if corpus is not None:
         # Colibri judges after 24 tokens = three K=8 drafts; deeper drafts get the same three drafts, or one early
         # miss in a 32-token draft would pause a replay for the rest of the answer
         window = max(CORPUS_WINDOW, 3 * max(k, k_max or k))
         drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
-                                      tree_branches=tree_branches, k_max=k_max))
+                                      tree_branches=tree_branches, k_max=k_max, max_n=corpus_max_n))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
-        drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard))
+        drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard, min_n=ngram_min_n))
     if glide is not None:
         drafters.append(glide)
     return drafters

@@ -26,6 +26,15 @@ from redraft.policy.speculation import SpeculationPolicy
 from redraft.tree import TokenTree
 
 
+def policy_key(source: str, match_length: int) -> str:
+    """The name the policy learns a proposal's acceptance under: its source, split by match length in powers of
+    two ("corpus/8" for matches of 8..15 tokens), since how far a lookup matched says most about how far it will
+    be right (SuffixDecoding, arXiv 2411.04975); sources without a match length keep their name."""
+    if match_length <= 0:
+        return source
+    return f"{source}/{1 << (int(match_length).bit_length() - 1)}"
+
+
 def proposal_priors(tree: TokenTree) -> np.ndarray | None:
     """float64 [N] per-node priors of one source's proposal (corpus counts and / or match length), or None.
 
@@ -41,11 +50,13 @@ class Candidates:
     Attributes:
         tree: the merged :class:`~redraft.tree.TokenTree` (shared prefixes kept once, under their first source).
         priors: float per node, NaN where the node's source said nothing about it.
+        keys: per node, the name the policy learns it under (:func:`policy_key`).
     """
 
     def __init__(self) -> None:
         self.tree = TokenTree()
         self.priors: list[float] = []
+        self.keys: list[str] = []
 
     def add(self, proposal: TokenTree, source: str, *, budget: int | None = None,
             max_depth: int | None = None) -> int:
@@ -53,6 +64,7 @@ class Candidates:
         before = len(self.tree)
         added = self.tree.merge(proposal, source, budget=budget, max_depth=max_depth)
         self.priors.extend([math.nan] * (len(self.tree) - before))
+        self.keys.extend([policy_key(source, proposal.match_length)] * (len(self.tree) - before))
         prior = proposal_priors(proposal) if added else None
         if prior is not None:
             mapped: list[int] = []  # proposal node -> candidate node (-1: dropped by the budget or depth)
@@ -68,32 +80,33 @@ class Candidates:
 
 
 def cut(policy: SpeculationPolicy, candidates: Candidates, *, max_depth: int | None = None,
-        budget: int | None = None) -> TokenTree:
-    """The verify tree: the candidates' nodes the policy keeps this step (empty = a plain step).
+        budget: int | None = None) -> tuple[TokenTree, list[str]]:
+    """The verify tree: the candidates' nodes the policy keeps this step (empty = a plain step), and their keys.
 
-    Advances the policy's idle counts of the sources whose nodes were all dropped (see
+    Advances the policy's idle counts of the keys whose nodes were all dropped (see
     :meth:`SpeculationPolicy.plan`); call it once per candidate set.
     """
     tree = candidates.tree
     if len(tree) == 0:
-        return tree
+        return tree, []
     priors = candidates.priors if any(not math.isnan(p) for p in candidates.priors) else None
-    sel = policy.plan(tree.parents, tree.sources, priors, max_depth=max_depth, budget=budget)
-    return tree.subtree(sel.nodes)
+    sel = policy.plan(tree.parents, candidates.keys, priors, max_depth=max_depth, budget=budget)
+    return tree.subtree(sel.nodes), [candidates.keys[i] for i in sel.nodes]
 
 
-def observe_outcomes(policy: SpeculationPolicy, tree: TokenTree, path: Sequence[int], judged: int | None) -> None:
-    """Feed the policy one verify forward's outcome per source.
+def observe_outcomes(policy: SpeculationPolicy, tree: TokenTree, keys: Sequence[str], path: Sequence[int],
+                     judged: int | None) -> None:
+    """Feed the policy one verify forward's outcome per key.
 
     Args:
-        tree: the verified tree.
+        tree: the verified tree; ``keys`` its nodes' policy keys (from :func:`cut`).
         path: accepted node indices whose tokens were emitted.
         judged: None, or the tokens emitted when the output was cut short (EOS, stop string, limits, a near-tie):
             deeper draft levels were never judged, so the proposed depth counts only up to it.
     """
     if len(tree) == 0:
         return
-    for source, (depth, accepted) in source_outcomes(tree.parents, tree.sources, path).items():
+    for source, (depth, accepted) in source_outcomes(tree.parents, keys, path).items():
         if judged is not None:
             depth = min(depth, judged)
         policy.observe(source, depth, min(accepted, depth))
