@@ -332,7 +332,8 @@ def plot_cost(cost: dict, path: Path) -> None:
 
 def plot_policy(results: dict, method: str, path: Path) -> None:
     """The cost-aware policy's inputs and choices: the cost curve it measured (left) and the draft depth it
-    verified at each forward of every question, against the output position (right, one panel per workload)."""
+    verified at each forward of every question (one dot per forward, 0 = a plain step), against the output position
+    (right, one panel per workload, one colour per question)."""
     plt = _plt()
     wls = list(results["workloads"])
     curve = results["cost_curves"][method]
@@ -350,7 +351,7 @@ def plot_policy(results: dict, method: str, path: Path) -> None:
             pos = [0]
             for a in r["accepted_per_forward"][:-1]:
                 pos.append(pos[-1] + a + 1)
-            ax.plot(pos, r["draft_depth_per_forward"], drawstyle="steps-post", lw=0.9, alpha=0.8,
+            ax.plot(pos, r["draft_depth_per_forward"], marker=".", ms=4, lw=0.4, alpha=0.7,
                     label=f"q{r['question_id']}")
         ax.set_ylim(-1, _deepest(results) + 2)
         ax.set_title(f"{w}: depth chosen", fontsize=9)

@@ -16,9 +16,12 @@ The rule
     draft depth. A flat curve (a GPU, where a wider verify is almost free) drafts to the cap whenever acceptance is
     above zero; a steep one drafts only as deep as acceptance pays for. No machine-specific constant is involved:
     the only machine input is the measured curve. A source whose drafts are dropped is re-tried with a short probe
-    (1..4 tokens, the length the curve makes cheapest) once the probe's expected net cost, spread over the idle
-    steps, is under ``probe_overhead`` (3%) of a plain step; its estimates decay with every outcome, so a
-    successful probe re-enables it within a few steps (tests/test_policy.py bounds it on a steep synthetic curve).
+    (1..4 tokens, the length the curve makes cheapest, never extended) once the probe's cost should nothing be
+    accepted, spread over the idle steps, is under ``probe_overhead`` (3%) of a plain step, so a useless source
+    costs at most that; a probe that pays is followed by another at once and the estimates decay with every
+    outcome, so a source that turned useful drafts again a probe interval later (tests/test_policy.py and
+    tests/test_engine_policy.py bound both on synthetic curves). The engine learns per source and power-of-two
+    match length (:func:`~redraft.policy.apply.policy_key`).
 
 What it replaces
     Colibri's acceptance guard (COLI_CORPUS_MINACC: pause a source for 256 tokens when acceptance over its last
@@ -31,7 +34,7 @@ What it replaces
 
 How the engine calls it (one SpeculationPolicy per Engine; it keeps learning across generations)::
 
-    curve = cached_cost_curve(target)                # once at start-up (~6 s the first time on the 2-core dev CPU)
+    curve = cached_cost_curve(target)                # once at start-up (~3.5 s the first time on the 2-core dev CPU)
     policy = SpeculationPolicy(curve, max_nodes=tree_budget)
     # each step, after the drafters proposed a candidate tree (a chain is parents = [-1, 0, 1, ...]):
     priors = source_priors(tree.parents, counts=tree.counts, match_length=tree.match_length)   # or None
@@ -49,8 +52,12 @@ cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, agains
 
 Modules: costcurve (c(n), interpolation), measure (timing forwards, shared with ``redraft bench cost``), cache
 (on-disk cache, atomic), acceptance (online per-source estimates), priors (source self-knowledge), select (the
-subtree choice), speculation (SpeculationPolicy: all of it per step, with probes). Everything but measure and
-cache is numpy only.
+subtree choice), speculation (SpeculationPolicy: all of it per step, with probes), apply (the engine's side: a
+step's candidate tree with per-source priors and keys, the cut, the outcomes fed back; ``policy_for(model)``).
+Everything but measure and cache is numpy only (apply reads the cache lazily through ``policy_for``).
+
+In the engine: ``Engine(model, build_drafters(corpus, policy=True), policy=policy_for(model))``; the CLI, ``demo``
+and ``bench run`` (method ``policy``) do this by default.
 """
 
 from redraft.policy.acceptance import AcceptanceTracker
