@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny, plain_greedy
-from redraft.cli import build_parser, main, resolve_draft_args
+from redraft.cli import build_parser, main
+from redraft.cli.common import resolve_draft_args
 from redraft.corpus import CorpusError, load_corpus
 from redraft.drafters.corpus import open_corpus
 from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
