@@ -14,6 +14,9 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
+
+from redraft.tree import TokenTree
 
 
 def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, tree_mask: bool = False,
@@ -29,10 +32,8 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         {"prefix", "max_s", "repeats", "t1_s", "curves": {name: {"s": [...], "median_s": [...], "c": [...],
         "samples_s": [[...], ...]}}}.
     """
-    from tqdm import tqdm
-
+    # torch-bound: `redraft bench` imports this module while registering its flags
     from redraft.target import HFTarget
-    from redraft.tree import TokenTree
     from redraft.verify import tree_attention_mask, tree_positions
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
