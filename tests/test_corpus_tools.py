@@ -8,12 +8,13 @@ import pytest
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.sources import detect_kind, read_spans
-from redraft.corpus.tools import add_corpus_subparser, corpus_stats, distinct_ngrams
+from redraft.cli import corpus as corpus_cli
+from redraft.corpus.tools import corpus_stats, distinct_ngrams
 
 
 def cli(*argv) -> int:
     parser = argparse.ArgumentParser(prog="redraft")
-    add_corpus_subparser(parser.add_subparsers(dest="command"))
+    corpus_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["corpus", *map(str, argv)])
     return args.func(args)
 

@@ -17,7 +17,7 @@ from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, Sequence
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
-from redraft.report import speculation_line
+from redraft.runstats import speculation_line
 from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]
