@@ -16,35 +16,13 @@ import numpy as np
 
 from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
+from redraft.runstats import SourceStats
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
 from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
 
-
-
-@dataclass
-class SourceStats:
-    """Per-drafter counts over one generation.
-
-    Attributes:
-        proposed: draft tokens (tree nodes) this source put in verify forwards, except nodes deeper than what a
-            cut-short forward emitted (EOS, stop string, token limit, exact mode's near-tie): the output never
-            reached them, so they were not judged.
-        accepted: its draft tokens that were emitted (accepted <= emitted tokens, per forward and in total).
-        steps: forwards in which it proposed at least one counted token.
-        paused: times its acceptance guard paused it.
-    """
-
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0
-    paused: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
 
 
 @dataclass

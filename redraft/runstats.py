@@ -30,9 +30,17 @@ class Generation(Protocol):
 
 
 @dataclass
-class SourceTotals:
-    """One draft source's counts summed over runs: draft tokens proposed and accepted, steps it drafted, and how
-    often its acceptance guard paused it."""
+class SourceStats:
+    """One draft source's counts, over one generation (the engine's) or summed over several (:class:`RunSummary`).
+
+    Attributes:
+        proposed: draft tokens (tree nodes) this source put in verify forwards, except nodes deeper than what a
+            cut-short forward emitted (EOS, stop string, token limit, exact mode's near-tie): the output never
+            reached them, so they were not judged.
+        accepted: its draft tokens that were emitted (accepted <= emitted tokens, per forward and in total).
+        steps: forwards in which it proposed at least one counted token.
+        paused: times its acceptance guard paused it.
+    """
 
     proposed: int = 0
     accepted: int = 0
@@ -53,13 +61,13 @@ class SourceTotals:
 @dataclass
 class RunSummary:
     """Totals over generations: ``runs``, emitted ``tokens``, target ``forwards`` (prefill included; None once a
-    run did not count them), wall-clock ``seconds`` and per-source :class:`SourceTotals`."""
+    run did not count them), wall-clock ``seconds`` and per-source :class:`SourceStats`."""
 
     runs: int = 0
     tokens: int = 0
     forwards: int | None = 0
     seconds: float = 0.0
-    sources: dict[str, SourceTotals] = field(default_factory=dict)
+    sources: dict[str, SourceStats] = field(default_factory=dict)
 
     @classmethod
     def of(cls, results: Iterable[Generation]) -> "RunSummary":
@@ -81,7 +89,7 @@ class RunSummary:
         self.forwards = None if forwards is None or self.forwards is None else self.forwards + int(forwards)
         self.seconds += float(seconds)
         for name, counts in (sources or {}).items():
-            self.sources.setdefault(name, SourceTotals()).add(counts)
+            self.sources.setdefault(name, SourceStats()).add(counts)
         return self
 
     @property
@@ -111,9 +119,9 @@ class RunSummary:
         """accepted / proposed draft tokens over every source (0.0 when nothing was proposed)."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
-    def source(self, name: str) -> SourceTotals:
+    def source(self, name: str) -> SourceStats:
         """The totals of one source (zeros when it never ran)."""
-        return self.sources.get(name, SourceTotals())
+        return self.sources.get(name, SourceStats())
 
 
 def _summary(run: Generation | RunSummary) -> RunSummary:
