@@ -24,6 +24,10 @@ from pathlib import Path
 
 PROPOSER = "redraft.integrations.vllm_proposer.RedraftProposer"
 QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
+# A small shared CPU: one OpenMP thread, no core pinning, 1 GiB of KV cache, the engine in this process (no busy
+# engine-core process competing for the second core). Any of them set in the environment wins.
+CPU_DEFAULTS = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
 
@@ -126,7 +130,8 @@ def main(argv=None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="redraft-vllm-check-"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    for k, v in CPU_DEFAULTS.items():
+        env.setdefault(k, v)
     plain = spawn(args, 0, work / "plain.json", env)
     if plain is None:
         return 2
@@ -150,8 +155,9 @@ def report(plain: dict, replay: dict, args, corpus: Path) -> int:
     s = replay["spec"]
     drafts, drafted, accepted = (s.get(k, 0) for k in SPEC_COUNTERS)
     mal = 1 + accepted / drafts if drafts else float("nan")
+    threads = os.environ.get("OMP_NUM_THREADS", CPU_DEFAULTS["OMP_NUM_THREADS"])
     print(f"vllm-check: model {args.model}, {len(same)} Spec-Bench questions x {args.ngen} tokens, greedy, "
-          f"{'batched' if args.batch else 'one request at a time'}, dtype {args.dtype}")
+          f"{'batched' if args.batch else 'one request at a time'}, dtype {args.dtype}, {threads} thread(s)")
     print(f"  without speculation : {plain['tokens']} tokens in {plain['seconds']:.2f} s = {tps_plain:.1f} tokens/s")
     print(f"  redraft proposer K={args.k}: {replay['tokens']} tokens in {replay['seconds']:.2f} s = "
           f"{tps_replay:.1f} tokens/s ({tps_replay / tps_plain:.2f}x), corpus {corpus}")
