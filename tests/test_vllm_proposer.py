@@ -303,3 +303,56 @@ def test_no_torch_or_transformers_import():
     code = ("import sys, redraft.integrations.vllm_proposer; "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def check_result(outputs, seconds, spec=None):
+    return {"prompts": [[1, 2]] * len(outputs), "outputs": outputs, "seconds": seconds,
+            "tokens": sum(map(len, outputs)), "spec": spec or {}}
+
+
+def test_vllm_check_exit_status_says_whether_ids_are_identical(tmp_path, capsys):
+    from redraft.integrations.vllm_check import report
+
+    args = SimpleNamespace(model="m", ngen=4, batch=False, dtype="float32", k=8)
+    plain = check_result([[5, 6, 7, 8], [9, 9]], 2.0)
+    spec = {"vllm:spec_decode_num_drafts": 2, "vllm:spec_decode_num_draft_tokens": 16,
+            "vllm:spec_decode_num_accepted_tokens": 12}
+    assert report(plain, check_result([[5, 6, 7, 8], [9, 9]], 0.5, spec), args, tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "identical ids: 2/2" in out and "mean acceptance length 7.00" in out and "(4.00x)" in out
+    assert report(plain, check_result([[5, 6, 0, 8], [9, 9]], 0.5, spec), args, tmp_path) == 1
+    assert "question 0: first difference at output token 2" in capsys.readouterr().out
+
+
+def test_vllm_check_refuses_a_model_that_is_not_a_directory(tmp_path, capsys):
+    from redraft.integrations.vllm_check import main
+
+    assert main(["--model", str(tmp_path / "nope")]) == 2
+    assert "not a Hugging Face model directory" in capsys.readouterr().err
+
+
+ALIVE: list = []  # what vLLM's model runner does: it holds the proposer until the process ends
+
+
+def _serve_one_request_and_exit(learn, prompt, out):
+    prop = RedraftProposer(vllm_config(), environ={"REDRAFT_LEARN_CORPUS": str(learn)})
+    ALIVE.append(prop)
+    batch = FakeBatch()
+    batch.add(0, prompt, out)
+    drafts = None
+    while not batch.done(0):
+        sampled, drafts = step(prop, batch, drafts)
+    # no flush(): the process ends with the request still tracked, as a vLLM worker does at shutdown
+
+
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_requests_still_tracked_are_learned_when_the_worker_process_exits(tmp_path, how):
+    import multiprocessing
+
+    learn = tmp_path / "learned.txt"
+    prompt, out = rng_ids(22, 12), rng_ids(23, 20)
+    proc = multiprocessing.get_context(how).Process(target=_serve_one_request_and_exit, args=(learn, prompt, out))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert learn.read_text().split() == [str(t) for t in prompt + out]

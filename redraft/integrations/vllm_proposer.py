@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from dataclasses import dataclass
+from multiprocessing.util import Finalize
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -43,7 +43,8 @@ from redraft.drafters import build_drafters
 from redraft.freeze import append_spans
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 
-log = logging.getLogger("redraft.vllm")
+# under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
+log = logging.getLogger("vllm.redraft")
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
@@ -259,9 +260,15 @@ class RedraftProposer:
             self.learner = SpanLearner(self.corpus, s.learn, write=_first_tensor_parallel_rank())
         self.tracker = RequestTracker()
         self.totals = {"requests": 0, "drafts": 0, "proposed": 0, "accepted": 0}
+        log.info("redraft proposer: K=%d, corpus %s (%d ids), corpus K=%d, MINACC %.0f%%, n-gram %s, learning %s",
+                 s.k, self.corpus.path if self.corpus is not None else "none",
+                 self.corpus.n_tokens if self.corpus is not None else 0, s.corpus_k, 100 * s.minacc,
+                 "on" if s.ngram else "off", s.learn or "off")
         if self.learner is not None:
-            # learn what is still tracked when vLLM shuts down (no reference to self: it must be collectable)
-            weakref.finalize(self, _learn_all, self.tracker, self.learner)
+            # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
+            # may leave through os._exit (fork), which skips atexit; multiprocessing's own exit hook still runs
+            # its Finalize objects (and registers itself with atexit in a main process).
+            Finalize(self, _learn_all, args=(self.tracker, self.learner), exitpriority=10)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load (vLLM's CPU and GPU runners call this on every drafter)."""
