@@ -20,7 +20,7 @@ import pytest
 from redraft.corpus import Corpus
 from redraft.integrations.vllm_proposer import ProposerConfigError, RedraftProposer, RequestDrafts
 
-K, VOCAB, MAX_LEN = 8, 500, 400
+K, VOCAB, MAX_LEN, EOS = 8, 500, 400, 2
 
 
 def vllm_config(k=K, max_model_len=MAX_LEN):
@@ -28,7 +28,8 @@ def vllm_config(k=K, max_model_len=MAX_LEN):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(method="custom_class", num_speculative_tokens=k,
                                            model="redraft.integrations.vllm_proposer.RedraftProposer"),
-        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: VOCAB, tokenizer=None))
+        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: VOCAB, tokenizer=None,
+                                     hf_config=SimpleNamespace(eos_token_id=EOS)))
 
 
 class FakeBatch:
@@ -282,6 +283,22 @@ def test_learns_finished_requests_into_a_persisted_corpus(tmp_path):
         batch.add(0, prompt, out)
         sampled, drafts = step(fresh, batch, [])
         assert drafts[0] == out[1:1 + K]  # in memory at once, and from the file after a restart
+
+
+def test_a_request_that_samples_eos_is_learned_at_once_and_cut_after_it(tmp_path):
+    learn = tmp_path / "learned.txt"
+    prompt, answer = rng_ids(24, 12), rng_ids(25, 20) + [EOS]
+    after_eos = [77, 78, 79]  # what the target would emit past EOS; vLLM accepts such draft ids, then drops them
+    prop = make_proposer(tmp_path, [prompt + answer + after_eos], redraft_learn_corpus=learn)
+    batch = FakeBatch()
+    batch.add(0, prompt, answer + after_eos)
+    drafts = None
+    while not learn.exists():
+        sampled, drafts = step(prop, batch, drafts)
+    assert EOS in sampled[0] and sampled[0][-1] != EOS  # the EOS came inside an accepted draft
+    assert learn.read_text().split() == [str(t) for t in prompt + answer]
+    prop.flush()
+    assert learn.read_text().split() == [str(t) for t in prompt + answer]  # not learned twice
 
 
 def test_departed_request_is_learned_after_the_park_window(tmp_path):

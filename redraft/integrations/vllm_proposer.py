@@ -169,6 +169,7 @@ class RequestDrafts:
 
     def __init__(self, drafters: list) -> None:
         self.drafters = drafters
+        self.learned = False  # its span went into the corpus (when it sampled EOS)
         self.draft: list[int] = []
         self.source = -1  # index of the drafter that made self.draft
 
@@ -215,12 +216,12 @@ class SpanLearner:
         self.corpus, self.path, self.write = corpus, path, write and path is not None
         self.spans = 0
 
-    def learn(self, requests: Sequence[TrackedRequest]) -> None:
-        spans = [r.tokens.copy() for r in requests if r.n > r.n_prompt]
+    def learn(self, spans: Sequence[np.ndarray]) -> None:
+        """Append spans (int [n] each, prompt + output) to the corpus and, when this rank writes, the file."""
         if not spans:
             return
-        for s in spans:
-            self.corpus.append(s)
+        for span in spans:
+            self.corpus.append(span)
         self.spans += len(spans)
         if self.write:
             try:
@@ -235,7 +236,8 @@ class RedraftProposer:
 
     Args:
         vllm_config: vLLM's ``VllmConfig``; read: ``speculative_config.num_speculative_tokens`` (K),
-            ``model_config.max_model_len``, ``model_config.get_vocab_size()`` (corpus ids are checked against it)
+            ``model_config.max_model_len``, ``model_config.get_vocab_size()`` (corpus ids are checked against it),
+            ``model_config.hf_config.eos_token_id`` (a request that samples it is learned at once, cut after it)
             and, for a binary corpus, ``model_config.tokenizer`` (its tokenizer fingerprint). Everything else comes
             from the REDRAFT_* environment variables (module doc).
     Raises:
@@ -251,6 +253,8 @@ class RedraftProposer:
         mc = vllm_config.model_config
         self.max_model_len = int(mc.max_model_len)
         self.vocab_size = int(mc.get_vocab_size())
+        eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
+        self.eos = frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
         fingerprint = None
         if s.corpus is not None and os.path.isfile(s.corpus) and _is_binary(s.corpus) and not s.force:
             fingerprint = _tokenizer_fingerprint(getattr(mc, "tokenizer", None))
@@ -268,7 +272,7 @@ class RedraftProposer:
             # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
             # may leave through os._exit (fork), which skips atexit; multiprocessing's own exit hook still runs
             # its Finalize objects (and registers itself with atexit in a main process).
-            Finalize(self, _learn_all, args=(self.tracker, self.learner), exitpriority=10)
+            Finalize(self, _learn_all, args=(self.tracker, self.learner, self.eos), exitpriority=10)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load (vLLM's CPU and GPU runners call this on every drafter)."""
@@ -300,6 +304,10 @@ class RedraftProposer:
             if r.data is None:
                 r.data = self._new_request()
             p, a = r.data.settle(sampled)
+            if self.learner is not None and not self.eos.isdisjoint(sampled):
+                # finished (unless it ignores EOS): learn it now, vLLM may kill this process before it leaves
+                _learn(self.learner, [r], self.eos)
+                r.data.learned = True
             self.totals["proposed"] += p
             self.totals["accepted"] += a
             n = int(num_tokens_no_spec[i])
@@ -308,7 +316,7 @@ class RedraftProposer:
             drafts.append(draft)
         gone = self.tracker.expired()
         if gone and self.learner is not None:
-            self.learner.learn(gone)
+            _learn(self.learner, gone, self.eos)
         return drafts
 
     def _new_request(self) -> RequestDrafts:
@@ -321,11 +329,30 @@ class RedraftProposer:
         """Learn every request still tracked (at shutdown; finished requests are otherwise learned once they
         leave vLLM's batch and stay out for the tracker's park window)."""
         if self.learner is not None:
-            _learn_all(self.tracker, self.learner)
+            _learn_all(self.tracker, self.learner, self.eos)
 
 
-def _learn_all(tracker: RequestTracker, learner: SpanLearner) -> None:
-    learner.learn(tracker.drain())
+def finished_span(r: TrackedRequest, eos: frozenset[int]) -> np.ndarray | None:
+    """A tracked request's prompt + output (int32 [n]), cut after its first EOS id in the output (vLLM may have
+    accepted draft ids past it; it drops them from the request's output too). None when it has no output yet or was
+    learned already."""
+    if r.n <= r.n_prompt or (r.data is not None and r.data.learned):
+        return None
+    tokens = r.tokens
+    if eos:
+        hits = np.flatnonzero(np.isin(tokens[r.n_prompt:], list(eos)))
+        if len(hits):
+            tokens = tokens[:r.n_prompt + int(hits[0]) + 1]
+    return tokens.copy()
+
+
+def _learn(learner: SpanLearner, requests: Sequence[TrackedRequest], eos: frozenset[int]) -> None:
+    spans = [finished_span(r, eos) for r in requests]
+    learner.learn([s for s in spans if s is not None])
+
+
+def _learn_all(tracker: RequestTracker, learner: SpanLearner, eos: frozenset[int]) -> None:
+    _learn(learner, tracker.drain(), eos)
 
 
 def _tokenizer_fingerprint(tokenizer_path) -> str | None:
