@@ -261,6 +261,26 @@ def test_bad_corpus_fails_at_construction(tmp_path, text, needle):
         RedraftProposer(vllm_config(), environ={"REDRAFT_DRAFT_CORPUS": str(path)})
 
 
+def test_binary_corpus_and_its_tokenizer_fingerprint(tmp_path, monkeypatch):
+    import redraft.integrations.vllm_proposer as vp
+
+    prompt, out = rng_ids(26, 12), rng_ids(27, 20)
+    path = tmp_path / "c.rdc"
+    Corpus.from_spans([prompt + out], vocab_size=VOCAB, fingerprint="sha256:aaaa").save(path)
+    env = {"REDRAFT_DRAFT_CORPUS": str(path)}
+    monkeypatch.setattr(vp, "_tokenizer_fingerprint", lambda tokenizer: "sha256:aaaa")
+    prop = RedraftProposer(vllm_config(), environ=env)
+    batch = FakeBatch()
+    batch.add(0, prompt, out)
+    assert step(prop, batch, [])[1][0] == out[1:1 + K]
+    monkeypatch.setattr(vp, "_tokenizer_fingerprint", lambda tokenizer: "sha256:bbbb")
+    with pytest.raises(ProposerConfigError, match="REDRAFT_DRAFT_CORPUS: .*fingerprint mismatch"):
+        RedraftProposer(vllm_config(), environ=env)
+    RedraftProposer(vllm_config(), environ={**env, "REDRAFT_CORPUS_FORCE": "1"})
+    with pytest.raises(ProposerConfigError, match="REDRAFT_LEARN_CORPUS=.*binary corpus cannot be appended"):
+        RedraftProposer(vllm_config(), environ={"REDRAFT_LEARN_CORPUS": str(path)})
+
+
 def test_bad_speculative_tokens():
     with pytest.raises(ProposerConfigError, match="num_speculative_tokens"):
         RedraftProposer(vllm_config(k=0), environ={})
