@@ -44,7 +44,7 @@ def test_build_from_all_kinds_newest_last(inputs, capsys):
     assert [s.tolist() for s in c.span_list()] == [[1, 2, 3, 4, 5], [6, 7, 8], [5, 5, 1, 2, 3, 11], [4, 4, 4, 4],
                                                    [4, 4, 4, 4], [9, 9, 1, 2, 3, 12]]
     assert c.fingerprint == "sha256:ab" and c.vocab_size == 100
-    assert c.propose(np.array([1, 2, 3]), 2)[1].tolist() == [12]
+    assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [12]  # k = 1: the newest span's continuation suffices
     assert "built" in capsys.readouterr().out
 
 

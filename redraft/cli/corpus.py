@@ -1,4 +1,4 @@
-"""``redraft corpus build|append|merge|stats|convert|compact``: corpus file tools (no model loading).
+"""``redraft corpus build|append|merge|stats|convert|compact|verify``: corpus file tools (no model loading).
 
 Each sub-command wraps a function of :mod:`redraft.corpus.tools` and sets ``func``, which returns an exit code
 (0 ok, 2 bad input).
@@ -11,7 +11,7 @@ import sys
 
 from redraft.corpus import Corpus, CorpusError
 from redraft.corpus.tools import (append_to_corpus, build_corpus, compact_corpus, convert_corpus, corpus_stats,
-                                  merge_corpora)
+                                  merge_corpora, verify_corpus)
 
 
 def _common(p: argparse.ArgumentParser, fingerprint: bool = True) -> None:
@@ -97,8 +97,15 @@ def _cmd_compact(args) -> int:
     _say(c, "compacted", args.corpus)
 
 
+@_guard
+def _cmd_verify(args) -> int:
+    r = verify_corpus(args.corpus, vocab_size=args.vocab_size)
+    what = f"binary corpus version {r['version']}" if r["format"] == "binary" else "text corpus"
+    print(f"ok {args.corpus}: {what}, {r['n_tokens']:,} tokens in {r['n_spans']:,} spans")
+
+
 def register(subparsers) -> argparse.ArgumentParser:
-    """Register `corpus` with subcommands build / append / merge / stats / convert / compact on `subparsers`.
+    """Register `corpus` with subcommands build / append / merge / stats / convert / compact / verify.
 
     Each subcommand sets `func(args) -> int`. Returns the `corpus` parser.
     """
@@ -148,4 +155,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("corpus", metavar="CORPUS")
     _common(p)
     p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("verify", help="check CORPUS fully: checksums, and the index rebuilt from the token stream")
+    p.add_argument("corpus", metavar="CORPUS")
+    _common(p, fingerprint=False)
+    p.set_defaults(func=_cmd_verify)
     return corpus

@@ -37,6 +37,7 @@ def run_pass(args) -> dict:
     from vllm import LLM, SamplingParams
 
     from redraft.freeze import read_prompts
+    from redraft.prompts import encode_prompt
 
     spec = None
     if args.k:
@@ -46,8 +47,7 @@ def run_pass(args) -> dict:
     tok = llm.get_tokenizer()
     prompts = []
     for q in read_prompts(args.questions)[:args.n]:
-        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-        prompts.append([int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)])
+        prompts.append(encode_prompt(tok, q))  # the same ids `redraft run` gives the question
     sp = SamplingParams(temperature=0.0, max_tokens=args.ngen, ignore_eos=False)
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0.0, max_tokens=8),
                  use_tqdm=False)  # warm-up: first-call costs stay out of the timing
