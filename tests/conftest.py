@@ -227,9 +227,19 @@ class RecordingTarget(HFTarget):
         return super().forward(ids, positions, mask, n_logits)
 
 
+def generate_tracking(engine: Engine, target: RecordingTarget, prompt: Sequence[int], n: int, **kw):
+    """``engine.generate`` (whose target is ``target``) that also returns, per output token, the index of the
+    forward that emitted it; with ``res.drafted_per_forward`` it tells which tokens came from a draft-free forward."""
+    emitted_by: list[int] = []
+    res = engine.generate(list(prompt), n, on_tokens=lambda new: emitted_by.extend([len(target.log) - 1] * len(new)),
+                          **kw)
+    assert len(emitted_by) == len(res.output_ids)
+    return res, emitted_by
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
 __all__ = ["build_tiny", "plain_greedy", "hf_greedy", "top2_gap", "first_diff", "SequenceDrafter",
-           "ConstantDrafter", "RecordingTarget", "ceil_div", "VOCAB", "MAX_POS", "math"]
+           "ConstantDrafter", "RecordingTarget", "generate_tracking", "ceil_div", "VOCAB", "MAX_POS", "math"]

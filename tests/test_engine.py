@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, build_tiny, ceil_div,
-                      first_diff, hf_greedy, plain_greedy, top2_gap)
+                      first_diff, generate_tracking, hf_greedy, plain_greedy, top2_gap)
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
@@ -514,9 +514,8 @@ def test_exact_mode_every_row_a_near_tie(tiny_models, references, name, merge):
 def _draft_free_tokens(model, want, **engine_kw) -> tuple[GenerationResult, list[int]]:
     """Oracle run; returns the result and the output positions emitted by a forward that verified no draft."""
     target = RecordingTarget(model)
-    emitted_by: list[int] = []  # per output token, the index of the forward that emitted it
-    res = Engine(target, [SequenceDrafter(PROMPT + want)], max_depth=6, **engine_kw).generate(
-        PROMPT, N, on_tokens=lambda new: emitted_by.extend([len(target.log) - 1] * len(new)), record_margins=True)
+    engine = Engine(target, [SequenceDrafter(PROMPT + want)], max_depth=6, **engine_kw)
+    res, emitted_by = generate_tracking(engine, target, PROMPT, N, record_margins=True)
     assert res.output_ids == want
     return res, [i for i, f in enumerate(emitted_by) if res.drafted_per_forward[f] == 0]
 
