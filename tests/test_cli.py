@@ -127,8 +127,13 @@ def test_help_lists_commands(capsys):
         main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for cmd in ("run", "freeze", "demo", "bench"):
-        assert cmd in out
+    assert out.startswith("usage: redraft ")
+    assert "byte-identical to plain greedy decoding" in " ".join(out.split())
+    # one row per command in the COMMAND table: name, then its help text
+    rows = dict(re.findall(r"^ {4}([a-z]+) +(\S.*)$", out, re.M))
+    for cmd in ("run", "freeze", "demo", "oracle", "glide", "corpus", "bench"):
+        assert cmd in rows, (cmd, rows)
+    assert rows["run"].startswith("generate a reply to one prompt")
 
 
 # ---- environment: corpus, K, MINACC ------------------------------------------------------------------------------
@@ -384,9 +389,39 @@ def test_run_corpus_from_env_replays(tiny_model_dir, capsys, tmp_path, monkeypat
     assert len(want) == 30 and int(fwd) <= 30 // 3
 
 
-@pytest.mark.parametrize("flags", [["--tree", "3"], ["--no-exact"], ["--tree", "2", "--tree-budget", "5", "--k", "4"],
-                                   ["--no-ngram", "--minacc", "100"]])
-def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path, flags):
+@pytest.fixture
+def engine_spy(monkeypatch):
+    """Records, for `redraft run` in-process, the Engine that generated, its result, the exact mode in effect and
+    whether each verify forward carried a tree attention mask (a branched token tree) or not (a chain)."""
+    from redraft.engine import Engine
+    from redraft.target import HFTarget
+
+    seen: dict = {"masks": []}
+    generate, forward = Engine.generate, HFTarget.forward
+
+    def spy_generate(self, *args, **kw):
+        seen["masks"] = []  # this generation's forwards only
+        res = generate(self, *args, **kw)
+        seen.update(engine=self, res=res, exact=self.exact if kw.get("exact") is None else kw["exact"])
+        return res
+
+    def spy_forward(self, ids, positions=None, mask=None, n_logits=1):
+        seen["masks"].append(mask is not None)
+        return forward(self, ids, positions, mask, n_logits)
+
+    monkeypatch.setattr(Engine, "generate", spy_generate)
+    monkeypatch.setattr(HFTarget, "forward", spy_forward)
+    return seen
+
+
+@pytest.mark.parametrize("flags,tree,exact,budget,depth,sources", [
+    (["--tree", "3"], True, True, 32, 8, {"corpus", "ngram"}),
+    (["--no-exact"], False, False, 32, 8, {"corpus", "ngram"}),
+    (["--tree", "2", "--tree-budget", "5", "--k", "4"], True, True, 5, 4, {"corpus", "ngram"}),
+    (["--no-ngram", "--minacc", "100"], False, True, 32, 8, {"corpus"}),
+])
+def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path, engine_spy, flags, tree, exact,
+                                               budget, depth, sources):
     d, model = tiny_model_dir
     want = plain_greedy(model, PROMPT, 30, eos=[EOS])
     c = tmp_path / "c.txt"
@@ -399,6 +434,14 @@ def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path,
     rep = parse_report(err)
     assert [int(x) for x in rep["tokens"][1].split()] == want
     assert int(rep["spec"][1]) < 30
+    engine, res = engine_spy["engine"], engine_spy["res"]
+    assert res.output_ids == want and len(engine_spy["masks"]) == res.forwards == int(rep["spec"][1])
+    assert any(engine_spy["masks"]) == tree  # --tree: some forward verified a branched token tree; else chains only
+    assert engine.merge == tree and engine_spy["exact"] == exact
+    assert max(res.drafted_per_forward) <= budget and max(res.accepted_per_forward) <= depth
+    assert set(res.sources) == sources
+    if "--minacc" in flags:
+        assert engine.drafters[0].guard.minacc == 1.0
 
 
 def test_run_k_out_of_range_warns(tiny_model_dir, capsys):

@@ -353,14 +353,24 @@ def _glide_cli(argv):
     return args.func(args)
 
 
-@pytest.mark.parametrize("argv", [["--max-steps", "0"], ["--lr", "-1"], ["--lr", "nan"], ["--samples", "-1"],
-                                  ["--sample-temperature", "0"], ["--batch-tokens", "0"], ["--train-vocab", "-5"],
-                                  ["--ckpt-every", "0"], ["--data-minutes", "-5"], ["--prompt-weight", "nan"],
-                                  ["--layers", "0"], ["--max-minutes", "-1"]])
-def test_train_refuses_bad_numbers(argv, capsys):
-    with pytest.raises(SystemExit):
-        _glide_cli(["glide", "train", "--out", "unused"] + argv)
-    assert "error: argument" in capsys.readouterr().err
+def _refused(capsys, argv, flag: str, why: str) -> None:
+    """argparse's refusal: exit status 2 and one error line naming the flag, the value and what was expected."""
+    with pytest.raises(SystemExit) as e:
+        _glide_cli(argv)
+    assert e.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"error: argument {flag}: {why}" in errors[0], errors
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--max-steps", "0"], "0 must be at least 1"), (["--lr", "-1"], "-1 must be > 0"),
+    (["--lr", "nan"], "nan is not a finite number"), (["--samples", "-1"], "-1 must be at least 0"),
+    (["--sample-temperature", "0"], "0 must be > 0"), (["--batch-tokens", "0"], "0 must be at least 16"),
+    (["--train-vocab", "-5"], "-5 must be at least 0"), (["--ckpt-every", "0"], "0 must be at least 1"),
+    (["--data-minutes", "-5"], "-5 must be >= 0"), (["--prompt-weight", "nan"], "nan is not a finite number"),
+    (["--layers", "0"], "0 must be at least 1"), (["--max-minutes", "-1"], "-1 must be > 0")])
+def test_train_refuses_bad_numbers(argv, why, capsys):
+    _refused(capsys, ["glide", "train", "--out", "unused"] + argv, argv[0], why)
 
 
 def test_train_checks_out_and_data_dir_before_any_work(tmp_path, tiny):
@@ -383,7 +393,7 @@ def test_train_checks_out_and_data_dir_before_any_work(tmp_path, tiny):
     assert not (tmp_path / "new").exists()  # nothing created when an argument is refused
 
 
-def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny):
+def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny, capsys):
     save_draft(tmp_path / "g", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny)
     save_draft(tmp_path / "v", build_draft(tiny, GlideConfig.from_target(tiny.config, cross_attention=False)), tiny)
     with pytest.raises(SystemExit, match="is a vanilla draft"):
@@ -394,13 +404,13 @@ def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny):
         _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g"), "--questions", "11"])
     with pytest.raises(SystemExit, match="not a GliDe draft checkpoint"):
         _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "missing")])
-    for bad in (["--questions", "0"], ["--ngen", "0"], ["--head-vocab", "0"], ["--tree-budget", "0"],
-                ["--json", str(tmp_path / "no" / "x.json")]):
-        with pytest.raises(SystemExit):
-            _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g")] + bad)
+    for bad, why in ((["--questions", "0"], "0 must be at least 1"), (["--ngen", "0"], "0 must be at least 1"),
+                     (["--head-vocab", "0"], "0 must be at least 1"), (["--tree-budget", "0"], "0 must be at least 1"),
+                     (["--json", str(tmp_path / "no" / "x.json")], f"{tmp_path / 'no' / 'x.json'}: directory {tmp_path / 'no'} does not exist")):
+        _refused(capsys, ["glide", "eval", "--draft-model", str(tmp_path / "g")] + bad, bad[0], why)
 
 
-def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, tiny):
+def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, tiny, capsys):
     import argparse
     from types import SimpleNamespace
 
@@ -423,5 +433,6 @@ def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, ti
     with pytest.raises(SystemExit, match="1..96 tokens"):
         glide_drafter_from_args(p.parse_args(["--draft", "glide", "--draft-model", str(tmp_path / "g"),
                                               "--draft-vocab", "1000"]), SimpleNamespace(model=tiny))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         p.parse_args(["--gamma", "0"])
+    assert e.value.code == 2 and "error: argument --gamma: 0 must be at least 1" in capsys.readouterr().err
