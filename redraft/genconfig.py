@@ -224,6 +224,36 @@ def not_applied(generation_config) -> tuple[dict[str, object], dict[str, object]
     return set_fields(SAMPLING_FIELDS), set_fields(UNSUPPORTED_FIELDS)
 
 
+def describe(generation_config, source: str, replaced: dict[str, str], hint: str | None = None) -> str | None:
+    """The start-up line saying what a generation_config changes, or None when it sets nothing redraft reads.
+
+    ``redraft: generation_config: repetition_penalty=1.3, no_repeat_ngram_size=3 (from SOURCE; HINT); replaced by
+    flags: ...; not applied: do_sample=True, temperature=0.6 (greedy unless --temperature > 0); not supported: ...``
+
+    Args:
+        source: where the settings came from (the file path).
+        replaced: field name -> the flag that replaces the file's value (only fields the file sets are named).
+        hint: e.g. how to ignore the file; None = no hint.
+    Raises:
+        GenerationConfigError: a value the processors cannot take.
+    """
+    settings = LogitsShaping.of(generation_config).applied()
+    sampling, unsupported = not_applied(generation_config)
+    if not (settings or sampling or unsupported):
+        return None
+    applied = {k: v for k, v in settings.items() if k not in replaced}
+    line = (f"redraft: generation_config: {format_settings(applied) or 'no logits setting applied'} "
+            f"(from {source}{'; ' + hint if hint else ''})")
+    overridden = [f"{name} ({flag})" for name, flag in replaced.items() if name in settings]
+    if overridden:
+        line += "; replaced by flags: " + ", ".join(overridden)
+    if sampling:
+        line += f"; not applied: {format_settings(sampling)} (greedy unless --temperature > 0)"
+    if unsupported:
+        line += f"; not supported: {format_settings(unsupported)}"
+    return line
+
+
 def format_settings(settings: dict[str, object]) -> str:
     """``name=value, ...`` with tuples written as lists (as in generation_config.json)."""
     def show(v):

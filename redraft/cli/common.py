@@ -300,10 +300,8 @@ def sampling_from_args(args):
 
 
 def announce_generation_config(loaded, args=None) -> None:
-    """Print once to stderr which settings of the model's generation_config shape the logits, e.g.
-    ``redraft: generation_config: repetition_penalty=1.3 (from DIR/generation_config.json; --no-generation-config
-    to ignore)``, with the ones that are replaced by flags, not applied (sampling) or not supported. Nothing when
-    the file sets none of them, or with ``--no-generation-config``.
+    """Print once to stderr which settings of the model's generation_config shape the logits
+    (:func:`redraft.genconfig.describe`); nothing when it sets none, or with ``--no-generation-config``.
 
     Args:
         args: the parsed flags of a command with :func:`add_sampling_args` (overrides, ``--no-generation-config``),
@@ -311,33 +309,20 @@ def announce_generation_config(loaded, args=None) -> None:
     Raises:
         SystemExit: a generation_config value the processors cannot take, naming the file and field.
     """
-    from redraft.genconfig import GenerationConfigError, LogitsShaping, format_settings, not_applied
+    from redraft.genconfig import GenerationConfigError, describe
 
     if getattr(args, "no_generation_config", False):
         return
-    gc = getattr(loaded.model, "generation_config", None)
     path = loaded.path / "generation_config.json"
     source = str(path) if path.is_file() else "the model's generation_config"
+    replaced = {name: flag for name, flag in SHAPING_FLAGS if getattr(args, name, None) is not None}
     try:
-        settings = LogitsShaping.of(gc).applied()
+        line = describe(getattr(loaded.model, "generation_config", None), source, replaced,
+                        hint="--no-generation-config to ignore" if args is not None else None)
     except GenerationConfigError as e:
         raise SystemExit(f"redraft: error: {source}: {e}")
-    replaced = {flag: name for name, flag in SHAPING_FLAGS
-                if getattr(args, name, None) is not None and name in settings}
-    applied = {k: v for k, v in settings.items() if k not in replaced.values()}
-    sampling, unsupported = not_applied(gc)
-    if not (settings or sampling or unsupported):
-        return
-    hint = "; --no-generation-config to ignore" if args is not None else ""
-    shown = format_settings(applied) or "no logits setting applied"
-    line = f"redraft: generation_config: {shown} (from {source}{hint})"
-    if replaced:
-        line += "; replaced by flags: " + ", ".join(f"{name} ({flag})" for flag, name in replaced.items())
-    if sampling:
-        line += f"; not applied: {format_settings(sampling)} (greedy unless --temperature > 0)"
-    if unsupported:
-        line += f"; not supported: {format_settings(unsupported)}"
-    print(line, file=sys.stderr)
+    if line:
+        print(line, file=sys.stderr)
 
 
 def check_glide_draft_args(args) -> None:
