@@ -115,6 +115,7 @@ def test_bad_generation_config_value_is_one_line(configured_dir, tmp_path, capsy
     (["run", "--gamma", "3"], "--gamma: only used with --draft glide"),
     (["run", "--cape-bins", "0.3,0.6,0.8:7,5,3,1"], "--cape-bins: only used with --draft glide"),
     (["run", "--draft", "glide", "--draft-model", "m", "--cape-bins", "0.5:3,1"], "--cape-bins: only used with --cape"),
+    (["run", "--draft", "glide"], "--draft glide needs --draft-model PATH"),
     (["run", "--corpus", "c.txt", "--tree-budget", "16"], "--tree-budget: only used with --tree B or --cape"),
     (["run", "--no-ngram", "--no-exact"], "--no-exact: no effect without a draft source"),
     (["run", "--no-ngram", "--k", "4"], "--k: no effect without a draft source"),

@@ -73,7 +73,8 @@ def cmd_bench_run(args) -> int:
         raise SystemExit(f"redraft bench run: error: {e}")
     check_method_flags(args, methods)
     gguf = llama_cpp_gguf(args)
-    given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS[:-1] if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS
+             if name != "gguf" and getattr(args, name) is not None}
     if "minacc" in given:
         given["minacc"] /= 100.0
     cfg = MethodConfig(**given, gguf=gguf)  # MethodConfig holds the defaults of the flags not given

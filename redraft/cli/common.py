@@ -331,7 +331,7 @@ def check_glide_draft_args(args) -> None:
 
     Raises:
         SystemExit: ``--draft-model``, ``--cape``, ``--cape-bins``, ``--gamma`` or ``--draft-vocab`` without
-            ``--draft glide``; ``--cape-bins`` without ``--cape``.
+            ``--draft glide``; ``--draft glide`` without ``--draft-model``; ``--cape-bins`` without ``--cape``.
     """
     given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
              ("--cape-bins", getattr(args, "cape_bins", None)), ("--gamma", getattr(args, "gamma", None)),
@@ -339,6 +339,8 @@ def check_glide_draft_args(args) -> None:
     stray = [flag for flag, value in given if value]
     if getattr(args, "draft", None) != "glide" and stray:
         raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
+    if getattr(args, "draft", None) == "glide" and not getattr(args, "draft_model", None):
+        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
     if getattr(args, "cape_bins", None) is not None and not getattr(args, "cape", False):
         raise SystemExit("redraft: error: --cape-bins: only used with --cape")
 
@@ -393,8 +395,6 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     check_glide_draft_args(args)
     if getattr(args, "draft", None) != "glide":
         return None
-    if not args.draft_model:
-        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
     # torch-bound: see the module doc
     from redraft.drafters.glide import load_glide_drafter
     from redraft.glide.checkpoint import CheckpointError
