@@ -16,6 +16,7 @@ import numpy as np
 
 from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
+from redraft.genconfig import LogitsShaping
 from redraft.runstats import SourceStats
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
@@ -85,11 +86,16 @@ class Engine:
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
         exact_margin: a row whose top-2 score gap is below this (logit units) is a near-tie; verify rows differ
             from single-token forwards by ~1e-4 here, so 1e-3 leaves a tenfold margin.
+        generation_config: True = shape the logits with the model's ``generation_config`` (read at each generate:
+            repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.genconfig`), as HF
+            ``generate(do_sample=False)`` does; False = ignore it; or a ``GenerationConfig`` to use instead.
+            Its sampling settings are never applied (``sampling=`` asks for sampling).
     """
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
-                 exact: bool = True, exact_margin: float = EXACT_MARGIN) -> None:
+                 exact: bool = True, exact_margin: float = EXACT_MARGIN,
+                 generation_config=True) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
@@ -99,6 +105,7 @@ class Engine:
         self.exact = exact
         self.exact_margin = exact_margin
         self.chain_only = self.target.sliding_window is not None
+        self.generation_config = generation_config
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
         """The verify tree of one step: each drafter's proposal in priority order, cleaned and merged."""
@@ -135,6 +142,7 @@ class Engine:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
             ValueError: empty prompt, or a prompt that already fills the model's context.
+            GenerationConfigError: a generation_config field processors cannot take (a ValueError).
         """
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -143,7 +151,11 @@ class Engine:
         if len(prompt) >= max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens fills the model's context length ({max_len})")
         exact = self.exact if exact is None else exact
-        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size)
+        gc = self.generation_config
+        if gc is True:
+            gc = getattr(getattr(self.target, "model", None), "generation_config", None)
+        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size, LogitsShaping.of(gc or None),
+                               eos_token_ids=self.eos, max_new_tokens=max_new_tokens)
         chooser.reset(prompt)
 
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
@@ -182,7 +194,7 @@ class Engine:
             # row 0 (the root) chooses the token at position n_ctx; node i's row the one at n_ctx + depth(i)
             row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
             extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
-                if chooser.params.repetition_penalty != 1.0 else None
+                if chooser.processors else None
             choices, margins = chooser.choose(logits, row_pos, extra)
             path, bonus = greedy_accept(tree, choices)
             new = [tree.tokens[i] for i in path] + [bonus]

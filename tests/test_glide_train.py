@@ -258,7 +258,8 @@ def test_cli_parser_registers_train_and_eval():
     run = argparse.ArgumentParser()
     add_glide_draft_args(run)
     a = run.parse_args(["--draft", "glide", "--draft-model", "D", "--cape"])
-    assert (a.draft, a.draft_model, a.cape, a.gamma) == ("glide", "D", True, 4)
+    # --gamma unset is None (GLIDE_GAMMA when the drafter is built), so that it can be refused without --draft glide
+    assert (a.draft, a.draft_model, a.cape, a.gamma) == ("glide", "D", True, None)
 
 
 def test_run_flags_build_a_working_drafter(tiny, tmp_path):

@@ -252,3 +252,45 @@ def test_cli_missing_corpus_still_succeeds(real, plain_outputs, cli_plain, tmp_p
     warns = [line for line in p.stderr.splitlines() if "redraft: warning" in line]
     assert len(warns) == 1 and str(missing) in warns[0]
     assert report(p.stderr)["tokens"] == report(cli_plain.stderr)["tokens"]
+
+
+def test_cli_run_applies_the_generation_config_like_hf_generate(real, plain_outputs, tmp_path):
+    """A copy of the default model whose generation_config.json adds repetition_penalty 1.3 and no_repeat_ngram_size
+    3 (issue 17): `redraft run`, plain and replaying a corpus, prints HF generate(do_sample=False)'s tokens."""
+    import json
+
+    import torch
+
+    loaded, prompts = real
+    d = tmp_path / "model"
+    d.mkdir()
+    for f in loaded.path.iterdir():
+        if f.name != "generation_config.json":
+            (d / f.name).symlink_to(f)
+    gc = json.loads((loaded.path / "generation_config.json").read_text())
+    gc.update(repetition_penalty=1.3, no_repeat_ngram_size=3)
+    (d / "generation_config.json").write_text(json.dumps(gc))
+    n = 24
+    saved = (loaded.model.generation_config.repetition_penalty, loaded.model.generation_config.no_repeat_ngram_size)
+    loaded.model.generation_config.repetition_penalty, loaded.model.generation_config.no_repeat_ngram_size = 1.3, 3
+    try:
+        ids = torch.tensor([prompts[0]])
+        with torch.inference_mode():
+            out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                        eos_token_id=sorted(loaded.eos_token_ids), pad_token_id=2,
+                                        temperature=None, top_p=None, top_k=None)
+    finally:
+        loaded.model.generation_config.repetition_penalty, loaded.model.generation_config.no_repeat_ngram_size = saved
+    want = out[0, len(prompts[0]):].tolist()
+    assert want != plain_outputs[0][:len(want)]  # the settings change this answer
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(map(str, prompts[0] + want)) + "\n")
+    for drafts in ([], ["--corpus", str(corpus)]):
+        p = redraft("run", "--model", str(d), "--tokens", "--ngen", str(n), *drafts, PROMPTS[0])
+        assert p.returncode == 0, p.stderr[-2000:]
+        rep = report(p.stderr)
+        assert [int(x) for x in rep["tokens"][1].split()] == want, drafts
+        lines = [line for line in p.stderr.splitlines() if "generation_config" in line]
+        assert lines == [f"redraft: generation_config: repetition_penalty=1.3, no_repeat_ngram_size=3 "
+                         f"(from {d / 'generation_config.json'}; --no-generation-config to ignore)"]
+    assert int(rep["corpus"][1]) > 0  # the replay's drafts were accepted

@@ -18,8 +18,8 @@ from redraft.bench.harness import bench, machine_info, write_outputs
 from redraft.bench.methods import ALL_METHODS, MethodConfig, parse_methods
 from redraft.bench.report import plot_cost, text_table
 from redraft.bench.workloads import WORKLOADS, ChatEncoder, parse_workloads
-from redraft.cli.common import (add_model_arg, add_model_args, add_threads_arg, load_model_or_exit, percent,
-                                positive)
+from redraft.cli.common import (add_model_arg, add_model_args, add_threads_arg, announce_generation_config,
+                                load_model_or_exit, percent, positive)
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
 from redraft.loading import ModelLoadError, default_model_path
 from redraft.questions import load_questions
@@ -49,16 +49,37 @@ def llama_cpp_gguf(args) -> str | None:
     return args.model if str(args.model).endswith(".gguf") else None
 
 
+# which --methods read each method flag (a flag given without any of them has no effect)
+METHOD_FLAGS = (("--k", "k", ("ngram", "corpus", "corpus+ngram", "tree")),
+                ("--minacc", "minacc", ("ngram", "corpus", "corpus+ngram", "tree")),
+                ("--tree-branches", "tree_branches", ("tree",)), ("--tree-budget", "tree_budget", ("tree",)),
+                ("--pld-tokens", "pld_tokens", ("hf-pld", "llama.cpp-pld")),
+                ("--gguf", "gguf", ("llama.cpp", "llama.cpp-pld")))
+
+
+def check_method_flags(args, methods: list[str]) -> None:
+    """Refuse method flags none of the chosen methods reads (before the model loads)."""
+    for flag, name, users in METHOD_FLAGS:
+        if getattr(args, name) is not None and not set(users) & set(methods):
+            raise SystemExit(f"redraft bench run: error: {flag}: only used by the method(s) {', '.join(users)}, "
+                             f"not in --methods {args.methods}")
+
+
 def cmd_bench_run(args) -> int:
     try:
         counts = parse_workloads(args.workloads, args.questions)
         methods = parse_methods(args.methods)
     except ValueError as e:
         raise SystemExit(f"redraft bench run: error: {e}")
+    check_method_flags(args, methods)
     gguf = llama_cpp_gguf(args)
-    cfg = MethodConfig(k=args.k, minacc=args.minacc / 100.0, tree_branches=args.tree_branches,
-                       tree_budget=args.tree_budget, pld_tokens=args.pld_tokens, gguf=gguf)
+    given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS
+             if name != "gguf" and getattr(args, name) is not None}
+    if "minacc" in given:
+        given["minacc"] /= 100.0
+    cfg = MethodConfig(**given, gguf=gguf)  # MethodConfig holds the defaults of the flags not given
     loaded = load_model_or_exit(args.model)
+    announce_generation_config(loaded)
     encoder = ChatEncoder(loaded.tokenizer, chat=False if args.no_chat else None)
     results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, load_questions(), counts=counts,
                     ngen=args.ngen, methods=methods, cfg=cfg, freeze=args.freeze,
@@ -180,14 +201,15 @@ def register(sub) -> None:
     p.add_argument("--methods", default=None, help=f"comma-separated subset of {', '.join(ALL_METHODS)} (default all)")
     p.add_argument("--freeze", type=positive, default=None,
                    help="questions frozen into the corpus (default: the replay count)")
-    p.add_argument("--k", type=int, default=CORPUS_K_DEFAULT,
+    p.add_argument("--k", type=int, default=None,
                    help=f"draft depth of the redraft methods (default {CORPUS_K_DEFAULT})")
-    p.add_argument("--minacc", type=percent, default=100 * CORPUS_MINACC,
+    p.add_argument("--minacc", type=percent, default=None,
                    help=f"acceptance guard threshold in %% (default {100 * CORPUS_MINACC:g})")
-    p.add_argument("--tree-branches", type=positive, default=4, help="corpus branches of the tree method (default 4)")
-    p.add_argument("--tree-budget", type=positive, default=TREE_BUDGET,
+    p.add_argument("--tree-branches", type=positive, default=None,
+                   help="corpus branches of the tree method (default 4)")
+    p.add_argument("--tree-budget", type=positive, default=None,
                    help=f"tree method node budget (default {TREE_BUDGET})")
-    p.add_argument("--pld-tokens", type=positive, default=10,
+    p.add_argument("--pld-tokens", type=positive, default=None,
                    help="prompt lookup tokens for hf-pld and llama.cpp-pld (default 10)")
     p.add_argument("--gguf", default=None, help="GGUF for the llama.cpp methods (default: the default model's)")
     p.add_argument("--max-prompt-tokens", type=positive, default=None,

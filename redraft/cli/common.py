@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from redraft.corpus import CorpusError, tokenizer_fingerprint
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_MINACC, TREE_BUDGET
+from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_GAMMA, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
+                              TREE_BUDGET)
 from redraft.drafters import build_drafters
 from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins
@@ -25,6 +27,7 @@ from redraft.questions import load_questions
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
 ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
+NGEN_DEFAULT = 128
 
 
 # ---- argument types: each raises argparse.ArgumentTypeError with a one-line reason --------------------------------
@@ -115,7 +118,8 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by every command that generates with the target model: ``--model --ngen --no-chat``."""
     add_model_arg(p)
-    p.add_argument("--ngen", type=positive, default=128, help="max new tokens per prompt (default 128)")
+    p.add_argument("--ngen", type=positive, default=NGEN_DEFAULT,
+                   help=f"max new tokens per prompt (default {NGEN_DEFAULT})")
     p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
 
 
@@ -139,8 +143,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree", type=nonneg, default=0, metavar="B",
                    help="token-tree drafts: the corpus's B most frequent continuations plus the n-gram draft, "
                         "verified in one forward (default 0 = single chain)")
-    p.add_argument("--tree-budget", type=positive, default=TREE_BUDGET,
-                   help=f"most draft nodes per verify forward (default {TREE_BUDGET})")
+    p.add_argument("--tree-budget", type=positive, default=None,
+                   help=f"most draft nodes per verify forward with --tree or --cape (default {TREE_BUDGET})")
     p.add_argument("--no-exact", dest="exact", action="store_false",
                    help="trust near-tie verify rows instead of settling them with a draft-free forward")
     add_glide_draft_args(p)
@@ -152,18 +156,40 @@ def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
     p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
     p.add_argument("--cape-bins", type=cape_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
-    p.add_argument("--gamma", type=positive, default=4, help="GliDe draft depth (default 4)")
+    p.add_argument("--gamma", type=positive, default=None, help=f"GliDe draft depth (default {GLIDE_GAMMA})")
     p.add_argument("--draft-vocab", type=nonneg, default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
 
 
+GENERATION_CONFIG_HELP = (
+    "ignore the model's generation_config.json. By default its logits settings apply as in HF generate: "
+    "repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, bad_words_ids, suppress_tokens, "
+    "begin_suppress_tokens, forced_eos_token_id (last token), forced_bos_token_id, sequence_bias, "
+    "exponential_decay_length_penalty; its sampling settings (do_sample, temperature, top_k, top_p) never turn "
+    "sampling on: decoding stays greedy unless --temperature > 0")
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """Sampling flags; the defaults give greedy decoding."""
-    p.add_argument("--temperature", type=finite, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=finite, default=1.0, help="nucleus sampling threshold (1.0 = off)")
-    p.add_argument("--repetition-penalty", type=finite, default=1.0, help="HF/CTRL repetition penalty (1.0 = off)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="sampling seed; the same seed gives the same output with or without drafts")
+    """Sampling and logits flags; the defaults give greedy decoding shaped by the model's generation_config.
+
+    The shaping flags default to None (= the model's generation_config value), the sampling-only ones to None so
+    that :func:`sampling_from_args` can tell a flag that was given from its default.
+    """
+    p.add_argument("--temperature", type=finite, default=0.0,
+                   help="0 = greedy (default, also when the model's generation_config sets do_sample or a "
+                        "temperature); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample from the k most likely tokens (0 = off; sampling only)")
+    p.add_argument("--top-p", type=finite, default=None, help="nucleus sampling threshold (1.0 = off; sampling only)")
+    p.add_argument("--repetition-penalty", type=finite, default=None,
+                   help="HF/CTRL repetition penalty (1.0 = off; default: the model's generation_config)")
+    p.add_argument("--no-repeat-ngram-size", type=nonneg, default=None, metavar="N",
+                   help="never repeat an N-gram of the context (0 = off; default: the model's generation_config)")
+    p.add_argument("--min-new-tokens", type=nonneg, default=None, metavar="N",
+                   help="no EOS before N new tokens (0 = off; default: the model's generation_config)")
+    p.add_argument("--no-generation-config", action="store_true", help=GENERATION_CONFIG_HELP)
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (default 0; sampling only); the same seed gives the same output with or "
+                        "without drafts")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop string (repeatable); the output ends before it")
 
@@ -248,30 +274,112 @@ def questions_or_exit(start: int, count: int, command: str) -> list[dict]:
     return qs[start:start + count]
 
 
+SHAPING_FLAGS = (("repetition_penalty", "--repetition-penalty"), ("no_repeat_ngram_size", "--no-repeat-ngram-size"),
+                 ("min_new_tokens", "--min-new-tokens"))
+
+
 def sampling_from_args(args):
-    """:class:`redraft.sampling.SamplingParams` from the sampling flags; invalid combinations exit with the reason."""
+    """:class:`redraft.sampling.SamplingParams` from the sampling flags (call before loading the model).
+
+    Sampling-only flags given with greedy decoding warn in one line (HF ``generate`` warns the same way when
+    ``do_sample`` is off and ``top_k`` / ``top_p`` are set). Invalid values exit with the reason.
+    """
     from redraft.sampling import SamplingParams  # torch-bound: see the module doc
 
+    unused = [flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p), ("--seed", args.seed))
+              if v is not None]
+    if args.temperature == 0 and unused:
+        print(f"redraft: warning: {', '.join(unused)} only used when sampling; greedy decoding (--temperature 0) "
+              f"ignores {'it' if len(unused) == 1 else 'them'}", file=sys.stderr)
     try:
-        return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              repetition_penalty=args.repetition_penalty, seed=args.seed)
+        return SamplingParams(temperature=args.temperature, top_k=0 if args.top_k is None else args.top_k,
+                              top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed or 0,
+                              **{name: getattr(args, name) for name, _ in SHAPING_FLAGS})
     except ValueError as e:
         raise SystemExit(f"redraft: error: {e}")
 
 
+def announce_generation_config(loaded, args=None) -> None:
+    """Print once to stderr which settings of the model's generation_config shape the logits
+    (:func:`redraft.genconfig.describe`); nothing when it sets none, or with ``--no-generation-config``.
+
+    Args:
+        args: the parsed flags of a command with :func:`add_sampling_args` (overrides, ``--no-generation-config``),
+            or None for a command that always uses the generation_config.
+    Raises:
+        SystemExit: a generation_config value the processors cannot take, naming the file and field.
+    """
+    from redraft.genconfig import GenerationConfigError, describe
+
+    if getattr(args, "no_generation_config", False):
+        return
+    path = loaded.path / "generation_config.json"
+    source = str(path) if path.is_file() else "the model's generation_config"
+    replaced = {name: flag for name, flag in SHAPING_FLAGS if getattr(args, name, None) is not None}
+    try:
+        line = describe(getattr(loaded.model, "generation_config", None), source, replaced,
+                        hint="--no-generation-config to ignore" if args is not None else None)
+    except GenerationConfigError as e:
+        raise SystemExit(f"redraft: error: {source}: {e}")
+    if line:
+        print(line, file=sys.stderr)
+
+
 def check_glide_draft_args(args) -> None:
-    """Refuse GliDe flags given without ``--draft glide`` (call before loading the model).
+    """Refuse GliDe flags given without ``--draft glide``, and ``--cape-bins`` without ``--cape`` (call before
+    loading the model).
 
     Raises:
-        SystemExit: ``--draft-model``, ``--cape`` or ``--draft-vocab`` without ``--draft glide``.
+        SystemExit: ``--draft-model``, ``--cape``, ``--cape-bins``, ``--gamma`` or ``--draft-vocab`` without
+            ``--draft glide``; ``--draft glide`` without ``--draft-model``; ``--cape-bins`` without ``--cape``.
     """
-    if getattr(args, "draft", None) == "glide":
-        return
     given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
+             ("--cape-bins", getattr(args, "cape_bins", None)), ("--gamma", getattr(args, "gamma", None)),
              ("--draft-vocab", getattr(args, "draft_vocab", 0)))
     stray = [flag for flag, value in given if value]
-    if stray:
+    if getattr(args, "draft", None) != "glide" and stray:
         raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
+    if getattr(args, "draft", None) == "glide" and not getattr(args, "draft_model", None):
+        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
+    if getattr(args, "cape_bins", None) is not None and not getattr(args, "cape", False):
+        raise SystemExit("redraft: error: --cape-bins: only used with --cape")
+
+
+def check_draft_args(args, corpus_path: str | None, k: int) -> None:
+    """Refuse draft flags that have no effect in the combination given (call before loading the model).
+
+    Args:
+        corpus_path: the corpus from --corpus or the environment (None = no corpus).
+        k: the corpus draft depth (after clamping), against which --k-max is compared.
+    Raises:
+        SystemExit: --tree, --k-max or --force without a corpus; --k-max not above --k; --tree-budget without
+            --tree or --cape (a single chain is never cut by it); --k, --minacc or --no-exact with no draft
+            source; --minacc at or above every guard's cap without a corpus.
+    """
+    check_glide_draft_args(args)
+    corpus = "a corpus (--corpus FILE or REDRAFT_DRAFT_CORPUS)"
+    stray = [flag for flag, value in (("--tree", args.tree), ("--k-max", args.k_max is not None),
+                                      ("--force", args.force)) if value]
+    if corpus_path is None and stray:
+        raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with {corpus}")
+    if args.k_max is not None and clamp_k(args.k_max) <= k:
+        raise SystemExit(f"redraft: error: --k-max {args.k_max}: no effect unless above the draft depth --k {k}")
+    if args.tree_budget is not None and not (args.tree or args.cape):
+        raise SystemExit("redraft: error: --tree-budget: only used with --tree B or --cape (a single draft chain "
+                         "is limited by --k)")
+    if corpus_path is None and args.no_ngram and args.draft is None:
+        stray = [flag for flag, value in (("--k", args.k is not None), ("--minacc", args.minacc is not None),
+                                          ("--no-exact", not args.exact)) if value]
+        if stray:
+            raise SystemExit(f"redraft: error: {', '.join(stray)}: no effect without a draft source ({corpus}, "
+                             f"the n-gram source or --draft glide)")
+    elif corpus_path is None and args.minacc is not None:
+        # without a corpus only the n-gram guard (capped at NGRAM_MINACC) and the GliDe guard (GLIDE_MINACC) read it
+        caps = ([NGRAM_MINACC] if not args.no_ngram else []) + ([GLIDE_MINACC] if args.draft else [])
+        if args.minacc / 100 >= max(caps):
+            raise SystemExit(f"redraft: error: --minacc {args.minacc:g}: no effect without a corpus, where the "
+                             f"n-gram guard uses at most {100 * NGRAM_MINACC:g}% and a GliDe draft "
+                             f"{100 * GLIDE_MINACC:g}%")
 
 
 def glide_drafter_from_args(args, loaded, minacc: float | None = None):
@@ -287,18 +395,17 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     check_glide_draft_args(args)
     if getattr(args, "draft", None) != "glide":
         return None
-    if not args.draft_model:
-        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
     # torch-bound: see the module doc
     from redraft.drafters.glide import load_glide_drafter
     from redraft.glide.checkpoint import CheckpointError
 
     bins = (args.cape_bins or CapeBins()) if args.cape else None
+    gamma = args.gamma if args.gamma is not None else GLIDE_GAMMA
     # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
     # corpus's 50% would switch off a draft that still pays
     guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
     try:
-        return load_glide_drafter(args.draft_model, loaded.model, gamma=args.gamma, cape=bins,
+        return load_glide_drafter(args.draft_model, loaded.model, gamma=gamma, cape=bins,
                                   head_vocab=args.draft_vocab or None, guard=guard)
     except CheckpointError as e:
         raise SystemExit(f"redraft: error: {e}")
@@ -312,6 +419,9 @@ def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     k_max = clamp_k(args.k_max) if args.k_max is not None else None
     drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
                               k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc))
+    # a single chain (no --tree, no --cape) is never cut by the node budget: --k alone sets its depth
+    budget = args.tree_budget or (TREE_BUDGET if args.tree or args.cape else max(TREE_BUDGET, MAX_DRAFT_DEPTH))
     engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
-                    merge=args.tree > 0, tree_budget=args.tree_budget, exact=args.exact)
+                    merge=args.tree > 0, tree_budget=budget, exact=args.exact,
+                    generation_config=not args.no_generation_config)
     return engine

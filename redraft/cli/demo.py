@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from redraft.cli.common import (add_model_args, load_model_or_exit, nonneg, open_corpus_or_exit, output_file,
-                                positive, questions_or_exit)
+from redraft.cli.common import (add_model_args, announce_generation_config, load_model_or_exit, nonneg,
+                                open_corpus_or_exit, output_file, positive, questions_or_exit)
 from redraft.drafters import build_drafters
 from redraft.drafters.frozen_corpus import clamp_k
 from redraft.freeze import append_spans
@@ -73,6 +73,7 @@ def run_demo(args) -> int:
     replay_q, other_q = qs[:args.questions], qs[args.questions:]
     k = clamp_k(args.k)
     loaded = load_model_or_exit(args.model)
+    announce_generation_config(loaded)
     chat = False if args.no_chat else None
     plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
 

@@ -11,7 +11,8 @@ import sys
 
 from tqdm import tqdm
 
-from redraft.cli.common import add_model_args, load_model_or_exit, output_file, prompts_or_exit
+from redraft.cli.common import (NGEN_DEFAULT, add_model_args, announce_generation_config, load_model_or_exit,
+                                output_file, prompts_or_exit)
 from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import sniff
 from redraft.corpus.tools import append_to_corpus
@@ -44,6 +45,7 @@ def freeze_prompts(args) -> int:
 
     prompts = prompts_or_exit(args.prompts, "freeze")
     loaded = load_model_or_exit(args.model)
+    announce_generation_config(loaded)
     binary = None
     if os.path.isfile(args.out):
         # never extend a file that is not a valid corpus for this model: check it before any generation
@@ -59,7 +61,7 @@ def freeze_prompts(args) -> int:
     try:
         for p in tqdm(prompts, desc="freeze", unit="prompt", file=sys.stderr):
             ids = encode_prompt(loaded.tokenizer, p, chat=False if args.no_chat else None)
-            res = engine.generate(ids, args.ngen)
+            res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
             if binary is not None:
                 binary.append(ids + res.output_ids)
             else:
@@ -76,6 +78,11 @@ def freeze_prompts(args) -> int:
 def cmd_freeze(args) -> int:
     if bool(args.prompts) == bool(args.from_log):
         raise SystemExit("redraft freeze: error: give exactly one of --prompts FILE or --from-log LOG")
+    stray = [flag for flag, value in (("--model", args.model), ("--ngen", args.ngen), ("--no-chat", args.no_chat))
+             if value]
+    if args.from_log and stray:
+        raise SystemExit(f"redraft freeze: error: {', '.join(stray)}: only used with --prompts (--from-log copies "
+                         f"the logged ids)")
     return freeze_logs(args.from_log, args.out) if args.from_log else freeze_prompts(args)
 
 
@@ -85,6 +92,7 @@ def register(sub) -> None:
                        description="Build a frozen corpus: each prompt's ids plus its greedy generation become one "
                                    "span (-1 between spans) appended to --out.")
     add_model_args(p)
+    p.set_defaults(ngen=None)  # given or not: --ngen has no effect with --from-log
     p.add_argument("--prompts", help="prompts file: one per line, or JSONL with a 'prompt' or 'turns' field")
     p.add_argument("--from-log", nargs="+", metavar="LOG", help="take the [TOKENS] lines of earlier runs instead")
     p.add_argument("--out", required=True, type=output_file,

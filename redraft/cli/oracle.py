@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from redraft.cli.common import (add_model_args, add_sampling_args, load_model_or_exit, output_file, positive,
-                                questions_or_exit, sampling_from_args)
+from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, load_model_or_exit,
+                                nonneg, output_file, positive, questions_or_exit, sampling_from_args)
 from redraft.corpus import Corpus
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.drafters import build_drafters
@@ -51,17 +51,24 @@ def run_oracle(args) -> int:
 
     qs = questions_or_exit(args.offset, args.questions, "oracle")
     ks = args.k
-    loaded = load_model_or_exit(args.model)
+    if args.tree_budget is not None and not args.tree:
+        raise SystemExit("redraft oracle: error: --tree-budget: only used with --tree B > 0")
+    if args.compare_exact and not args.exact:
+        raise SystemExit("redraft oracle: error: --no-exact: no effect with --compare-exact (which runs both)")
     sampling = sampling_from_args(args)
+    loaded = load_model_or_exit(args.model)
+    announce_generation_config(loaded, args)
+    use_gc = not args.no_generation_config
     prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
-    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids, generation_config=use_gc)
     refs = [plain.generate(p, args.ngen, sampling=sampling, record_margins=True)
             for p in tqdm(prompts, desc="plain", unit="q", file=sys.stderr)]
     corpus = Corpus.from_spans([r.prompt_ids + r.output_ids for r in refs], vocab_size=loaded.vocab_size)
 
     configs = [(f"chain K={k}", dict(k=k, tree=0)) for k in ks]
+    budget = args.tree_budget or TREE_BUDGET
     if args.tree:
-        configs.append((f"tree B={args.tree} K={max(ks)} budget={args.tree_budget}", dict(k=max(ks), tree=args.tree)))
+        configs.append((f"tree B={args.tree} K={max(ks)} budget={budget}", dict(k=max(ks), tree=args.tree)))
     exact_modes = [True, False] if args.compare_exact else [args.exact]
     plain_run = RunSummary.of(refs)
     report = {"questions": len(qs), "ngen": args.ngen, "plain_tokens": plain_run.tokens,
@@ -72,7 +79,9 @@ def run_oracle(args) -> int:
             engine = Engine(loaded.model,
                             build_drafters(corpus, k=cfg["k"], ngram=True, tree_branches=cfg["tree"]),
                             eos_token_ids=loaded.eos_token_ids, max_depth=cfg["k"], merge=cfg["tree"] > 0,
-                            tree_budget=args.tree_budget, exact=exact)
+                            # a chain is never cut by the tree budget: K alone sets its depth
+                            tree_budget=budget if cfg["tree"] else max(budget, cfg["k"]), exact=exact,
+                            generation_config=use_gc)
             match, first, run = 0, None, RunSummary()
             for q, p, ref in tqdm(list(zip(qs, prompts, refs)), desc=f"{name} exact={exact}", unit="q",
                                   file=sys.stderr):
@@ -116,9 +125,10 @@ def register(sub) -> None:
     p.add_argument("--offset", type=int, default=0, help="first question index (default 0)")
     p.add_argument("--k", type=draft_depths, default=[1, 2, 5, 8, 16, 32],
                    help="comma-separated draft depths in 1..48 (default 1,2,5,8,16,32)")
-    p.add_argument("--tree", type=int, default=4, metavar="B", help="also tree drafts with B corpus branches (0 = no)")
-    p.add_argument("--tree-budget", type=positive, default=TREE_BUDGET,
-                   help=f"tree node budget (default {TREE_BUDGET})")
+    p.add_argument("--tree", type=nonneg, default=4, metavar="B",
+                   help="also tree drafts with B corpus branches (default 4; 0 = no)")
+    p.add_argument("--tree-budget", type=positive, default=None,
+                   help=f"tree node budget of the --tree configuration (default {TREE_BUDGET})")
     p.add_argument("--no-exact", dest="exact", action="store_false", help="run without exact mode")
     p.add_argument("--compare-exact", action="store_true", help="run every configuration with and without exact mode")
     p.add_argument("--json", default=None, metavar="PATH", type=output_file, help="write every figure as JSON")

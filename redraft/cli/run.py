@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from redraft.cli.common import (add_draft_args, add_model_args, add_sampling_args, check_glide_draft_args,
-                                engine_from_args, load_model_or_exit, open_corpus_or_exit, resolve_draft_args,
-                                sampling_from_args)
+from redraft.cli.common import (add_draft_args, add_model_args, add_sampling_args, announce_generation_config,
+                                check_draft_args, engine_from_args, load_model_or_exit, open_corpus_or_exit,
+                                resolve_draft_args, sampling_from_args)
 from redraft.drafters.frozen_corpus import clamp_k
 from redraft.prompts import encode_prompt
 from redraft.runstats import run_report
@@ -22,9 +22,10 @@ def cmd_run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     corpus_path, k, minacc = resolve_draft_args(args)
     k = clamp_k(k)
-    check_glide_draft_args(args)  # before the model load, not after
-    loaded = load_model_or_exit(args.model)
+    check_draft_args(args, corpus_path, k)  # before the model load, not after
     sampling = sampling_from_args(args)
+    loaded = load_model_or_exit(args.model)
+    announce_generation_config(loaded, args)
     corpus = open_corpus_or_exit(corpus_path, loaded, force=args.force)
     engine = engine_from_args(args, loaded, corpus, k, minacc)
     ids = encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None)
@@ -63,7 +64,10 @@ def register(sub) -> None:
     """Add ``run`` to the top-level sub-parsers."""
     p = sub.add_parser("run", help="generate a reply to one prompt with speculative decoding",
                        description="Stream the model's greedy reply to PROMPT on stdout; speculation statistics "
-                                   "go to stderr.")
+                                   "go to stderr. The logits settings of the model's generation_config.json "
+                                   "(repetition_penalty, no_repeat_ngram_size, min_new_tokens, ...) apply as in HF "
+                                   "generate; its sampling settings do not: decoding is greedy unless "
+                                   "--temperature > 0.")
     add_model_args(p)
     add_draft_args(p)
     add_sampling_args(p)
