@@ -79,8 +79,8 @@ def hf_processed(logits: torch.Tensor, params: SamplingParams, contexts: list[li
                               TopPLogitsWarper)
 
     procs = []
-    if params.repetition_penalty != 1.0:
-        procs.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.repetition_penalty not in (None, 1.0):  # None: the model's generation_config (none here)
+        procs.append(RepetitionPenaltyLogitsProcessor(float(params.repetition_penalty)))
     if not params.greedy:
         procs.append(TemperatureLogitsWarper(params.temperature))
         if params.top_k:
