@@ -376,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_oracle_parser(sub)
     add_glide_parser(sub)
+    from redraft.cli_serve import add_serve_parser
+    add_serve_parser(sub)
 
     try:
         from redraft.corpus.tools import add_corpus_subparser
