@@ -22,16 +22,6 @@ def _int_in(lo: int, hi: int | None = None):
     return parse
 
 
-def _fraction_of_percent(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (expected a percentage 0..100)")
-    if not 0 <= v <= 100:
-        raise argparse.ArgumentTypeError(f"{text} is outside 0..100 (a percentage)")
-    return v / 100.0
-
-
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``serve`` on an argparse subparsers object; returns its parser."""
     p = subparsers.add_parser(
@@ -62,7 +52,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--k", type=_int_in(1, 48), default=8, help="corpus draft depth (default 8)")
     p.add_argument("--k-max", type=_int_in(1, 48), default=32,
                    help="adaptive corpus depth: doubles while drafts are accepted whole, up to K (default 32)")
-    p.add_argument("--minacc", type=_fraction_of_percent, default=0.5, metavar="PCT",
+    p.add_argument("--minacc", type=_int_in(0, 100), default=50, metavar="PCT",
                    help="pause a corpus source whose acceptance falls below PCT%% (default 50)")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--max-queue", type=_int_in(1), default=256, help="most waiting requests; 503 beyond (default 256)")
@@ -115,7 +105,8 @@ def build_server(args, loaded=None):
                                 sync=args.sync, learn=not args.no_learn, shared=args.corpus)
     except CorporaError as e:
         raise _fail(str(e))
-    draft = DraftSettings(k=args.k, k_max=max(args.k, args.k_max), minacc=args.minacc, ngram=not args.no_ngram)
+    draft = DraftSettings(k=args.k, k_max=max(args.k, args.k_max), minacc=args.minacc / 100.0,
+                          ngram=not args.no_ngram)
     generator = Generator(loaded, corpora, draft)
     return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue)
 
