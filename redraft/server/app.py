@@ -101,9 +101,9 @@ class Server:
         ctx = self.generator.context_length
         room = ctx - len(ids) if ctx else NO_CONTEXT_LIMIT
         if ctx and room <= 0:
-            raise APIError(413, f"the prompt is {len(ids)} tokens; this model's context is {ctx} tokens "
-                                "(prompt + max_tokens must fit)", param="messages" if req.messages else "prompt",
-                           code="context_length_exceeded")
+            what = "messages" if req.kind == "chat" else "prompt"
+            raise APIError(413, f"the {what} encode to {len(ids)} tokens; this model's context is {ctx} tokens "
+                                "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = min(DEFAULT_COMPLETION_TOKENS, room) if req.kind == "completion" else room
