@@ -9,6 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from conftest import build_tiny
 
 VOCAB = 64
@@ -31,6 +33,20 @@ def save_tiny_model(d: Path) -> Path:
     build_tiny("llama", "sdpa", seed=11, vocab_size=VOCAB, eos_token_id=EOS, max_position_embeddings=CONTEXT
                ).save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """The tiny model saved once per test module (import this fixture into the module)."""
+    return save_tiny_model(tmp_path_factory.mktemp("serve-model"))
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    """The tiny model loaded as ``redraft serve`` loads it."""
+    from redraft.models import load_model
+
+    return load_model(model_dir)
 
 
 def words(ids) -> str:

@@ -12,19 +12,7 @@ import httpx
 import pytest
 
 from conftest import plain_greedy
-from serverkit import CONTEXT, EOS, live_server, save_tiny_model, serve_args, words
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("serve-model"))
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    from redraft.models import load_model
-
-    return load_model(model_dir)
+from serverkit import CONTEXT, EOS, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +193,17 @@ def wait_idle(live, timeout: float = 20.0) -> None:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_disconnect_stops_the_generation(live, loaded, stream):
+def test_disconnect_stops_the_generation(live, loaded, stream, monkeypatch):
     prompt = long_prompt(loaded)
     n = CONTEXT - len(prompt) - 1
+    target = live.server.generator.target
+    slow = target.forward
+
+    def forward(*a, **kw):  # ~3 s for the whole answer: far longer than the client stays
+        time.sleep(0.005)
+        return slow(*a, **kw)
+
+    monkeypatch.setattr(target, "forward", forward)
     wait_idle(live)
     aborted = metric(live, "vllm:request_success_total", finished_reason="abort")
     generated = metric(live, "vllm:generation_tokens_total")

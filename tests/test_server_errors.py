@@ -6,15 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from serverkit import CONTEXT, live_server, save_tiny_model, serve_args, words
+from serverkit import CONTEXT, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    from redraft.models import load_model
-
-    d = save_tiny_model(tmp_path_factory.mktemp("serve-errors"))
-    with live_server(serve_args(d), load_model(d)) as srv:
+def live(model_dir, loaded):
+    with live_server(serve_args(model_dir), loaded) as srv:
         yield srv
 
 

@@ -14,22 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serverkit import live_server, save_tiny_model, serve_args
+from serverkit import live_server, loaded, model_dir, serve_args  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 P1, P2 = [10, 20, 30, 40], [50, 41, 32, 23]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("serve-recovery"))
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir):
-    from redraft.models import load_model
-
-    return load_model(model_dir)
 
 
 def ask(srv, prompt, n=40):
