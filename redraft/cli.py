@@ -401,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_parsers = None
     if add_bench_parsers is not None:
         add_bench_parsers(bsub)
+    from redraft.bench.serve_bench import add_bench_serve_parser
+    add_bench_serve_parser(bsub)
     return parser
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -78,12 +77,10 @@ def live_server(args, loaded=None, start_timeout: float = 30.0):
     """Build the server from parsed ``serve`` args (and an already loaded model), run it, stop it at exit."""
     import uvicorn
 
-    from redraft.cli_serve import build_server
+    from redraft.cli_serve import build_server, listen
 
     server = build_server(args, loaded)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
+    sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     uv = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from conftest import plain_greedy
+from redraft.bench.serve_bench import metric_value
 from serverkit import CONTEXT, EOS, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
 
 
@@ -33,14 +34,8 @@ def stats(resp) -> dict:
 
 
 def metric(live, name: str, **labels) -> float:
-    """The value of one sample of /metrics (0 when absent)."""
-    text = httpx.get(f"{live.base}/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The value of one metric of /metrics (summed over the samples that match ``labels``; 0 when absent)."""
+    return metric_value(httpx.get(f"{live.base}/metrics", timeout=10).text, name, **labels)
 
 
 # ---- exactness and streaming ------------------------------------------------------------------------------------

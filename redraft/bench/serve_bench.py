@@ -1,0 +1,388 @@
+"""``redraft bench serve``: what ``redraft serve`` does for its users, measured over loopback HTTP.
+
+Phases (each against ``redraft serve`` running as its own process, started and stopped here):
+
+- ``repeat``: a fresh server with an empty corpus gets N Spec-Bench questions (MT-Bench categories, round-robin),
+  then the same N again: second-pass generated tokens/s over the first pass's, and whether every answer is
+  identical. Nothing is frozen by hand: the server learned the first answers.
+- ``load``: R requests from C concurrent clients (distinct questions, each repeated); first every distinct
+  request alone, then the load: errors, responses not identical to the request sent alone, p50/p99 latency and
+  queue wait (the server's own per-request figure).
+- ``overhead``: one request through HTTP (a ``--no-learn`` server, so every repeat starts from the same state)
+  against the same prompt through :class:`redraft.engine.Engine` in this process with the server's draft sources:
+  tokens/s ratio (median of repeats) and identical text.
+- ``crash``: ``kill -9`` of a server during a load run, restart on the same corpus directory: it starts and holds
+  every span whose response completed (at most the in-flight ones are lost); then the same with the journal
+  truncated mid-record and with a flipped byte (each skipped with a warning, the server starts).
+- ``memory``: M short requests with distinct prompts; the server's resident memory before and after, and its
+  learned corpus size (bounded by ``--cap-tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PHASES = ("repeat", "load", "overhead", "crash", "memory")
+
+
+def metric_value(text: str, name: str, **labels) -> float:
+    """Sum of the samples of metric ``name`` whose labels include ``labels``, in Prometheus text ``text``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class ServerProcess:
+    """``python -m redraft serve`` on a free loopback port, its stderr in ``log``."""
+
+    def __init__(self, model: str | None, log: Path, *extra: str, threads: int | None = None) -> None:
+        self.log, self.base = log, None
+        cmd = [sys.executable, "-m", "redraft"] + (["--threads", str(threads)] if threads else []) + ["serve"]
+        cmd += (["--model", model] if model else []) + ["--port", "0", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "a"),
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def wait_ready(self, timeout: float = 600.0) -> str:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.findall(r"on (http://[^\s/]+)/v1", self.log.read_text(errors="replace"))
+            if m:
+                try:
+                    if httpx.get(f"{m[-1]}/health", timeout=5).status_code == 200:
+                        self.base = m[-1]
+                        return self.base
+                except httpx.TransportError:
+                    pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited (rc {self.proc.returncode}); see {self.log}")
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"the server did not start within {timeout:.0f} s; see {self.log}")
+
+    def metrics(self) -> str:
+        import httpx
+
+        return httpx.get(f"{self.base}/metrics", timeout=30).text
+
+    def rss(self) -> int:
+        import psutil
+
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def ask(client, base: str, question: str, max_tokens: int, timeout: float = 600.0) -> tuple[int, dict, float]:
+    """One greedy chat request: (HTTP status, JSON body, client-side seconds)."""
+    t0 = time.perf_counter()
+    r = client.post(f"{base}/v1/chat/completions", timeout=timeout, json={
+        "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0})
+    return r.status_code, r.json(), time.perf_counter() - t0
+
+
+def _text(body: dict) -> str:
+    return body["choices"][0]["message"]["content"]
+
+
+def _questions(n: int, offset: int = 0) -> list[str]:
+    from redraft.bench.workloads import round_robin
+    from redraft.demo import spec_bench_questions
+
+    qs = spec_bench_questions()
+    cats = list(dict.fromkeys(q["category"] for q in qs))
+    return [q["turns"][0] for q in round_robin(qs, cats, n + offset)][offset:]
+
+
+def _pct(values: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+# ---- phases ---------------------------------------------------------------------------------------------------------
+def phase_repeat(args, work: Path) -> dict:
+    import httpx
+
+    from redraft.bench.workloads import replay_questions
+    from redraft.demo import spec_bench_questions
+
+    questions = [q["turns"][0] for q in replay_questions(spec_bench_questions(), args.questions)]
+    srv = ServerProcess(args.model, work / "repeat.log", "--corpus-dir", str(work / "repeat"), threads=args.threads)
+    passes = []
+    try:
+        base = srv.wait_ready()
+        with httpx.Client() as c:
+            for _ in range(2):
+                texts, tokens, seconds, forwards = [], 0, 0.0, 0
+                for q in questions:
+                    status, body, dt = ask(c, base, q, args.max_tokens)
+                    if status != 200:
+                        raise RuntimeError(f"repeat: HTTP {status}: {body}")
+                    texts.append(_text(body))
+                    tokens += body["usage"]["completion_tokens"]
+                    forwards += body["redraft"]["forwards"]
+                    seconds += dt
+                passes.append({"texts": texts, "tokens": tokens, "seconds": seconds, "forwards": forwards,
+                               "tokens_per_second": tokens / seconds if seconds else 0.0})
+        m = srv.metrics()
+    finally:
+        srv.stop()
+    first, second = passes
+    return {"questions": len(questions), "max_tokens": args.max_tokens,
+            "first_tokens_per_second": first["tokens_per_second"],
+            "second_tokens_per_second": second["tokens_per_second"],
+            "speedup": second["tokens_per_second"] / first["tokens_per_second"] if first["tokens_per_second"] else 0,
+            "first_tokens_per_forward": first["tokens"] / max(1, first["forwards"]),
+            "second_tokens_per_forward": second["tokens"] / max(1, second["forwards"]),
+            "identical": sum(a == b for a, b in zip(first["texts"], second["texts"])),
+            "corpus_acceptance": metric_value(m, "vllm:spec_decode_num_accepted_tokens_total", source="corpus")
+            / max(1.0, metric_value(m, "vllm:spec_decode_num_draft_tokens_total", source="corpus"))}
+
+
+def _fire(base: str, jobs: list[tuple[int, str]], concurrency: int, max_tokens: int, deadline: float,
+          stop: threading.Event | None = None) -> list[dict]:
+    """Send (index, question) jobs from ``concurrency`` client threads; one record per job sent."""
+    import httpx
+
+    lock, out, todo = threading.Lock(), [], list(jobs)
+
+    def client():
+        with httpx.Client() as c:
+            while time.monotonic() < deadline and not (stop and stop.is_set()):
+                with lock:
+                    if not todo:
+                        return
+                    i, q = todo.pop(0)
+                try:
+                    status, body, dt = ask(c, base, q, max_tokens, timeout=max(1.0, deadline - time.monotonic()))
+                except (httpx.HTTPError, ValueError) as e:
+                    status, body, dt = 0, {"error": str(e)}, 0.0
+                with lock:
+                    out.append({"i": i, "status": status, "body": body, "seconds": dt})
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()) + 30)
+    return out
+
+
+def phase_load(args, work: Path) -> dict:
+    import httpx
+
+    questions = _questions(args.load_distinct)
+    srv = ServerProcess(args.model, work / "load.log", threads=args.threads)
+    try:
+        base = srv.wait_ready()
+        with httpx.Client() as c:
+            alone = {}
+            for i, q in enumerate(questions):
+                status, body, _ = ask(c, base, q, args.load_max_tokens)
+                alone[i] = _text(body) if status == 200 else None
+        jobs = [(i % len(questions), questions[i % len(questions)]) for i in range(args.requests)]
+        t0 = time.monotonic()
+        res = _fire(base, jobs, args.concurrency, args.load_max_tokens, t0 + args.timeout)
+        wall = time.monotonic() - t0
+    finally:
+        srv.stop()
+    ok = [r for r in res if r["status"] == 200]
+    lat = [r["seconds"] for r in ok]
+    wait = [r["body"]["redraft"]["queue_seconds"] for r in ok]
+    return {"requests": args.requests, "concurrency": args.concurrency, "sent": len(res),
+            "errors": len(res) - len(ok) + (args.requests - len(res)),
+            "not_identical": sum(_text(r["body"]) != alone[r["i"]] for r in ok),
+            "latency_p50": _pct(lat, 50), "latency_p99": _pct(lat, 99), "queue_wait_p50": _pct(wait, 50),
+            "queue_wait_p99": _pct(wait, 99), "wall_seconds": wall,
+            "requests_per_second": len(ok) / wall if wall else 0.0}
+
+
+def phase_overhead(args, work: Path) -> dict:
+    import httpx
+
+    from redraft.bench.workloads import ChatEncoder
+    from redraft.drafters import build_drafters
+    from redraft.engine import Engine
+    from redraft.models import load_model
+
+    question = _questions(1)[0]
+    http, direct = [], []
+    srv = ServerProcess(args.model, work / "overhead.log", "--no-learn", threads=args.threads)
+    try:
+        base = srv.wait_ready()
+        with httpx.Client() as c:
+            for _ in range(args.repeats):
+                status, body, dt = ask(c, base, question, args.max_tokens)
+                http.append((body["usage"]["completion_tokens"] / dt, _text(body)))
+    finally:
+        srv.stop()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, quiet=True)
+    ids = ChatEncoder(loaded.tokenizer, chat=True).encode([{"role": "user", "content": question}])
+    for _ in range(args.repeats):  # the server's draft sources: DraftSettings' defaults, no corpus
+        engine = Engine(loaded.model, build_drafters(None, k=8, minacc=0.5, ngram=True, k_max=32),
+                        eos_token_ids=loaded.eos_token_ids, max_depth=32)
+        res = engine.generate(ids, args.max_tokens)
+        direct.append((res.tokens_per_second, loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True)))
+    h, d = sorted(x for x, _ in http), sorted(x for x, _ in direct)
+    return {"repeats": args.repeats, "http_tokens_per_second": h[len(h) // 2],
+            "direct_tokens_per_second": d[len(d) // 2], "ratio": h[len(h) // 2] / d[len(d) // 2],
+            "identical": all(t == direct[0][1] for _, t in http + direct)}
+
+
+def _restart_check(args, work: Path, cdir: Path, name: str) -> tuple[float, str]:
+    srv = ServerProcess(args.model, work / f"crash-{name}.log", "--corpus-dir", str(cdir), threads=args.threads)
+    try:
+        srv.wait_ready()
+        spans = metric_value(srv.metrics(), "redraft:corpus_spans", tenant="default")
+    finally:
+        srv.stop()
+    return spans, (work / f"crash-{name}.log").read_text(errors="replace")
+
+
+def phase_crash(args, work: Path) -> dict:
+    cdir = work / "crash"
+    questions = _questions(args.requests, offset=args.load_distinct)
+    srv = ServerProcess(args.model, work / "crash-run.log", "--corpus-dir", str(cdir), threads=args.threads)
+    stop = threading.Event()
+    try:
+        base = srv.wait_ready()
+        done: list[dict] = []
+        t = threading.Thread(target=lambda: done.extend(_fire(base, list(enumerate(questions)), args.concurrency,
+                                                              args.load_max_tokens, time.monotonic() + args.timeout,
+                                                              stop)))
+        t.start()
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline and metric_value(srv.metrics(), "vllm:request_success_total") < \
+                max(1, args.requests // 2):
+            time.sleep(0.2)
+        srv.kill()  # kill -9 mid-load
+        stop.set()
+        t.join(120)
+    finally:
+        srv.kill()
+    learned = sum(1 for r in done if r["status"] == 200 and r["body"]["redraft"]["learned"])
+    out = {"completed": sum(r["status"] == 200 for r in done), "completed_learned": learned}
+    out["spans_after_kill"], _ = _restart_check(args, work, cdir, "restart")
+    out["kill_ok"] = learned <= out["spans_after_kill"] <= learned + args.concurrency
+    journal = next(iter(sorted((cdir / "default").glob("journal-*.rdj"))), None)
+    for damage in ("truncate", "flip"):
+        data = bytearray(journal.read_bytes()) if journal else bytearray()
+        if len(data) < 64:
+            out[f"{damage}_ok"] = None  # too small a journal to damage meaningfully
+            continue
+        if damage == "truncate":
+            data = data[:-5]
+        else:
+            data[len(data) // 2] ^= 0x20
+        journal.write_bytes(bytes(data))
+        spans, log = _restart_check(args, work, cdir, damage)
+        out[f"spans_after_{damage}"] = spans
+        out[f"{damage}_ok"] = "warning" in log and spans >= out["spans_after_kill"] - 2
+    return out
+
+
+def phase_memory(args, work: Path) -> dict:
+    import httpx
+
+    base_qs = _questions(50)
+    srv = ServerProcess(args.model, work / "memory.log", "--corpus-dir", str(work / "memory"), "--no-sync",
+                        "--cap-tokens", str(args.cap_tokens), threads=args.threads)
+    try:
+        base = srv.wait_ready()
+        with httpx.Client() as c:
+            ask(c, base, base_qs[0], 4)
+            before = srv.rss()
+            errors = 0
+            for i in range(args.memory_requests):
+                status, _, _ = ask(c, base, f"Request {i}. {base_qs[i % len(base_qs)][:200]}", 8)
+                errors += status != 200
+        after = srv.rss()
+        m = srv.metrics()
+    finally:
+        srv.stop()
+    return {"requests": args.memory_requests, "errors": errors, "rss_before_mb": before / 2**20,
+            "rss_after_mb": after / 2**20, "corpus_tokens": metric_value(m, "redraft:corpus_tokens"),
+            "cap_tokens": args.cap_tokens}
+
+
+# ---- command --------------------------------------------------------------------------------------------------------
+def add_bench_serve_parser(bsub) -> None:
+    """Register ``serve`` on the ``redraft bench`` subparsers."""
+    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: bundled SmolLM2)")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {', '.join(PHASES)}")
+    p.add_argument("--questions", type=int, default=5, help="repeat: questions per pass (default 5; the issue: 20)")
+    p.add_argument("--max-tokens", type=int, default=64, help="repeat/overhead: max_tokens (default 64)")
+    p.add_argument("--requests", type=int, default=32, help="load/crash: requests (default 32; the issue: 200)")
+    p.add_argument("--concurrency", type=int, default=4, help="load/crash: concurrent clients (default 4; the "
+                                                                "issue: 16)")
+    p.add_argument("--load-distinct", type=int, default=8, help="load: distinct questions (default 8)")
+    p.add_argument("--load-max-tokens", type=int, default=24, help="load/crash: max_tokens (default 24)")
+    p.add_argument("--repeats", type=int, default=3, help="overhead: timings per side, median (default 3)")
+    p.add_argument("--memory-requests", type=int, default=100, help="memory: requests (default 100; the issue: "
+                                                                     "10000)")
+    p.add_argument("--cap-tokens", type=int, default=1_000_000, help="memory: the server's --cap-tokens")
+    p.add_argument("--timeout", type=float, default=1800.0, help="most seconds per load/crash run (default 1800)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the server and of the direct run")
+    p.add_argument("--work-dir", default=None, help="keep logs and corpora here (default: a temporary directory)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.set_defaults(func=cmd_bench_serve)
+
+
+def cmd_bench_serve(args) -> int:
+    phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    bad = [x for x in phases if x not in PHASES]
+    if bad or not phases:
+        raise SystemExit(f"redraft bench serve: error: unknown phase {bad[0] if bad else '(none)'!r}; choose from "
+                         f"{', '.join(PHASES)}")
+    for name in ("questions", "max_tokens", "requests", "concurrency", "load_distinct", "load_max_tokens", "repeats",
+                 "memory_requests", "cap_tokens"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"redraft bench serve: error: --{name.replace('_', '-')} must be at least 1")
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in phases:
+        print(f"bench serve: {name} ...", file=sys.stderr, flush=True)
+        results[name] = globals()[f"phase_{name}"](args, work)
+        print(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in results[name].items()), flush=True)
+    print(f"logs and corpora: {work}", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def _fmt(v) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
