@@ -178,3 +178,38 @@ def test_serve_flag_errors_exit_2(capsys, argv, says):
     with pytest.raises(SystemExit) as e:
         main(["serve", *argv])
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_listening_socket_disables_nagle_for_accepted_connections():
+    """Without TCP_NODELAY every keep-alive response waited ~40 ms for a delayed ACK (asyncio sets the option only
+    on sockets created with proto IPPROTO_TCP; accepted sockets inherit it from the listener on Linux)."""
+    from redraft.cli_serve import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2]):
+            conn, _ = sock.accept()
+            with conn:
+                assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        sock.close()
+
+
+@pytest.mark.slow  # starts several server processes
+def test_bench_serve_smoke(tmp_path, capsys):
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from serverkit import save_tiny_model
+
+    from redraft.cli import main
+
+    model = save_tiny_model(tmp_path / "m")
+    out = tmp_path / "r.json"
+    assert main(["bench", "serve", "--model", str(model), "--phases", "repeat,load,crash", "--questions", "2",
+                 "--requests", "6", "--concurrency", "2", "--load-distinct", "3", "--threads", "1",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["repeat"]["identical"] == 2 and res["repeat"]["second_tokens_per_forward"] > 1
+    assert res["load"]["errors"] == 0 and res["load"]["not_identical"] == 0
+    assert res["crash"]["kill_ok"] and res["crash"]["truncate_ok"] is not False
