@@ -167,6 +167,28 @@ def test_no_learn_keeps_the_corpus_empty(model_dir, loaded):
         assert "corpus" not in stats(again)["sources"] and not stats(again)["learned"]
 
 
+def test_shared_read_only_corpus_drafts_for_every_tenant(model_dir, loaded, tmp_path):
+    prompt = [17, 27, 37, 47]
+    want, out, _ = expected_text(loaded, prompt, 50)
+    shared = tmp_path / "shared.txt"
+    shared.write_text(" ".join(map(str, prompt + out)) + "\n")
+    with live_server(serve_args(model_dir, "--no-ngram", "--no-learn", "--corpus", str(shared)), loaded) as srv:
+        r = srv.client().completions.create(model=srv.server.model_id, prompt=prompt, max_tokens=50)
+    assert r.choices[0].text == want
+    assert stats(r)["sources"]["shared"]["accepted"] > 0 and stats(r)["forwards"] < len(out)
+
+
+def test_cap_bounds_each_tenants_corpus(model_dir, loaded):
+    cap = 60
+    with live_server(serve_args(model_dir, "--no-ngram", "--cap-tokens", str(cap)), loaded) as srv:
+        for i in range(8):
+            srv.client().completions.create(model=srv.server.model_id, prompt=[2 + i, 30 + i, 9], max_tokens=20)
+            assert metric(srv, "redraft:corpus_tokens", tenant="default") <= 2 * cap
+        corpus = srv.server.generator.corpora.get("default")
+        corpus.compact()
+        assert corpus.n_tokens <= cap and metric(srv, "redraft:corpus_evicted_spans", tenant="default") > 0
+
+
 # ---- a client that leaves -------------------------------------------------------------------------------------
 
 def long_prompt(loaded) -> list[int]:

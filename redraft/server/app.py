@@ -260,6 +260,8 @@ class Server:
 
         @app.get("/metrics")
         async def metrics():
+            for t in self.generator.corpora.learned:  # evictions happen in the background: read sizes now
+                self._corpus_gauges(t)
             return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         return _CountRequests(app, self.metrics)
