@@ -1,7 +1,7 @@
 """Speculation policy constants: the one place every module reads its draft depths and guard settings from.
 
 Figures are from measurements on the 2-core development CPU (see docs/benchmarks.md); the cost-aware policy
-(to come) replaces the fixed guard thresholds with the measured cost curve.
+(redraft.policy, settings at the end) replaces the fixed guard thresholds with the measured cost curve.
 """
 
 from __future__ import annotations
@@ -28,3 +28,30 @@ GLIDE_MINACC = 0.25
 
 # Token trees: most draft nodes in one verify forward.
 TREE_BUDGET = 32
+
+# Suffix lengths the lookup drafters try, longest first (Colibri's corpus lookup: 8 down to 3).
+SUFFIX_MIN_N = 3
+SUFFIX_MAX_N = 8
+
+# GliDe draft depth along the greedy spine (the paper's gamma).
+GLIDE_GAMMA = 4
+
+# Exact mode: a verify row whose top-2 logit gap is below this is a near-tie, recomputed draft-free. Verify rows
+# differ from single-token forwards by ~1e-4 here (fp32), so 1e-3 leaves a tenfold margin.
+EXACT_MARGIN = 1e-3
+
+# Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
+# the measured cost curve.
+# Draft sizes at which the verify cost curve is measured (every size to 8, where a CPU's curve jumps most, then
+# coarser), the cached prefix before each timed forward, and timings per size (median).
+COST_SIZES = (0, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+COST_PREFIX = 128
+COST_REPEATS = 3
+# Acceptance learned online: prior P(accept) of a new source, its weight in pseudo-outcomes, and the decay per
+# outcome (the estimate follows the last ~1 / (1 - decay) = 5 verify forwards).
+ACCEPT_PRIOR = 0.5
+ACCEPT_PRIOR_WEIGHT = 1.0
+ACCEPT_DECAY = 0.8
+# A dropped source's probes may cost this share of a plain step on average; a probe is at most PROBE_MAX tokens.
+PROBE_OVERHEAD = 0.03
+PROBE_MAX = 4

@@ -14,29 +14,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
+from redraft.runstats import SourceStats
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
 from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
 
-
-
-@dataclass
-class SourceStats:
-    """Per-drafter counts over one generation: draft tokens proposed and accepted, steps it drafted, and how
-    often its acceptance guard paused it."""
-
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0
-    paused: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
 
 
 @dataclass
@@ -50,9 +36,15 @@ class GenerationResult:
         seconds: wall-clock seconds for the whole generation (prefill included).
         stop_reason: "eos", "length" (max_new_tokens), "context" (the model's context length) or "stop".
         sources: per-drafter :class:`SourceStats`.
-        accepted_per_forward: accepted draft tokens in each forward (0 where nothing was drafted or accepted).
-        drafted_per_forward: draft tokens (tree nodes) verified in each forward; with ``accepted_per_forward`` it
-            gives acceptance by position and, with a cost curve c(S), the model-time cost of the run.
+        accepted_per_forward: accepted draft tokens emitted by each forward (0 where nothing was drafted or
+            accepted); a forward emits accepted + 1 tokens, or fewer when the output ends inside its draft.
+        drafted_per_forward: draft tokens (tree nodes) verified in each forward, all of them (the forward's width:
+            with a cost curve c(S) it gives the model-time cost of the run).
+        draft_depth_per_forward: the verify tree's depth in each forward (tokens along its longest path, 0 = no
+            draft), capped at the tokens emitted when the output ended inside the draft; with
+            ``accepted_per_forward`` it gives acceptance by draft position.
+        source_per_forward: names of the drafters with counted nodes (see :class:`SourceStats`) in each forward,
+            in priority order (empty tuple = no draft).
         margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
     """
 
@@ -64,6 +56,8 @@ class GenerationResult:
     sources: dict[str, SourceStats] = field(default_factory=dict)
     accepted_per_forward: list[int] = field(default_factory=list)
     drafted_per_forward: list[int] = field(default_factory=list)
+    draft_depth_per_forward: list[int] = field(default_factory=list)
+    source_per_forward: list[tuple[str, ...]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
 
     @property
@@ -80,7 +74,8 @@ class Engine:
 
     Args:
         model: a transformers causal LM (or an :class:`HFTarget` wrapping one).
-        drafters: draft sources in priority order; empty = plain greedy decoding.
+        drafters: draft sources (:class:`~redraft.drafters.base.Drafter`) in priority order; empty = plain greedy
+            decoding. Each is bound to this engine's target before every generation.
         eos_token_ids: ids that end a generation (may be empty).
         max_depth: cap on the draft depth (tokens along one path), 1..48.
         tree_budget: most nodes per verify forward.
@@ -94,7 +89,7 @@ class Engine:
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
-                 exact: bool = True, exact_margin: float = 1e-3) -> None:
+                 exact: bool = True, exact_margin: float = EXACT_MARGIN) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
@@ -106,24 +101,18 @@ class Engine:
         self.chain_only = self.target.sliding_window is not None
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
+        """The verify tree of one step: each drafter's proposal in priority order, cleaned and merged."""
         tree = TokenTree()
         if max_depth <= 0:
             return tree
-        vocab = self.target.vocab_size
         for d in self.drafters:
             prop = d.propose(context, max_depth)
             if prop is None or len(prop) == 0:
                 continue
-            tokens, parents = list(prop.tokens), prop.parents
-            if self.chain_only and parents is not None:
-                tokens, parents = _first_path(tokens, parents), None
-            if min(tokens) < 0 or max(tokens) >= vocab:
-                # an id the model cannot embed would crash the verify forward: drop it and what hangs below it
-                tokens, parents = _drop_invalid(tokens, parents, vocab)
-            if parents is None:
-                tree.add_chain(tokens, d.name, budget=self.tree_budget, max_depth=max_depth)
-            else:
-                tree.add_subtree(tokens, parents, d.name, budget=self.tree_budget, max_depth=max_depth)
+            if self.chain_only:
+                prop = prop.first_path()
+            tree.merge(prop.within_vocab(self.target.vocab_size), d.name, budget=self.tree_budget,
+                       max_depth=max_depth)
             if not self.merge or self.chain_only or len(tree) >= self.tree_budget:
                 break
         return tree
@@ -164,6 +153,7 @@ class Engine:
         pending = prompt  # tokens not yet in the KV cache; the last one is the root of the draft tree
         plain_next = False  # after a near-tie: compute the next token with a draft-free forward, like plain decoding
         for d in self.drafters:
+            d.bind(self.target)
             d.begin(buf[:n_ctx])
         self.target.reset()
         t0 = time.perf_counter()
@@ -207,8 +197,7 @@ class Engine:
                     new, rows, plain_next = new[:tied[0]], rows[:tied[0]], True
             if plain_next and not new:
                 # the root's own row was a near-tie: recompute it with a draft-free forward of the root alone
-                res.accepted_per_forward.append(0)
-                self._account(res, tree, [], 0)
+                self._record(res, tree, [], 0, judged=0)
                 pending = self._replay_root(n_past, n_pend, pending)
                 continue
             n_acc = len(new) - 1 if not plain_next else len(new)
@@ -216,20 +205,13 @@ class Engine:
             if plain_next:
                 # the last kept token's row was a near-tie: drop its KV entry and feed it again alone
                 self.target.crop(self.target.length - 1)
-            res.accepted_per_forward.append(min(len(path), n_acc))
-            self._account(res, tree, path[:n_acc], len(new))
-
-            stop_reason = None
-            for j, t in enumerate(new):
-                if t in self.eos:
-                    new, stop_reason = new[:j + 1], "eos"
-                    break
-            new = new[:remaining]
+            new, stop_reason = self._cut(new, remaining, res.output_ids, stop)
+            # Statistics count only what was emitted: a forward whose tokens were cut short of accepted + bonus
+            # (EOS, stop string, token limit, near-tie) judged the draft positions up to the tokens it emitted.
+            judged = len(new) if len(new) < len(path) + 1 else None
+            self._record(res, tree, path[:min(n_acc, len(new))], len(new), judged)
             if record_margins:
                 res.margins.extend(float(margins[r]) for r in rows[:len(new)])
-            cut = stop.check(res.output_ids + new) if stop else None
-            if cut is not None:
-                new, stop_reason = new[:max(0, cut - len(res.output_ids))], "stop"
             buf[n_ctx:n_ctx + len(new)] = new
             n_ctx += len(new)
             res.output_ids.extend(new)
@@ -253,12 +235,40 @@ class Engine:
         self.target.crop(n_past + n_pend - 1 if n_pend == 1 else n_past)
         return pending if n_pend > 1 else pending[-1:]
 
-    def _account(self, res: GenerationResult, tree: TokenTree, path: list[int], emitted: int) -> None:
-        if not self.drafters:
-            return
+    def _cut(self, new: list[int], remaining: int, output: list[int], stop: StopStrings | None
+             ) -> tuple[list[int], str | None]:
+        """The head of ``new`` to emit and why the generation stops there (None: it goes on).
+
+        Cuts at the token budget, after the first EOS id, then at the token completing a stop string.
+        """
+        new, reason = new[:remaining], None
+        for j, t in enumerate(new):
+            if t in self.eos:
+                new, reason = new[:j + 1], "eos"
+                break
+        cut = stop.check(output + new) if stop else None
+        if cut is not None:
+            new, reason = new[:max(0, cut - len(output))], "stop"
+        return new, reason
+
+    def _record(self, res: GenerationResult, tree: TokenTree, path: list[int], emitted: int,
+                judged: int | None) -> None:
+        """Per-forward and per-source statistics of one verify forward, and each drafter's ``observe``.
+
+        Args:
+            path: accepted node indices whose tokens were emitted.
+            emitted: tokens this forward emitted.
+            judged: None, or the draft depth the output reached when it was cut short: deeper nodes were never
+                part of the output, so they count neither as proposed nor for the draft depth.
+        """
+        depths = tree.depths if judged is None else [min(d, judged) for d in tree.depths]
+        res.accepted_per_forward.append(len(path))
+        res.draft_depth_per_forward.append(max(depths, default=0))
         proposed: dict[str, int] = {}
-        for s in tree.sources:
-            proposed[s] = proposed.get(s, 0) + 1
+        for s, depth in zip(tree.sources, tree.depths):
+            if judged is None or depth <= judged:
+                proposed[s] = proposed.get(s, 0) + 1
+        res.source_per_forward.append(tuple(d.name for d in self.drafters if d.name in proposed))
         accepted: dict[str, int] = {}
         for i in path:
             accepted[tree.sources[i]] = accepted.get(tree.sources[i], 0) + 1
@@ -268,33 +278,6 @@ class Engine:
             st.proposed += p
             st.accepted += a
             st.steps += p > 0
-            guard = getattr(d, "guard", None)
-            before = getattr(guard, "pauses", 0)
+            before = d.guard.pauses if d.guard is not None else 0
             d.observe(p, a, emitted)
-            st.paused += getattr(guard, "pauses", 0) > before
-
-
-def _first_path(tokens: list[int], parents: Sequence[int]) -> list[int]:
-    """The first root-to-leaf path of a proposal tree (each step takes the first-listed child)."""
-    path, node = [], -1
-    for i, p in enumerate(parents):
-        if p == node:
-            path.append(tokens[i])
-            node = i
-    return path
-
-
-def _drop_invalid(tokens: list[int], parents: Sequence[int] | None, vocab: int):
-    """Remove ids outside [0, vocab) with their descendants (a chain is cut at the first bad id)."""
-    if parents is None:
-        bad = next(i for i, t in enumerate(tokens) if not 0 <= t < vocab)
-        return tokens[:bad], None
-    keep: list[int] = []
-    new_index: dict[int, int] = {}
-    new_parents: list[int] = []
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        if 0 <= t < vocab and (p < 0 or p in new_index):
-            new_index[i] = len(keep)
-            keep.append(t)
-            new_parents.append(-1 if p < 0 else new_index[p])
-    return keep, new_parents
+            st.paused += d.guard is not None and d.guard.pauses > before

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from redraft.corpus import CorpusError
+from redraft.corpus.sources import read_log
 
 
 class PromptFileError(ValueError):
@@ -21,7 +23,8 @@ class PromptFileError(ValueError):
 def read_prompts(path: str | os.PathLike) -> list[str]:
     """Prompts from a file: one per line, or JSONL objects with a ``prompt`` string or a ``turns`` list.
 
-    For ``turns`` the first turn is used. Blank lines are skipped.
+    For ``turns`` the first turn is used. Blank lines are skipped. Surrounding whitespace is not part of a prompt
+    (:func:`redraft.prompts.encode_prompt` drops it the same way for every command), so lines come back stripped.
 
     Raises:
         PromptFileError: unreadable file, invalid JSON on a line that starts with ``{``, or an object with
@@ -60,9 +63,6 @@ def parse_token_log(path: str | os.PathLike) -> list[list[int]]:
     Raises:
         PromptFileError: unreadable log, or a line whose count disagrees with its ids.
     """
-    from redraft.corpus import CorpusError
-    from redraft.corpus.sources import read_log
-
     try:
         return read_log(path)
     except OSError as e:
@@ -72,30 +72,15 @@ def parse_token_log(path: str | os.PathLike) -> list[list[int]]:
 
 
 def append_spans(path: str | os.PathLike, spans: Iterable[Sequence[int]]) -> int:
-    """Append spans to a text corpus (created if missing), one line each, a ``-1`` line between spans.
+    """Append spans to a text corpus (created if missing, with its folder), one line each, a ``-1`` line between.
 
-    Costs O(new ids): the existing file is not rewritten (only its last bytes are read, to know whether a
-    separator and a newline are needed). Returns the number of spans written.
+    The corpus package's one text writer (:func:`redraft.corpus.format.append_text`): O(new ids), the existing
+    file is never rewritten. Returns the number of (non-empty) spans written.
+
+    Raises:
+        redraft.corpus.CorpusError: a negative id, or the file cannot be written (the message names it).
     """
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    need_sep, need_newline = False, False
-    size = p.stat().st_size if p.exists() else 0
-    if size > 0:
-        with open(p, "rb") as f:
-            f.seek(max(0, size - 64))
-            tail = f.read()
-        words = tail.split()
-        need_sep = bool(words) and words[-1] != b"-1"
-        need_newline = not tail.endswith((b"\n", b"\r"))
-    n = 0
-    with open(p, "a", encoding="ascii") as f:
-        if need_newline:
-            f.write("\n")  # never glue a new id onto the file's last id
-        for span in spans:
-            if need_sep:
-                f.write("-1\n")
-            f.write(" ".join(str(int(t)) for t in span) + "\n")
-            need_sep = True
-            n += 1
-    return n
+    from redraft.corpus.format import append_text
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return append_text(path, spans)

@@ -15,26 +15,44 @@ min(1, p/q), resample from norm(max(0, p - q))) when q is one-hot, with a coupli
 Logits processors follow Hugging Face's definitions (``RepetitionPenaltyLogitsProcessor`` after CTRL, Keskar et
 al. 2019; ``TopKLogitsWarper``; ``TopPLogitsWarper``), applied per row with that row's own context: a tree node's
 repetition penalty sees the committed tokens plus the node's ancestors and itself.
+
+Extreme values stay valid distributions: scores are float64 and shifted so that each row's best is 0 before the
+division by the temperature, so ``(l - max) / T`` lies in [-inf, 0] for every T > 0 (a vanishing temperature
+leaves the best tokens at 0 and the rest at -inf: greedy; a huge one flattens towards uniform), and the repetition
+penalty is held within [PENALTY_MIN, PENALTY_MAX], where float32 logits stay finite in float64. Non-finite logits
+from the model raise NonFiniteLogitsError instead of turning into token 0.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 
+PENALTY_MIN, PENALTY_MAX = 1e-250, 1e250  # |float32 logit| < 3.4e38, so l / p and l * p stay below 1e289
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The target model returned NaN or +inf logits, or a row whose logits are all -inf: no token can be chosen."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How each token is chosen.
+    """How each token is chosen. Every accepted value gives a valid distribution; others raise ValueError.
 
     Attributes:
-        temperature: 0 = greedy (argmax); > 0 = sample from softmax(logits / temperature).
-        top_k: keep only the k most likely tokens (0 = off). Sampling only.
-        top_p: keep the smallest set of tokens whose probability reaches top_p (1.0 = off). Sampling only.
-        repetition_penalty: HF/CTRL penalty on tokens already in the context (1.0 = off); also applies to greedy.
-        seed: key of the per-position noise; the same seed gives the same output at any draft depth.
+        temperature: 0 = greedy (argmax); > 0 (finite) = sample from softmax(logits / temperature). Any positive
+            value works: a vanishing one (1e-300, a subnormal) chooses the argmax, a huge one is near uniform.
+        top_k: keep only the k most likely tokens (integer >= 0; 0 = off, >= vocabulary = off). Sampling only.
+        top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1] (1.0 = off); a tiny
+            value keeps the most likely token. Sampling only.
+        repetition_penalty: HF/CTRL penalty on tokens already in the context (finite > 0; 1.0 = off); also applies
+            to greedy. Values beyond [1e-250, 1e250] act as those bounds: seen tokens already rank first (or last)
+            there, and the bounds keep every penalised float32 logit finite.
+        seed: integer key of the per-position noise; the same seed gives the same output at any draft depth.
     """
 
     temperature: float = 0.0
@@ -44,18 +62,30 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not _number(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _integer(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {self.top_p!r}")
+        if not _number(self.repetition_penalty) or not (math.isfinite(self.repetition_penalty)
+                                                        and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), "
+                             f"got {self.repetition_penalty!r}")
+        if not _integer(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _integer(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 GREEDY = SamplingParams()
@@ -65,7 +95,7 @@ def gumbel_noise(seed: int, positions: list[int], vocab: int) -> torch.Tensor:
     """Standard Gumbel noise for each absolute position, independent of how positions are batched.
 
     Returns:
-        FloatTensor [len(positions), vocab] (float32), row i a pure function of (seed, positions[i]).
+        DoubleTensor [len(positions), vocab] (float64, finite), row i a pure function of (seed, positions[i]).
     """
     out = np.empty((len(positions), vocab), dtype=np.float64)
     for i, pos in enumerate(positions):
@@ -77,11 +107,12 @@ def gumbel_noise(seed: int, positions: list[int], vocab: int) -> torch.Tensor:
         np.negative(out[i], out=out[i])
         np.log(out[i], out=out[i])
         np.negative(out[i], out=out[i])
-    return torch.from_numpy(out).to(torch.float32)
+    return torch.from_numpy(out)
 
 
 def _repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     # HF convention: positive logits are divided by the penalty, negative ones multiplied.
+    penalty = min(max(penalty, PENALTY_MIN), PENALTY_MAX)
     penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, penalised, logits)
 
@@ -136,11 +167,15 @@ class TokenChooser:
             row_extra: per row, tokens beyond the committed context that the row sees (a tree node's ancestors and
                 itself); only used by the repetition penalty.
         Returns:
-            (choices, margins): R token ids, and FloatTensor [R] the gap between the best and second-best final
-            score of each row (in logit units; a tiny gap means numerical noise could flip the choice).
+            (choices, margins): R token ids, and DoubleTensor [R] the gap between the best and second-best final
+            score of each row (in logit units, inf when only one token is possible; a tiny gap means numerical
+            noise could flip the choice).
+        Raises:
+            NonFiniteLogitsError: a row holds NaN or +inf, or only -inf (see check_finite).
         """
         p = self.params
-        scores = logits.float()
+        # float64 where the penalty or 1 / temperature could overflow float32; plain greedy keeps the model's values
+        scores = logits.double() if p.repetition_penalty != 1.0 or not p.greedy else logits.float()
         if p.repetition_penalty != 1.0:
             seen = self.seen.expand(scores.shape[0], -1).clone()
             for r, extra in enumerate(row_extra or []):
@@ -148,10 +183,37 @@ class TokenChooser:
                     seen[r, torch.tensor(extra, dtype=torch.long)] = True
             scores = _repetition_penalty(scores, seen, p.repetition_penalty)
         if not p.greedy:
-            scores = _top_p(_top_k(scores / p.temperature, p.top_k), p.top_p)
+            best = scores.max(-1, keepdim=True).values  # NaN if a row has one, +inf if it has one (cheap check)
+            if not bool(torch.isfinite(best).all()):
+                check_finite(logits, positions)
+            # Shifted so each row's best is 0: (l - max) / T is in [-inf, 0] for any T > 0, never NaN or +inf.
+            # top-k ranks before the division, where a huge T cannot round distinct scores to the same value.
+            scores = _top_k(scores - best, p.top_k) / p.temperature
+            scores = _top_p(scores, p.top_p)
             scores = scores + gumbel_noise(p.seed, positions, scores.shape[-1])
-        top2 = torch.topk(scores, 2, dim=-1).values
+        top2 = torch.topk(scores, 2, dim=-1).values  # topk ranks NaN first: a non-finite row shows in top2[:, 0]
+        if p.greedy and not bool(torch.isfinite(top2[:, 0]).all()):
+            check_finite(logits, positions)
         margins = top2[:, 0] - top2[:, 1]
         if not p.greedy:
             margins = margins * p.temperature  # back to logit units, comparable with the verify noise
         return scores.argmax(-1).tolist(), margins
+
+
+def check_finite(logits: torch.Tensor, positions: list[int]) -> None:
+    """Raise NonFiniteLogitsError unless every row of logits [R, V] holds only finite values and -inf (a masked
+    token), with at least one finite value. positions [R]: absolute position each row chooses, for the message.
+    One full pass over the logits; TokenChooser.choose calls it only when a row's best value is not finite."""
+    if bool(torch.isfinite(logits).all()):
+        return
+    nan = torch.isnan(logits).any(-1)
+    pos_inf = torch.isposinf(logits).any(-1)
+    empty = ~(logits > float("-inf")).any(-1)
+    bad = nan | pos_inf | empty
+    if not bool(bad.any()):
+        return  # only some -inf entries: masked tokens, a valid distribution
+    r = int(bad.nonzero()[0])
+    what = "NaN" if nan[r] else "+inf" if pos_inf[r] else "only -inf"
+    raise NonFiniteLogitsError(
+        f"the target model returned {what} logits for the token at position {positions[r]} (verify row {r} of "
+        f"{logits.shape[0]}): no token can be chosen; the model's weights or dtype overflowed")

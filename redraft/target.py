@@ -1,10 +1,13 @@
 """The target model behind a narrow interface: forward token ids with positions and a tree mask, keep or drop KV.
 
 Everything model-specific in the decode loop goes through :class:`HFTarget`, so another runtime (llama.cpp,
-vLLM) can host the same drafters and verifier by implementing these four methods.
+vLLM) can host the same drafters and verifier by implementing these methods (reset, forward, crop, keep, and
+verified_kv for drafters that read the target's cache).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -69,6 +72,29 @@ class HFTarget:
         if drop > 0:
             self.cache.crop(-drop)
             self.length = length
+
+    def verified_kv(self, layers: Sequence[int], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The cached keys and values of the first ``n`` positions of the chosen layers (GliDe's cross-attention).
+
+        Between verify forwards the cache holds exactly the verified prefix, which is what a drafter that reads
+        the target's cache must see. Keys are stored after the model's rotary encoding, as the model attends.
+
+        Args:
+            layers: decoder layer indices (0-based, negative counts from the last layer).
+            n: positions to read, 0 < n <= ``length``.
+        Returns:
+            per layer, (keys, values): views [1, H_kv, n, D] in the model dtype, valid until the next
+            ``forward``, ``crop``, ``keep`` or ``reset`` (copy them to keep them longer).
+        Raises:
+            ValueError: n outside 1..length, or a layer index out of range.
+        """
+        if not 0 < n <= self.length:
+            raise ValueError(f"verified_kv: n={n} outside 1..{self.length} cached positions")
+        cached = self.cache.layers
+        bad = [i for i in layers if not -len(cached) <= i < len(cached)]
+        if bad:
+            raise ValueError(f"verified_kv: layer(s) {bad} out of range for a {len(cached)}-layer cache")
+        return [(cached[i].keys[:, :, :n], cached[i].values[:, :, :n]) for i in layers]
 
     def keep(self, prefix: int, extra: list[int]) -> None:
         """Keep cached positions [0, prefix) plus ``extra`` (ascending absolute indices >= prefix); drop the rest.

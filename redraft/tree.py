@@ -5,6 +5,9 @@ anyway. Each node is one drafted token with a parent (-1 = child of the root), a
 and the drafter that proposed it. Nodes are kept in insertion order with every parent before its children, so
 the linearised order is a valid topological order for the tree attention mask (SpecInfer / Medusa style trees).
 A chain (each node the child of the one before) is the common case and lets the verifier use a plain causal mask.
+
+Every drafter returns a TokenTree (or None); the engine merges the proposals of one step into the verify tree.
+A tree is built at every decode step, so construction is plain Python lists and one dict, no numpy or torch.
 """
 
 from __future__ import annotations
@@ -18,18 +21,59 @@ class TokenTree:
     """Drafted tokens arranged as a tree below the root.
 
     Attributes:
-        tokens: node token ids, length N.
+        tokens: node token ids (int), length N.
         parents: parent node index per node, -1 for children of the root; parents[i] < i.
         depths: 1-based depth per node (root children have depth 1).
         sources: name of the drafter that first proposed each node ("corpus", "ngram", ...).
+        counts: None, or per node how many corpus occurrences support it (frozen-corpus trees; a node added
+            later by another source counts 0). What a cost-aware policy reads to guess each node's acceptance.
+        match_length: suffix length n the corpus matched for this proposal (0 = not a corpus proposal).
+        occurrences: occurrences of that suffix in the corpus, before any sampling (0 = unknown).
     """
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    counts: list[int] | None = None
+    match_length: int = 0
+    occurrences: int = 0
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
+    # ---- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def chain(cls, tokens: Sequence[int], source: str) -> "TokenTree":
+        """A linear draft: node i is the child of node i-1 (node 0 of the root). O(N), no per-node Python loop."""
+        toks = [int(t) for t in tokens]
+        n = len(toks)
+        parents = list(range(-1, n - 1))
+        return cls(toks, parents, list(range(1, n + 1)), [source] * n,
+                   _children=dict(zip(zip(parents, toks), range(n))))
+
+    @classmethod
+    def from_parents(cls, tokens: Sequence[int], parents: Sequence[int], source: str, *,
+                     counts: Sequence[int] | None = None, match_length: int = 0,
+                     occurrences: int = 0) -> "TokenTree":
+        """A tree from parallel lists (``parents[i]`` indexes ``tokens``, -1 = root, parents before children).
+
+        Identical siblings (same parent, same token) are merged into the first one.
+        Raises:
+            ValueError: lengths differ, or a parent index is not smaller than its child's.
+        """
+        if len(tokens) != len(parents) or (counts is not None and len(counts) != len(tokens)):
+            raise ValueError(f"token tree needs one parent (and count) per token, got {len(tokens)} tokens, "
+                             f"{len(parents)} parents" + ("" if counts is None else f", {len(counts)} counts"))
+        tree = cls(counts=[] if counts is not None else None, match_length=match_length, occurrences=occurrences)
+        mapped: list[int] = []
+        for i, (t, p) in enumerate(zip(tokens, parents)):
+            p = int(p)
+            if p >= i:
+                raise ValueError(f"token tree node {i} has parent {p}: parents must come before their children")
+            mapped.append(tree.add_node(-1 if p < 0 else mapped[p], t, source,
+                                        0 if counts is None else int(counts[i])))
+        return tree
+
+    # ---- queries ------------------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -40,13 +84,23 @@ class TokenTree:
 
     @property
     def max_depth(self) -> int:
+        """Tokens along the longest root-to-leaf path (0 for an empty tree)."""
         return max(self.depths, default=0)
 
     def child(self, parent: int, token: int) -> int:
         """Index of ``parent``'s child carrying ``token``, or -1 (parent -1 means the root)."""
         return self._children.get((parent, token), -1)
 
-    def add_node(self, parent: int, token: int, source: str) -> int:
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    # ---- growth -------------------------------------------------------------------------------------------------
+    def add_node(self, parent: int, token: int, source: str, count: int = 0) -> int:
         """Add one node (or return the existing identical sibling). Returns the node index."""
         key = (parent, int(token))
         found = self._children.get(key)
@@ -57,6 +111,8 @@ class TokenTree:
         self.parents.append(parent)
         self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
         self.sources.append(source)
+        if self.counts is not None:
+            self.counts.append(count)
         self._children[key] = idx
         return idx
 
@@ -71,21 +127,12 @@ class TokenTree:
         Returns:
             number of new nodes added.
         """
-        parent, added = -1, 0
-        for d, t in enumerate(tokens, start=1):
-            if max_depth is not None and d > max_depth:
-                break
-            existing = self._children.get((parent, int(t)))
-            if existing is None:
-                if budget is not None and len(self.tokens) >= budget:
-                    break
-                existing = self.add_node(parent, t, source)
-                added += 1
-            parent = existing
-        return added
+        n = len(tokens)
+        return self.add_subtree(tokens, range(-1, n - 1), source, budget=budget, max_depth=max_depth)
 
     def add_subtree(self, tokens: Sequence[int], parents: Sequence[int], source: str, *,
-                    budget: int | None = None, max_depth: int | None = None) -> int:
+                    budget: int | None = None, max_depth: int | None = None,
+                    counts: Sequence[int] | None = None) -> int:
         """Merge a proposal that is itself a tree (``parents`` indexes into ``tokens``, -1 = root, parents first).
 
         Nodes beyond the budget or depth limit are dropped together with their descendants.
@@ -93,7 +140,7 @@ class TokenTree:
         """
         mapped: list[int] = []
         added = 0
-        for t, p in zip(tokens, parents):
+        for i, (t, p) in enumerate(zip(tokens, parents)):
             parent = -1 if p < 0 else mapped[p]
             if parent == -2:  # ancestor was dropped
                 mapped.append(-2)
@@ -104,15 +151,68 @@ class TokenTree:
                 if (budget is not None and len(self.tokens) >= budget) or (max_depth is not None and depth > max_depth):
                     mapped.append(-2)
                     continue
-                existing = self.add_node(parent, t, source)
+                existing = self.add_node(parent, t, source, 0 if counts is None else counts[i])
                 added += 1
             mapped.append(existing)
         return added
 
-    def path_to(self, node: int) -> list[int]:
-        """Node indices from the root's child down to ``node`` (inclusive)."""
-        path = []
-        while node >= 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
+    def merge(self, other: "TokenTree", source: str, *, budget: int | None = None,
+              max_depth: int | None = None) -> int:
+        """Merge the proposal ``other`` below the root, its new nodes credited to ``source``.
+
+        Shared prefixes are kept once, under their first source; nodes beyond ``budget`` (total nodes) or
+        ``max_depth`` are dropped with their descendants. Counts travel when ``other`` has them; the first
+        proposal's match_length / occurrences are kept. Returns the number of new nodes added.
+        """
+        n = len(other.tokens)
+        if not self.tokens and (budget is None or n <= budget) and (max_depth is None or other.max_depth <= max_depth):
+            # the usual step: one proposal that fits; copy its lists instead of re-adding node by node
+            self.tokens, self.parents, self.depths = list(other.tokens), list(other.parents), list(other.depths)
+            self.sources, self._children = [source] * n, dict(other._children)
+            self.counts = None if other.counts is None else list(other.counts)
+            self.match_length, self.occurrences = other.match_length, other.occurrences
+            return n
+        if other.counts is not None and self.counts is None:
+            self.counts = [0] * len(self.tokens)
+        if not self.match_length:
+            self.match_length, self.occurrences = other.match_length, other.occurrences
+        return self.add_subtree(other.tokens, other.parents, source, budget=budget, max_depth=max_depth,
+                                counts=other.counts)
+
+    # ---- cleaning (what the verifier can take) ------------------------------------------------------------------
+    def within_vocab(self, vocab_size: int) -> "TokenTree":
+        """This tree without nodes whose id is outside [0, vocab_size), nor their descendants.
+
+        An id the model cannot embed would crash the verify forward (a corpus built without a vocabulary check
+        can hold one). Returns ``self`` when every id is valid (the usual case: one min/max pass).
+        """
+        if not self.tokens or (min(self.tokens) >= 0 and max(self.tokens) < vocab_size):
+            return self
+        out = TokenTree(counts=[] if self.counts is not None else None, match_length=self.match_length,
+                        occurrences=self.occurrences)
+        mapped: dict[int, int] = {}
+        for i in range(len(self.tokens)):
+            t, p = self.tokens[i], self.parents[i]
+            if 0 <= t < vocab_size and (p < 0 or p in mapped):
+                mapped[i] = out.add_node(-1 if p < 0 else mapped[p], t, self.sources[i],
+                                         0 if self.counts is None else self.counts[i])
+        return out
+
+    def first_path(self) -> "TokenTree":
+        """The first root-to-leaf path as a chain (each step takes the first-listed child); ``self`` if a chain.
+
+        Sliding-window models verify chains only (a tree mask would have to repeat each layer's window).
+        """
+        if self.is_chain:
+            return self
+        nodes, node = [], -1
+        for i, p in enumerate(self.parents):
+            if p == node:
+                nodes.append(i)
+                node = i
+        out = TokenTree.chain([self.tokens[i] for i in nodes], "")
+        out.sources = [self.sources[i] for i in nodes]
+        if self.counts is not None:
+            out.counts = [self.counts[i] for i in nodes]
+        out.match_length, out.occurrences = self.match_length, self.occurrences
+        return out

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from redraft.drafters.base import Proposal
+from redraft.tree import TokenTree
 from redraft.engine import Engine
 from redraft.target import HFTarget
 
@@ -146,6 +146,8 @@ class SequenceDrafter:
     ``depth`` overrides max_depth when set (a drafter that ignores the engine's limit).
     """
 
+    guard = None  # never pauses itself
+
     def __init__(self, seq: Sequence[int], name: str = "oracle", *, shift: int = 0, vocab: int = VOCAB,
                  depth: int | None = None, limit: int | None = None) -> None:
         self.seq = [int(t) for t in seq]
@@ -153,6 +155,9 @@ class SequenceDrafter:
         self.calls: list[tuple[int, int]] = []  # (context length, max_depth) per propose call
         self.observed: list[tuple[int, int, int]] = []
         self.begun = 0
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt: np.ndarray) -> None:
         self.begun += 1
@@ -166,7 +171,7 @@ class SequenceDrafter:
         if self.limit is not None:
             d = min(d, self.limit)
         ids = [(t + self.shift) % self.vocab for t in self.seq[L:L + d]]
-        return Proposal(ids) if ids else None
+        return TokenTree.chain(ids, self.name) if ids else None
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         self.observed.append((proposed, accepted, emitted))
@@ -175,15 +180,20 @@ class SequenceDrafter:
 class ConstantDrafter:
     """Always proposes the same ids (a garbage drafter when they are unrelated to the model)."""
 
+    guard = None  # never pauses itself
+
     def __init__(self, ids: Sequence[int], name: str = "garbage") -> None:
         self.ids, self.name = [int(t) for t in ids], name
         self.observed: list[tuple[int, int, int]] = []
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt):
         pass
 
     def propose(self, context, max_depth):
-        return Proposal(self.ids[:max_depth]) if max_depth > 0 else None
+        return TokenTree.chain(self.ids[:max_depth], self.name) if max_depth > 0 else None
 
     def observe(self, proposed, accepted, emitted):
         self.observed.append((proposed, accepted, emitted))

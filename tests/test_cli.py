@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny, plain_greedy
-from redraft.cli import build_parser, main, resolve_draft_args
+from redraft.cli import build_parser, main
+from redraft.cli.common import resolve_draft_args
 from redraft.corpus import CorpusError, load_corpus
-from redraft.drafters.corpus import open_corpus
+from redraft.drafters.frozen_corpus import open_corpus
 from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
 
 TOK_VOCAB = 64
@@ -104,6 +105,21 @@ def test_bad_arguments_exit_2(capsys, argv, msg):
         main(argv)
     assert e.value.code == 2
     assert msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,threads", [(["--threads", "2", "bench", "run"], 2), (["bench", "run", "--threads", "3"], 3),
+                                          (["--threads", "2", "bench", "cost"], 2), (["--threads", "4", "run", "p"], 4),
+                                          (["bench", "run"], None)])
+def test_threads_flag_of_a_subcommand_keeps_the_top_level_one(argv, threads):
+    """`redraft --threads 2 bench run` used to lose its 2 to bench's own --threads default."""
+    assert getattr(build_parser().parse_args(argv), "threads", None) == threads
+
+
+def test_bench_minacc_is_a_checked_percentage(capsys):
+    assert build_parser().parse_args(["bench", "run", "--minacc", "30"]).minacc == 30.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "run", "--minacc", "150"])
+    assert "outside 0..100" in capsys.readouterr().err
 
 
 def test_help_lists_commands(capsys):

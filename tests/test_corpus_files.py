@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from redraft.corpus import Corpus, CorpusError, load_corpus, tokenizer_fingerprint
-from redraft.corpus.format import MAGIC
+from redraft.corpus.format import MAGIC, append_text, write_text
 
 
 def write(tmp_path, name, data):
@@ -175,6 +175,37 @@ def test_text_binary_text_round_trip_is_lossless(tmp_path_factory, spans):
     load_corpus(d / "b.rdc").save(d / "c.txt", fmt="text")
     assert (d / "a.txt").read_text() == (d / "c.txt").read_text()
     assert [s.tolist() for s in load_corpus(d / "b.rdc").span_list()] == spans
+
+
+# ---- the one text writer -----------------------------------------------------------------------------------------
+def test_text_layout_is_one_span_per_line_with_separator_lines(tmp_path):
+    Corpus.from_spans([[1, 2, 3], [4, 5]]).save(tmp_path / "a.txt", fmt="text")
+    assert (tmp_path / "a.txt").read_text() == "1 2 3\n-1\n4 5\n"
+    assert write_text(tmp_path / "a.txt", [[7], np.array([8, 9])]) == 2  # truncates, same layout
+    assert (tmp_path / "a.txt").read_text() == "7\n-1\n8 9\n"
+    assert append_text(tmp_path / "a.txt", [[], [10]]) == 1  # empty spans carry nothing: skipped
+    assert (tmp_path / "a.txt").read_text() == "7\n-1\n8 9\n-1\n10\n"
+
+
+@pytest.mark.parametrize("existing,want", [
+    ("5 6 7" + " " * 100, [[5, 6, 7], [8, 9]]),  # trailing blanks longer than one read-back: still a new span
+    ("5 6 7\n" + "\n" * 200, [[5, 6, 7], [8, 9]]),
+    ("1 2\n-1" + " " * 100, [[1, 2], [8, 9]]),  # a trailing separator far back: no second one
+    ("-1\n", [[8, 9]]),
+    ("", [[8, 9]]),
+])
+def test_append_text_never_glues_spans(tmp_path, existing, want):
+    p = tmp_path / "c.txt"
+    p.write_text(existing)
+    append_text(p, [[8, 9]])
+    assert [s.tolist() for s in load_corpus(p).span_list()] == want
+
+
+def test_append_text_refuses_negative_ids(tmp_path):
+    with pytest.raises(CorpusError, match=r"c.txt: cannot write id -1"):
+        append_text(tmp_path / "c.txt", [[1, 2], [3, -1, 4]])
+    with pytest.raises(CorpusError, match="cannot write corpus"):
+        append_text(tmp_path / "missing-dir" / "c.txt", [[1]])
 
 
 # ---- fingerprint --------------------------------------------------------------------------------------------------

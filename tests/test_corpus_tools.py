@@ -1,18 +1,20 @@
 """`redraft corpus ...` tools: build from every input kind, append, merge, convert, stats, compact."""
 
 import argparse
+import os
 
 import numpy as np
 import pytest
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.sources import detect_kind, read_spans
-from redraft.corpus.tools import add_corpus_subparser, corpus_stats, distinct_ngrams
+from redraft.cli import corpus as corpus_cli
+from redraft.corpus.tools import corpus_stats, distinct_ngrams
 
 
 def cli(*argv) -> int:
     parser = argparse.ArgumentParser(prog="redraft")
-    add_corpus_subparser(parser.add_subparsers(dest="command"))
+    corpus_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["corpus", *map(str, argv)])
     return args.func(args)
 
@@ -42,7 +44,7 @@ def test_build_from_all_kinds_newest_last(inputs, capsys):
     assert [s.tolist() for s in c.span_list()] == [[1, 2, 3, 4, 5], [6, 7, 8], [5, 5, 1, 2, 3, 11], [4, 4, 4, 4],
                                                    [4, 4, 4, 4], [9, 9, 1, 2, 3, 12]]
     assert c.fingerprint == "sha256:ab" and c.vocab_size == 100
-    assert c.propose(np.array([1, 2, 3]), 2)[1].tolist() == [12]
+    assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [12]  # k = 1: the newest span's continuation suffices
     assert "built" in capsys.readouterr().out
 
 
@@ -77,8 +79,10 @@ def test_append_keeps_format_and_puts_new_spans_last(inputs):
     c = load_corpus(inputs / "c.rdc")
     assert c.n_spans == 2 and c.fingerprint == "sha256:ab"
     assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [12]
-    assert cli("append", inputs / "a.txt", inputs / "c.log") == 0  # text stays text
-    assert (inputs / "a.txt").read_text().splitlines()[-1] == "9 9 1 2 3 12 -1"
+    before, inode = (inputs / "a.txt").read_text(), os.stat(inputs / "a.txt").st_ino
+    assert cli("append", inputs / "a.txt", inputs / "c.log") == 0  # text stays text, and grows in place
+    assert (inputs / "a.txt").read_text() == before + "-1\n9 9 1 2 3 12\n"
+    assert os.stat(inputs / "a.txt").st_ino == inode  # appended, not rewritten and replaced
     assert cli("append", inputs / "c.rdc", inputs / "c.log", "--fingerprint", "sha256:zz") == 2
     assert cli("append", inputs / "c.rdc", inputs / "c.log", "--fingerprint", "sha256:zz", "--force") == 0
 

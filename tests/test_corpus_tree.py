@@ -1,4 +1,4 @@
-"""Corpus.propose_tree: most frequent continuations as a DraftTree."""
+"""Corpus.propose_tree: most frequent continuations as Branches (plain numpy arrays)."""
 
 from unittest.mock import patch
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from redraft.corpus import Corpus, DraftTree
+from redraft.corpus import Branches, Corpus
 from redraft.corpus import corpus as corpus_mod
 
 
@@ -14,24 +14,48 @@ def tree_of(spans, context, k, branches=4, **kw):
     return Corpus.from_spans(spans).propose_tree(np.asarray(context), k, branches=branches, **kw)
 
 
-def assert_well_formed(t: DraftTree, k: int, branches: int):
+def depths(t: Branches) -> np.ndarray:
+    """int64 [N]: 1 for children of the root."""
+    out = np.zeros(len(t.parents), dtype=np.int64)
+    for j, p in enumerate(t.parents.tolist()):
+        out[j] = 1 if p < 0 else out[p] + 1
+    return out
+
+
+def paths(t: Branches) -> list[list[int]]:
+    """Root-to-leaf token lists, in node order of their leaves."""
+    parents = t.parents.tolist()
+    has_child = set(p for p in parents if p >= 0)
+    out = []
+    for j in range(len(parents)):
+        if j in has_child:
+            continue
+        path, node = [], j
+        while node >= 0:
+            path.append(int(t.tokens[node]))
+            node = parents[node]
+        out.append(path[::-1])
+    return out
+
+
+def assert_well_formed(t: Branches, k: int, branches: int):
     assert t.tokens.dtype == t.parents.dtype == t.counts.dtype == np.int64
     assert len(t.tokens) == len(t.parents) == len(t.counts)
     for j, p in enumerate(t.parents.tolist()):
         assert -1 <= p < j  # parents first
         if p >= 0:
             assert t.counts[p] >= t.counts[j]
-    assert len(t.paths()) <= branches
-    assert all(len(p) <= k for p in t.paths())
-    assert int(t.depth.max()) <= k
+    assert len(paths(t)) <= branches
+    assert all(len(p) <= k for p in paths(t))
+    assert int(depths(t).max()) <= k
 
 
 def test_counts_and_order_by_frequency():
     spans = [[1, 2, 3, 7, 8], [1, 2, 3, 7, 9], [1, 2, 3, 7, 9], [1, 2, 3, 5, 6]]
     t = tree_of(spans, [1, 2, 3], 2)
     assert_well_formed(t, 2, 4)
-    assert t.n_matched == 3 and t.n_occurrences == 4
-    assert t.paths() == [[7, 9], [5, 6], [7, 8]]
+    assert t.match_length == 3 and t.occurrences == 4
+    assert paths(t) == [[7, 9], [5, 6], [7, 8]]
     assert t.tokens.tolist() == [7, 9, 5, 6, 8]
     assert t.parents.tolist() == [-1, 0, -1, 2, 0]
     assert t.counts.tolist() == [3, 2, 1, 1, 1]
@@ -49,7 +73,7 @@ def test_tie_break_prefers_most_recent_occurrence():
 def test_separators_end_branches():
     spans = [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [9]]
     t = tree_of(spans, [1, 2, 3], 8)
-    assert t.paths() == [[4, 5, 6]]  # the first occurrence stops at its span end; nothing reads into [9]
+    assert paths(t) == [[4, 5, 6]]  # the first occurrence stops at its span end; nothing reads into [9]
     assert t.counts.tolist() == [2, 1, 1]
 
 
@@ -59,14 +83,14 @@ def test_branch_and_depth_limits():
         for k in (1, 2, 4):
             t = tree_of(spans, [0, 0, 1], k, branches=branches)
             assert_well_formed(t, k, branches)
-            assert len(t.paths()) == branches
-            assert all(len(p) == k for p in t.paths())
+            assert len(paths(t)) == branches
+            assert all(len(p) == k for p in paths(t))
 
 
 def test_longest_suffix_rule_and_no_match():
     spans = [[5, 1, 2, 3, 6], [1, 2, 3, 7], [1, 2, 3, 7]]
     t = tree_of(spans, [5, 1, 2, 3], 4)
-    assert t.n_matched == 4 and t.paths() == [[6]]
+    assert t.match_length == 4 and paths(t) == [[6]]
     assert tree_of(spans, [8, 8, 8], 4) is None
     assert tree_of(spans, [2, 3], 4) is None
     assert Corpus.from_spans([]).propose_tree(np.array([1, 2, 3]), 4) is None
@@ -80,7 +104,7 @@ def test_tree_spans_appended_segments():
     t = c.propose_tree(np.array([1, 2, 3]), 2, branches=2)
     assert t.tokens.tolist()[:1] == [8] and t.counts[0] == 3
     # 8 (count 3) first, extended by the newer of the tied 8-1 / 8-2; then 7 (count 2).
-    assert t.paths() == [[8, 2], [7]]
+    assert paths(t) == [[8, 2], [7]]
 
 
 def test_many_occurrences_are_sampled_and_bounded():
@@ -88,9 +112,9 @@ def test_many_occurrences_are_sampled_and_bounded():
     spans = [[1, 2, 3] + rng.integers(10, 60, 6).tolist() for _ in range(3000)]
     c = Corpus.from_spans(spans)
     t = c.propose_tree(np.array([1, 2, 3]), 6, branches=4)
-    assert t.n_occurrences == 3000
+    assert t.occurrences == 3000
     assert_well_formed(t, 6, 4)
-    assert len(t.paths()) <= 4
+    assert len(paths(t)) <= 4
     assert int(t.counts[t.parents == -1].sum()) <= 1025  # a sample, not all 3000
 
 
@@ -99,8 +123,8 @@ def test_propose_and_tree_agree_on_n():
     c = Corpus.from_spans(spans)
     n, ids = c.propose(np.array([2, 3, 4]), 4)
     t = c.propose_tree(np.array([2, 3, 4]), 4)
-    assert t.n_matched == n
-    assert ids.tolist() in t.paths()
+    assert t.match_length == n
+    assert ids.tolist() in paths(t)
 
 
 @pytest.mark.parametrize("branches,k", [(0, 3), (2, 0)])

@@ -10,9 +10,10 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import VOCAB, plain_greedy
 from redraft.corpus import Corpus
-from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, Proposal, build_drafters
-from redraft.drafters.corpus import K_MAX, clamp_k
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
+from redraft.drafters.frozen_corpus import K_MAX, clamp_k
 from redraft.engine import Engine
+from redraft.tree import TokenTree
 
 
 def arr(xs) -> np.ndarray:
@@ -20,13 +21,17 @@ def arr(xs) -> np.ndarray:
 
 
 def ref_ngram(ctx: list[int], k: int, min_n: int, max_n: int) -> list[int] | None:
-    """Brute force: longest n first; the most recent earlier occurrence whose continuation is non-empty."""
+    """Brute force: longest n first; the most recent earlier occurrence whose continuation is non-empty; k tokens
+    of its continuation, which past the end of ctx repeats the distance between that occurrence and the end."""
     L = len(ctx)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         suffix = ctx[L - n:]
         for end in range(L - 1, n - 1, -1):  # occurrence ctx[end-n:end], continuation starts at end < L
             if ctx[end - n:end] == suffix:
-                return ctx[end:end + k]
+                ext = list(ctx)
+                while len(ext) < end + k:
+                    ext.append(ext[len(ext) - (L - end)])
+                return ext[end:end + k]
     return None
 
 
@@ -36,7 +41,7 @@ def test_ngram_most_recent_occurrence():
     d = NgramDrafter(k=3, min_n=2, max_n=4)
     ctx = [1, 2, 3, 4, 9, 8, 1, 2, 3, 4, 7, 5, 6, 1, 2, 3, 4]
     p = d.propose(arr(ctx), 8)
-    assert isinstance(p, Proposal) and p.parents is None
+    assert isinstance(p, TokenTree) and p.is_chain and p.sources == ["ngram"] * 3
     assert list(p.tokens) == [7, 5, 6]  # the later of the two earlier occurrences
 
 
@@ -54,7 +59,7 @@ def test_ngram_never_proposes_an_empty_continuation():
     assert d.propose(arr([1, 2, 3, 4, 5]), 8) is None  # the suffix occurs only as itself
     d = NgramDrafter(k=4, min_n=3, max_n=8)
     p = d.propose(arr([5, 5, 5, 5]), 8)
-    assert list(p.tokens) == [5]  # overlapping occurrence: a 1-token continuation, never 0
+    assert list(p.tokens) == [5, 5, 5, 5]  # overlapping occurrence: read through the draft, k tokens, never 0
     d = NgramDrafter(k=4, min_n=1, max_n=3)
     assert d.propose(arr([7]), 8) is None
     assert d.propose(arr([]), 8) is None
@@ -240,10 +245,19 @@ def test_corpus_drafter_tree_branches_uses_propose_tree():
     corpus = Corpus.from_spans([[1, 2, 3, 4, 5], [1, 2, 3, 7, 8], [1, 2, 3, 4, 6]], vocab_size=VOCAB)
     d = CorpusDrafter(corpus, k=3, tree_branches=3)
     p = d.propose(arr([1, 2, 3]), 8)
-    assert p.parents is not None and len(p.parents) == len(p.tokens)
+    assert isinstance(p, TokenTree) and not p.is_chain and len(p.parents) == len(p.tokens)
     assert all(q < i for i, q in enumerate(p.parents))
     children_of_root = {t for t, q in zip(p.tokens, p.parents) if q == -1}
     assert children_of_root == {4, 7}
+    # what the corpus knows travels on the tree: counts per node, the matched suffix length, its occurrences
+    assert p.match_length == 3 and p.occurrences == 3 and p.sources == ["corpus"] * len(p)
+    assert {t: c for t, q, c in zip(p.tokens, p.parents, p.counts) if q == -1} == {4: 2, 7: 1}
+
+
+def test_corpus_drafter_chain_carries_the_match_length():
+    corpus = Corpus.from_spans([[9, 1, 2, 3, 4, 5], [1, 2, 3, 7]], vocab_size=VOCAB)
+    p = CorpusDrafter(corpus, k=3).propose(arr([9, 1, 2, 3]), 8)
+    assert p.is_chain and p.tokens == [4, 5] and p.match_length == 4 and p.counts is None
 
 
 # ---- clamp_k and build_drafters ----------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, Sequence
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
-from redraft.report import speculation_line
+from redraft.runstats import speculation_line
+from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]
@@ -252,6 +253,40 @@ def test_observe_reports_each_step(tiny_llama, references):
     assert sum(a for _, a, _ in d.observed) == res.sources["oracle"].accepted == sum(res.accepted_per_forward)
 
 
+def test_draft_depth_and_source_recorded_per_forward(tiny_llama, references):
+    want = references["llama-eager"]
+    oracle = SequenceDrafter(PROMPT + want, limit=3)
+    garbage = ConstantDrafter([0, 1], "garbage")
+    res = Engine(tiny_llama, [oracle, garbage], max_depth=8, merge=True).generate(PROMPT, 20)
+    assert res.output_ids == want[:20]
+    assert len(res.draft_depth_per_forward) == len(res.source_per_forward) == res.forwards
+    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward))
+    # both proposed at every step (merged, priority order); the oracle's 3-token chain sets the depth
+    left = [20 - sum(a + 1 for a in res.accepted_per_forward[:i]) for i in range(res.forwards)]
+    assert res.draft_depth_per_forward == [min(3, n - 1) for n in left]
+    assert res.source_per_forward == [("oracle", "garbage") if n > 1 else () for n in left]
+    solo = Engine(tiny_llama, [garbage, oracle], max_depth=8).generate(PROMPT, 20)  # first proposal wins
+    # depth = the 2-token proposal, cut to what still fits the token budget (nothing when one token is left)
+    left = [20 - sum(a + 1 for a in solo.accepted_per_forward[:i]) for i in range(solo.forwards)]
+    assert solo.draft_depth_per_forward == [min(2, n - 1) for n in left]
+    assert solo.source_per_forward == [("garbage",) if n > 1 else () for n in left]
+    plain = Engine(tiny_llama, []).generate(PROMPT, 5)
+    assert plain.draft_depth_per_forward == [0] * 5 and plain.source_per_forward == [()] * 5
+
+
+def test_engine_binds_its_target_before_every_generation(tiny_llama, references):
+    class Binding(SequenceDrafter):
+        def bind(self, target):
+            self.bound = getattr(self, "bound", []) + [target]
+
+    d = Binding(PROMPT + references["llama-eager"])
+    first, second = Engine(tiny_llama, [d]), Engine(tiny_llama, [d])
+    first.generate(PROMPT, 3)
+    second.generate(PROMPT, 3)
+    first.generate(PROMPT, 3)
+    assert d.bound == [first.target, second.target, first.target]  # a shared drafter follows the engine in use
+
+
 # ---- EOS ---------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["llama-eager", "mixtral-sdpa"])
@@ -269,7 +304,8 @@ def test_eos_inside_accepted_draft(tiny_models, name):
     assert res.output_ids[-1] == eos and eos not in res.output_ids[:-1]
     assert res.stop_reason == "eos"
     assert [t for s in streamed for t in s] == res.output_ids  # nothing after EOS was streamed either
-    assert res.forwards == 1 and res.accepted_per_forward[0] > j  # EOS was a draft token, accepted with more after it
+    assert res.forwards == 1 and oracle.calls[0][1] > j + 1  # drafted through the EOS and beyond it
+    assert res.accepted_per_forward == [j + 1]  # the EOS was an accepted draft token; nothing after it counts
     assert hf_greedy(model, prompt, 30, eos=eos) == res.output_ids
 
 
@@ -421,15 +457,19 @@ def test_record_margins_match_hf_scores(tiny_mixtral, references):
 class TreeDrafter:
     """Proposes a fixed token tree (tokens, parents) below the root."""
 
+    guard = None  # never pauses itself
+
     def __init__(self, tokens, parents, name="tree"):
         self.tokens, self.parents, self.name = list(tokens), list(parents), name
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt):
         pass
 
     def propose(self, context, max_depth):
-        from redraft.drafters import Proposal
-        return Proposal(self.tokens, self.parents)
+        return TokenTree.from_parents(self.tokens, self.parents, self.name)
 
     def observe(self, proposed, accepted, emitted):
         pass

@@ -12,9 +12,10 @@ import torch
 
 from conftest import build_tiny, plain_greedy
 from redraft.drafters.cape import CapeBins, expand
-from redraft.drafters.glide import GlideDrafter, attach_target
+from redraft.drafters.glide import GlideDrafter
 from redraft.engine import Engine
-from redraft.glide.model import GlideConfig, build_draft, init_from_target
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import build_draft, init_from_target
 from redraft.target import HFTarget
 
 PROMPTS = [[7, 21, 3, 88, 40, 12, 7, 21, 3], [1], [50, 51, 52, 53, 54, 50, 51]]
@@ -69,8 +70,7 @@ def test_glide_merged_with_other_sources_is_lossless(target):
     draft = _draft(target, "target")
     t = HFTarget(target)
     drafters = [NgramDrafter(k=6), GlideDrafter(draft, None, cape=CapeBins())]
-    attach_target(drafters, t)
-    engine = Engine(t, drafters, merge=True, tree_budget=32)
+    engine = Engine(t, drafters, merge=True, tree_budget=32)  # binds t to the GliDe drafter
     for prompt in PROMPTS:
         assert engine.generate(prompt, N).output_ids == plain_greedy(target, prompt, N)
 
@@ -103,9 +103,9 @@ def test_root_is_the_bonus_token_and_draft_state_is_rolled_back(target):
         assert n is None or n <= 4
 
 
-def test_no_target_attached_raises(target):
+def test_no_target_bound_raises(target):
     d = GlideDrafter(_draft(target, "random"))
-    with pytest.raises(RuntimeError, match="attach"):
+    with pytest.raises(RuntimeError, match="bind"):
         d.propose(np.array([1, 2, 3]), 4)
 
 
@@ -198,11 +198,10 @@ def test_guard_counts_cape_trees_by_depth(target):
 def test_run_report_says_when_the_guard_paused_a_draft(target):
     """An untrained draft fails its guard: the engine counts the pause and the run report names it."""
     from redraft.drafters.base import AcceptanceGuard
-    from redraft.report import source_lines
+    from redraft.runstats import source_lines
 
     d = GlideDrafter(_draft(target, "random"), None, gamma=4, guard=AcceptanceGuard(0.9, window=8, pause=10))
     engine = Engine(target, [d])
-    attach_target([d], engine.target)
     g = engine.generate(PROMPTS[0], 40)
     assert g.output_ids == plain_greedy(target, PROMPTS[0], 40)
     st = g.sources["glide"]

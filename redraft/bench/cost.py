@@ -4,16 +4,18 @@ After a prefix (default ~200 tokens) is in the KV cache, one forward over S toke
 logits for all S rows (what a verify forward over the root plus S-1 drafted tokens computes), and the cache is
 cropped back to the prefix after each. Repeats sweep S up and down alternately, so slow drift on a shared machine
 lands on every S alike; each S reports the median. A draft of d tokens pays only when it yields more than c(d+1)
-tokens per forward, so this curve says how deep drafts may go.
+tokens per forward, so this curve says how deep drafts may go. The timing loop is the speculation policy's
+(:func:`redraft.policy.measure.time_forwards`): this table and the policy's cost curve measure the same way.
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
-import time
 
 import numpy as np
+from tqdm import tqdm
+
+from redraft.tree import TokenTree
 
 
 def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, tree_mask: bool = False,
@@ -29,52 +31,18 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         {"prefix", "max_s", "repeats", "t1_s", "curves": {name: {"s": [...], "median_s": [...], "c": [...],
         "samples_s": [[...], ...]}}}.
     """
-    from tqdm import tqdm
-
+    # torch-bound: `redraft bench` imports this module while registering its flags
+    from redraft.policy.measure import fit_prefix, time_forwards
     from redraft.target import HFTarget
-    from redraft.tree import TokenTree
-    from redraft.verify import tree_attention_mask, tree_positions
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     rng = np.random.default_rng(seed)
-    limit = target.max_length or (prefix + max_s + 1)
     if prefix_ids is None:
         prefix_ids = rng.integers(0, target.vocab_size, prefix).tolist()
-    prefix_ids = [int(t) for t in prefix_ids][:max(1, limit - max_s)]
-    n_prefix = len(prefix_ids)
-    draft = rng.integers(0, target.vocab_size, max_s).tolist()
-    variants = ["chain"] + (["tree mask"] if tree_mask else [])
-
-    def inputs(variant: str, s: int):
-        if variant == "chain":
-            return None, None
-        tree = TokenTree()
-        tree.add_chain(draft[1:s], "bench")
-        return (tree_positions(tree, n_prefix, 1), tree_attention_mask(tree, n_prefix, 1, target.dtype))
-
-    prepared = {(v, s): inputs(v, s) for v in variants for s in range(1, max_s + 1)}
-    target.reset()
-    target.forward(prefix_ids, n_logits=1)
-    for s in (1, max_s, 1, max_s):  # warm-up: first-call allocations
-        target.forward(draft[:s], n_logits=s)
-        target.crop(n_prefix)
-    samples = {v: {s: [] for s in range(1, max_s + 1)} for v in variants}
-    total = repeats * max_s * len(variants)
-    bar = tqdm(total=total, desc="cost", unit="fwd", file=sys.stderr, disable=not progress)
-    for r in range(repeats):
-        order = list(range(1, max_s + 1))
-        if r % 2:
-            order.reverse()
-        for s in order:
-            for v in variants:
-                pos, mask = prepared[(v, s)]
-                t0 = time.perf_counter()
-                target.forward(draft[:s], pos, mask, n_logits=s)
-                dt = time.perf_counter() - t0
-                target.crop(n_prefix)
-                samples[v][s].append(dt)
-                bar.update()
-    bar.close()
+    n_prefix = len(fit_prefix(target, prefix_ids, max_s))
+    samples = time_forwards(target, range(1, max_s + 1), prefix_ids=prefix_ids, repeats=repeats,
+                            tree_mask=tree_mask, seed=seed + 1, progress=progress)
+    variants = list(samples)
     curves = {}
     t1 = statistics.median(samples["chain"][1])
     for v in variants:

@@ -70,29 +70,16 @@ class EngineMethod(Method):
 
     def __init__(self, name: str, engine, description: str = "") -> None:
         self.name, self.engine, self.description = name, engine, description
-        self._depths: list[int] | None = None
-        inner = getattr(engine, "_draft", None)
-        if engine.drafters and callable(inner):
-            # GenerationResult has no per-forward draft size; the engine builds exactly one draft tree per
-            # forward, so recording each tree's depth gives acceptance by draft position (see the report).
-            def recording(context, max_depth):
-                tree = inner(context, max_depth)
-                if self._depths is not None:
-                    self._depths.append(max(tree.depths, default=0))
-                return tree
-
-            engine._draft = recording
 
     def generate(self, prompt_ids, ngen):
-        self._depths = []
         t0 = time.perf_counter()
         res = self.engine.generate(list(prompt_ids), ngen)
         dt = time.perf_counter() - t0
-        depths, self._depths = self._depths, None
+        # per-forward draft depths give acceptance by draft position (see the report); plain drafts nothing
+        depths = list(res.draft_depth_per_forward) if self.engine.drafters else None
         return RunRecord(list(res.output_ids), dt, res.forwards, list(res.accepted_per_forward),
                          {k: {"proposed": s.proposed, "accepted": s.accepted, "steps": s.steps}
-                          for k, s in res.sources.items()}, res.stop_reason,
-                         depths if len(depths) == res.forwards else None)
+                          for k, s in res.sources.items()}, res.stop_reason, depths)
 
 
 class HFGenerateMethod(Method):

@@ -5,10 +5,9 @@ it and returns what followed its most recent occurrence (after Colibri's COLI_DR
 10^8 tokens thanks to a suffix array over the reversed stream (pydivsufsort).
 """
 
-from .corpus import Corpus
+from .branches import Branches
+from .corpus import Corpus, load_corpus
 from .errors import CorpusError
 from .fingerprint import tokenizer_fingerprint
-from .format import load_corpus
-from .tree import DraftTree
 
-__all__ = ["Corpus", "CorpusError", "DraftTree", "load_corpus", "tokenizer_fingerprint"]
+__all__ = ["Branches", "Corpus", "CorpusError", "load_corpus", "tokenizer_fingerprint"]

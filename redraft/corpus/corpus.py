@@ -3,7 +3,9 @@
 Lookup contract after Colibri's COLI_DRAFT_CORPUS (see DESIGN.md, "Frozen-corpus drafts: the contract"): for
 n = max_n down to min_n, find the context's last n ids; the longest n with an occurrence that has a non-empty
 continuation wins; among its occurrences the most recent (highest corpus position) is proposed, up to k ids,
-never across a -1 separator or the corpus end.
+never across a -1 separator or the corpus end. Where that yields fewer than k ids (a self-overlapping suffix
+inside a run such as 7 7 7 ..., or a span ending), the most recent occurrence that yields k is proposed instead,
+else the one with the longest continuation (SuffixIndex.best_occurrence).
 
 A Corpus is a list of SuffixIndex *segments* over consecutive runs of spans, oldest first. A loaded or built
 corpus has one; append() adds small segments for the new spans and merges equal-sized neighbours (a
@@ -13,19 +15,23 @@ compact() merges everything into one segment.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
 
 from .errors import CorpusError
+from .format import read_binary, read_text, sniff, write_binary, write_text
 from .index import SuffixIndex
 from .symbols import WIDTHS, width_for
-from .tree import DraftTree, most_frequent_tree
+from .branches import Branches, most_frequent_tree
 
 EMPTY = np.zeros(0, dtype=np.int64)
 MAX_ID = WIDTHS[4][2]  # largest id a corpus can hold (uint32 symbols, id + 1)
 TREE_SAMPLE = 1024  # occurrences looked at by propose_tree when a suffix has more
 TREE_SMALL = 64  # up to this many occurrences the tree is built in plain Python (numpy calls cost more)
+PERIOD_CAP = 64  # longest period of a context tail run that propose() aligns on
+RUN_CAP = 1024  # context ids read back along such a run (the aligned match may be this long)
 
 
 def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
@@ -38,6 +44,27 @@ def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
         j = int(bad[0])
         note = f" (vocab size {vocab_size})" if vocab_size is not None else ""
         raise CorpusError(f"{where}: id {int(tokens[j])} at position {j} is out of range{note}")
+
+
+def periodic_tail(context, n: int) -> tuple[list[int], int] | None:
+    """The periodic run the context ends with, if its last n ids recur within PERIOD_CAP ids before.
+
+    context: 1-D int array or sequence [L]. With p the smallest such distance (the period), the run is the longest
+    suffix of the context (at most RUN_CAP ids) in which every id equals the id p later. Returns (run ids newest
+    first, the id that would continue the period one step further back) or None when no period is found.
+    """
+    window = np.asarray(context[-RUN_CAP:], dtype=np.int64)
+    ids = window[-(n + PERIOD_CAP):].tolist()
+    last = ids[len(ids) - n:]
+    for p in range(1, len(ids) - n + 1):
+        if ids[len(ids) - n - p:len(ids) - p] == last:
+            break
+    else:
+        return None
+    same = window[:-p] == window[p:]
+    r = p + (len(same) if same.all() else int(np.argmin(same[::-1])))
+    run = window[len(window) - r:][::-1].tolist()
+    return run, run[r - p]
 
 
 def spans_to_flat(spans: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -142,29 +169,56 @@ class Corpus:
         return best_n, hits
 
     def propose(self, context, k: int, min_n: int = 3, max_n: int = 8) -> tuple[int, np.ndarray]:
-        """Continuation of the most recent occurrence of the longest matching context suffix.
+        """Continuation of the longest matching context suffix, up to k ids.
 
-        context: 1-D int array or sequence (prompt + output so far); only its last max_n ids are read.
-        Returns (n_matched, ids int64 [1..k]) or (0, int64 [0]) when nothing matches (absent suffix, context
-        shorter than min_n, empty corpus, k < 1). Cost: one binary search + O(1) range minimum per segment,
-        independent of corpus size beyond log factors.
+        context: 1-D int array or sequence (prompt + output so far). Among the occurrences of the longest suffix:
+        - the most recent one, if its continuation has k ids (Colibri's rule);
+        - otherwise, if the context ends in a periodic run (a run of one id, or any period up to PERIOD_CAP that
+          repeats at least once), the occurrences preceded in the corpus by the same run length (aligned: in a
+          replay, the same place), else by the longest part of the run the corpus has;
+        - then the most recent one with k ids of continuation, else the longest continuation, most recent first
+          (SuffixIndex.best_occurrence, which also states the bounds of that search).
+        So runs and periodic stretches are drafted at full depth: spans [[7] * 100 + [1, 2, 3]] and context
+        [7] * 10 give eight 7s at k = 8. Returns (n_matched, ids int64 [1..k]) or (0, int64 [0]) when nothing
+        matches (absent suffix, context shorter than min_n, empty corpus, k < 1). Cost: one binary search + O(1)
+        range minimum + O(k) per segment, independent of corpus size beyond log factors; the fallback adds
+        O(RUN_CAP) on the context, three more binary searches and at most O(SCAN_ROWS * k) per segment.
         """
         if k < 1:
             return 0, EMPTY
         n, hits = self._longest(context, min_n, max_n, all_segments=False)
         if not n:
             return 0, EMPTY
-        seg, m, _ = hits[0]  # the newest segment matching n symbols
+        seg, m, q = hits[0]  # the newest segment matching n symbols
         i = seg.min_offset(m.lo, m.hi)
+        ids = seg.continuation(i, k)
+        if len(ids) >= k:
+            return n, ids
+        if len(self._segments) > 1:
+            hits = self._longest(context, min_n, max_n, all_segments=True)[1]
+        tail = periodic_tail(context, n)
+        best = None  # ((alignment, ids of continuation), segment, offset); newer segments first win ties
+        for seg, m, q in hits:
+            if tail is None:
+                cands = [(0, seg.best_occurrence(m.lo, m.hi, k, q[:m.n * seg.width]))]
+            else:
+                run, more = tail
+                align, rows = seg.aligned_rows(seg.encode(run), seg.encode(run + [more]), n)
+                cands = [(align, seg.best_occurrence(lo, hi, k)) for lo, hi in rows]
+            for align, (i, run) in cands:
+                if best is None or (align, run) > best[0] or ((align, run) == best[0] and i < best[2] and
+                                                              seg is best[1]):
+                    best = ((align, run), seg, i)
+        _, seg, i = best
         return n, seg.continuation(i, k)
 
     def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8
-                     ) -> DraftTree | None:
-        """Most frequent continuations of the longest matching context suffix, as a DraftTree (or None).
+                     ) -> Branches | None:
+        """Most frequent continuations of the longest matching context suffix, as :class:`Branches` (or None).
 
         Same longest-suffix rule as propose(). Every occurrence of that suffix (in every segment) contributes its
         continuation of up to k ids (stopping at a separator); up to `branches` root-to-leaf paths are chosen
-        greedily by count (tree.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
+        greedily by count (branches.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
         Suffixes with more than TREE_SAMPLE (1024) occurrences in a segment use TREE_SAMPLE rows evenly strided
         across the suffix-array range (a deterministic sample, stratified by the preceding context) plus the most
         recent occurrence; counts are then sample counts. Cost O(TREE_SAMPLE * k) at most.
@@ -202,8 +256,8 @@ class Corpus:
         tokens, parents, counts = most_frequent_tree(conts, recency, branches)
         if not tokens:
             return None
-        return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
-                         np.array(counts, dtype=np.int64), n_matched=n, n_occurrences=total)
+        return Branches(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
+                        np.array(counts, dtype=np.int64), match_length=n, occurrences=total)
 
     # ---- growth ---------------------------------------------------------------------------------------------
     def append(self, span: Sequence[int]) -> None:
@@ -234,8 +288,7 @@ class Corpus:
         """All spans, oldest first: (tokens int64 [n_tokens], offsets int64 [n_spans + 1])."""
         if not self._segments:
             return EMPTY, np.zeros(1, dtype=np.int64)
-        parts = [s.spans() for s in self._segments]
-        return _concat_flat(parts)
+        return concat_flat([s.spans() for s in self._segments])
 
     def span_list(self) -> list[np.ndarray]:
         """All spans as a list of int64 arrays, oldest first."""
@@ -251,16 +304,16 @@ class Corpus:
     def save(self, path, *, fmt: str = "binary") -> None:
         """Write the corpus to `path` as fmt="binary" (index included, mmap-able) or "text".
 
-        A corpus with an appended tail is compacted first (binary files hold one index). Raises CorpusError on
-        an unknown fmt or an OSError.
+        A corpus with an appended tail is compacted first (binary files hold one index); text is written in the
+        one text layout (:func:`redraft.corpus.format.append_text`). Raises CorpusError on an unknown fmt or an
+        OSError.
         """
-        from . import format as fmt_mod
-
         if fmt == "binary":
             self.compact()
-            fmt_mod.write_binary(self, path)
+            write_binary(path, self._segments[0] if self._segments else None, vocab_size=self.vocab_size,
+                         fingerprint=self.fingerprint)
         elif fmt == "text":
-            fmt_mod.write_text(self, path)
+            write_text(path, self.span_list())
         else:
             raise CorpusError(f"{path}: unknown corpus format {fmt!r} (expected 'binary' or 'text')")
 
@@ -285,7 +338,29 @@ class Corpus:
         }
 
 
-def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+
+def load_corpus(path, *, vocab_size: int | None = None, fingerprint: str | None = None, force: bool = False,
+                progress: bool = False) -> Corpus:
+    """Load a text or binary corpus file, detected by content.
+
+    vocab_size: when given, every id must be < vocab_size. fingerprint: the current tokenizer's fingerprint
+    (fingerprint.tokenizer_fingerprint); a binary corpus made by another tokenizer is refused unless force=True.
+    progress: tqdm bar while parsing text / building the index.
+    Raises CorpusError (never returns a half-loaded corpus) for a missing/unreadable file, a non-integer token
+    (with line), an id < -1 or >= vocab_size (with position and line), a truncated binary, bad magic, unknown
+    version or fingerprint mismatch. An empty file gives an empty corpus.
+    """
+    path = os.fspath(path)
+    if sniff(path) == "binary":
+        seg, file_vocab, file_fp = read_binary(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+        return Corpus([seg] if seg is not None else [], path=path,
+                      vocab_size=vocab_size if vocab_size is not None else file_vocab,
+                      fingerprint=file_fp if file_fp is not None else fingerprint)
+    tokens, offsets = read_text(path, vocab_size=vocab_size, progress=progress)
+    return Corpus.from_flat(tokens, offsets, vocab_size=vocab_size, fingerprint=fingerprint, path=path)
+
+def concat_flat(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate (tokens [n_i], offsets [s_i + 1]) pairs, oldest first, into one (tokens, offsets) pair."""
     tokens = np.concatenate([t for t, _ in parts]) if parts else EMPTY
     offsets, shift = [np.zeros(1, dtype=np.int64)], 0
     for t, o in parts:
@@ -295,6 +370,6 @@ def _concat_flat(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
 
 
 def _merge(segments: list[SuffixIndex], vocab_size: int | None) -> SuffixIndex:
-    tokens, offsets = _concat_flat([s.spans() for s in segments])
+    tokens, offsets = concat_flat([s.spans() for s in segments])
     width = width_for(int(tokens.max()), vocab_size)
     return SuffixIndex.build(tokens, offsets, width)

@@ -21,9 +21,9 @@ import re
 
 import numpy as np
 
-from .corpus import check_ids, spans_to_flat
+from .corpus import check_ids, load_corpus, spans_to_flat
 from .errors import CorpusError
-from .format import MAGIC, load_corpus, read_text
+from .format import MAGIC, read_text
 
 _TOKENS_LINE = re.compile(rb"\[TOKENS\]\s+(\d+)\s+generated:(.*)")
 _PROMPT_LINE = re.compile(rb"\[PROMPT_TOKENS\]\s+(\d+):(.*)")

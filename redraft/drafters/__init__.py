@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from redraft.drafters.base import AcceptanceGuard, Drafter, Proposal
-from redraft.drafters.corpus import CorpusDrafter
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, CORPUS_WINDOW, MAX_DRAFT_DEPTH, NGRAM_MINACC, NGRAM_PAUSE
+from redraft.drafters.base import AcceptanceGuard, Drafter
+from redraft.drafters.frozen_corpus import CorpusDrafter
 from redraft.drafters.ngram import NgramDrafter
-from redraft.defaults import MAX_DRAFT_DEPTH, NGRAM_MINACC, NGRAM_PAUSE
+
+__all__ = ["AcceptanceGuard", "Drafter", "CorpusDrafter", "NgramDrafter", "build_drafters"]
 
 
-__all__ = ["AcceptanceGuard", "Drafter", "Proposal", "CorpusDrafter", "NgramDrafter", "build_drafters"]
-
-
-def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool = True,
+def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CORPUS_MINACC, ngram: bool = True,
                    ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None,
-                   glide=None) -> list:
+                   glide=None) -> list[Drafter]:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -32,7 +31,7 @@ def build_drafters(corpus=None, *, k: int = 8, minacc: float = 0.5, ngram: bool 
     if corpus is not None:
         # Colibri judges after 24 tokens = three K=8 drafts; deeper drafts get the same three drafts, or one early
         # miss in a 32-token draft would pause a replay for the rest of the answer
-        window = 3 * max(k, k_max or k, 8)
+        window = max(CORPUS_WINDOW, 3 * max(k, k_max or k))
         drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
                                       tree_branches=tree_branches, k_max=k_max))
     if ngram:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from redraft.drafters.base import Proposal
+from redraft.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -65,15 +65,15 @@ class CapeBins:
             raise ValueError(f"bad CaPE bins {text!r} (expected e.g. '0.3,0.6,0.8:7,5,3,1'): {e}") from e
 
 
-def expand(spine: Sequence[int], alternatives: Sequence[Sequence[int]]) -> Proposal:
+def expand(spine: Sequence[int], alternatives: Sequence[Sequence[int]], source: str = "glide") -> TokenTree:
     """The CaPE tree for a greedy chain and each step's alternatives, linearised by depth.
 
     Args:
         spine: greedy draft tokens [gamma]; spine[i] is at depth i + 1.
         alternatives: per step, the sibling tokens (next-best first) to add next to ``spine[i]``.
     Returns:
-        Proposal(tokens, parents): per depth the spine node first, then its siblings, all children of the
-        previous spine node (-1 = the root), so parents always precede children.
+        TokenTree (nodes credited to ``source``): per depth the spine node first, then its siblings, all children
+        of the previous spine node (-1 = the root), so parents always precede children.
     """
     tokens: list[int] = []
     parents: list[int] = []
@@ -87,4 +87,4 @@ def expand(spine: Sequence[int], alternatives: Sequence[Sequence[int]]) -> Propo
                 tokens.append(int(a))
                 parents.append(parent)
         parent = here
-    return Proposal(tokens, parents)
+    return TokenTree.from_parents(tokens, parents, source)

@@ -7,8 +7,9 @@ cross-attention queries read the target's cache, which at ``propose`` time holds
 nothing drafted survives into the next step. With :class:`~redraft.drafters.cape.CapeBins` the chain is widened
 into a CaPE token tree (section 3.2).
 
-The drafter needs the engine's :class:`~redraft.target.HFTarget` (the same object the engine verifies with): pass
-it at construction or call :meth:`GlideDrafter.attach` / :func:`attach_target` once the engine exists.
+The drafter needs the engine's :class:`~redraft.target.HFTarget` (the same object the engine verifies with): the
+engine binds it before every generation (:meth:`GlideDrafter.bind`); pass it at construction to draft outside an
+engine. The target's cache is read only through :meth:`HFTarget.verified_kv <redraft.target.HFTarget.verified_kv>`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.defaults import GLIDE_GAMMA
+from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins, expand
-from redraft.glide.model import DraftCache, GlideDraft, prefix_mask
+from redraft.glide.network import DraftCache, GlideDraft
+from redraft.glide.positions import prefix_mask
+from redraft.tree import TokenTree
 
 
 class GlideDrafter:
@@ -26,14 +30,14 @@ class GlideDrafter:
 
     Args:
         draft: a trained :class:`GlideDraft` (or a vanilla one: then the target cache is not read).
-        target: the engine's HFTarget, or None to :meth:`attach` it later.
+        target: an HFTarget, or None: the engine binds its own before every generation.
         gamma: draft depth (tokens along the greedy spine), default 4.
         cape: CaPE confidence bins, or None for a plain chain.
         guard: optional acceptance guard (pauses the drafter while its drafts keep failing).
         name: source name in the engine's statistics.
     """
 
-    def __init__(self, draft: GlideDraft, target=None, *, gamma: int = 4, cape: CapeBins | None = None,
+    def __init__(self, draft: GlideDraft, target=None, *, gamma: int = GLIDE_GAMMA, cape: CapeBins | None = None,
                  guard: AcceptanceGuard | None = None, name: str = "glide") -> None:
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma}")
@@ -44,11 +48,12 @@ class GlideDrafter:
         self.layers = draft.cfg.target_layers
         self.begin(np.zeros(0, dtype=np.int64))
 
-    def attach(self, target) -> None:
-        """Use ``target`` (an HFTarget: ``.cache``, ``.length``) as the source of the verified KV cache."""
+    def bind(self, target) -> None:
+        """Read the verified KV cache of ``target`` (the engine's :class:`~redraft.target.HFTarget`)."""
         self.target = target
 
     def begin(self, prompt: np.ndarray) -> None:
+        """A new sequence: an empty draft cache, a re-armed guard."""
         self.cache = DraftCache(self.draft.cfg.n_layers)
         self.ids: list[int] = []  # tokens whose draft KV is in self.cache, in order
         if self.guard is not None:
@@ -67,31 +72,27 @@ class GlideDrafter:
         self.ids = self.ids[:m]
         return m
 
-    def _target_kv(self, n_vis: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per draft layer, (keys, values) [1, Hkt, n_vis, D] of target layer L_T - L_D + i."""
-        layers = self.target.cache.layers
-        return [(layers[i].keys[:, :, :n_vis], layers[i].values[:, :, :n_vis]) for i in self.layers]
-
     @torch.inference_mode()
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
         """Draft up to ``min(gamma, max_depth)`` tokens after ``context`` (whose last token is the root).
 
         Returns None at prefill (the target cache is still empty), while the guard pauses the drafter, or when
         the target cache is not the verified prefix the drafter expects.
         Raises:
-            RuntimeError: no target attached.
+            RuntimeError: no target bound.
         """
         if self.target is None:
-            raise RuntimeError("GlideDrafter has no target: pass the engine's HFTarget or call attach(engine.target)")
+            raise RuntimeError("GlideDrafter has no target: pass an HFTarget or call bind(target) (the engine does)")
         depth = min(self.gamma, max_depth)
         L, n_vis = len(context), self.target.length
-        if depth <= 0 or self.target.cache is None or n_vis == 0 or n_vis >= L:
+        if depth <= 0 or n_vis == 0 or n_vis >= L:
             return None
         if self.guard is not None and not self.guard.active:
             return None
         ctx = context.tolist()
         m = self._sync(ctx)
-        kv = self._target_kv(n_vis) if self.draft.cfg.cross_attention else None
+        # per draft layer i, target layer L_T - L_D + i: (keys, values) [1, Hkt, n_vis, D]
+        kv = self.target.verified_kv(self.layers, n_vis) if self.draft.cfg.cross_attention else None
         draft = self.draft
 
         # feed the context tokens the draft has not seen (at least the root), at their absolute positions
@@ -121,23 +122,17 @@ class GlideDrafter:
 
         self.cache.crop(L)  # forget the drafted tokens: only the verified context stays
         self._depth = len(spine)
-        return Proposal(spine) if self.cape is None else expand(spine, alts)
+        return TokenTree.chain(spine, self.name) if self.cape is None else expand(spine, alts, self.name)
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Feed the guard, if any (see :meth:`redraft.drafters.base.Drafter.observe`)."""
         # the guard judges a CaPE tree by its depth, not its node count: at most one node per level can be
         # accepted, so counting the siblings would pause the drafter at its first tree
         if self.guard is not None:
             self.guard.record(min(proposed, self._depth or proposed), accepted, emitted)
 
 
-def attach_target(drafters, target) -> None:
-    """Give every drafter that reads the target's cache (has ``attach``) the engine's HFTarget."""
-    for d in drafters:
-        if hasattr(d, "attach"):
-            d.attach(target)
-
-
-def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | None = None,
+def load_glide_drafter(path, model, *, gamma: int = GLIDE_GAMMA, cape: CapeBins | bool | None = None,
                        head_vocab: int | None = None, target=None, guard: AcceptanceGuard | None = None,
                        name: str = "glide") -> GlideDrafter:
     """A GliDe drafter from a checkpoint directory, for ``model`` (a transformers causal LM).
@@ -145,7 +140,7 @@ def load_glide_drafter(path, model, *, gamma: int = 4, cape: CapeBins | bool | N
     Args:
         cape: CapeBins, True for the paper's bins, or None/False for chain drafts.
         head_vocab: N > 0 = reduced-vocabulary head of the N most frequent training tokens.
-        target: the engine's HFTarget, or None to :func:`attach_target` later.
+        target: an HFTarget, or None: the engine binds its own before every generation.
     Raises:
         redraft.glide.checkpoint.CheckpointError / TargetMismatchError: see :func:`redraft.glide.checkpoint.load_draft`.
     """

@@ -4,13 +4,21 @@ Like Hugging Face's prompt lookup decoding and vLLM's ngram proposer: find an ea
 last n tokens (n = max_n down to min_n, longest first, most recent occurrence first) and propose the tokens that
 followed it. Unlike a per-step scan, an incremental hash index of the n-grams seen so far makes each step cost
 O(new tokens x n sizes), independent of the context length.
+
+When the most recent occurrence ends fewer than k tokens before the end of the context (a run such as 7 7 7 ...,
+or any short period), its continuation runs into the tokens being drafted, so it is read through the draft itself:
+an overlapping copy, as in LZ77 decoding. The draft then has k tokens and repeats the last period, which is what
+the most recent occurrence with k tokens to follow would propose once the run is long enough, without reaching
+back to an older repetition that may have ended differently.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.defaults import CORPUS_K_DEFAULT, SUFFIX_MAX_N, SUFFIX_MIN_N
+from redraft.drafters.base import AcceptanceGuard
+from redraft.tree import TokenTree
 
 
 class NgramDrafter:
@@ -24,7 +32,8 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, k: int = 8, min_n: int = 3, max_n: int = 8, guard: AcceptanceGuard | None = None) -> None:
+    def __init__(self, k: int = CORPUS_K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
+                 guard: AcceptanceGuard | None = None) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}..{max_n}")
         self.k, self.min_n, self.max_n = k, min_n, max_n
@@ -32,7 +41,11 @@ class NgramDrafter:
         self._last: dict[tuple[int, ...], int] = {}
         self._indexed_to = 0
 
+    def bind(self, target) -> None:
+        """Nothing to read from the target: drafts come from the live context alone."""
+
     def begin(self, prompt: np.ndarray) -> None:
+        """A new sequence: forget the indexed n-grams, re-arm the guard."""
         self._last = {}
         self._indexed_to = 0
         self.guard.rearm()
@@ -45,7 +58,11 @@ class NgramDrafter:
                 self._last[tuple(ctx[e - n:e])] = e
         self._indexed_to = max(self._indexed_to, upto)
 
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
+        """A chain: what followed the most recent earlier occurrence of the context's longest suffix (up to k ids).
+
+        None when no suffix of min_n..max_n ids occurs earlier with a non-empty continuation, or when paused.
+        """
         if not self.guard.active or max_depth <= 0:
             return None
         L = len(context)
@@ -58,8 +75,18 @@ class NgramDrafter:
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
             start = self._last.get(tuple(ctx[L - n:]))
             if start is not None and start < L:
-                return Proposal(ctx[start:start + k])
+                return TokenTree.chain(overlapping_copy(ctx, start, k), self.name)
         return None
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Feed the guard (see :meth:`redraft.drafters.base.Drafter.observe`)."""
         self.guard.record(proposed, accepted, emitted)
+
+
+def overlapping_copy(ctx: list[int], start: int, k: int) -> list[int]:
+    """k tokens from ctx[start:], continued past the end of ctx with period len(ctx) - start (0 <= start < len)."""
+    draft = ctx[start:start + k]
+    period = len(ctx) - start
+    while len(draft) < k:
+        draft.append(draft[len(draft) - period])
+    return draft

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from redraft.glide.model import GlideConfig, GlideDraft, build_draft
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import GlideDraft, build_draft
 
 FORMAT = "redraft-glide"
 VERSION = 1

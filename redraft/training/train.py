@@ -1,8 +1,8 @@
 """Training loop for GliDe (and vanilla) drafts: frozen target, self-distillation, resumable checkpoints.
 
 ``redraft glide train --out DIR`` runs :func:`run_training`: it builds (or reuses) the cached training records
-(:mod:`redraft.glide.data`), initialises the draft from the target's last layer(s), and trains with AdamW
-(linear warm-up, cosine decay) on the block-masked next-token loss (:mod:`redraft.glide.objective`). Every
+(:mod:`redraft.training.data`), initialises the draft from the target's last layer(s), and trains with AdamW
+(linear warm-up, cosine decay) on the block-masked next-token loss (:mod:`redraft.training.objective`). Every
 ``ckpt_every`` steps, and when the step or time budget ends, it writes a checkpoint (weights + JSON config with
 the target fingerprint + optimizer state) and prints the held-out acceptance estimate. ``--resume`` continues from
 the checkpoint in DIR: same data order, same optimizer moments, same schedule.
@@ -23,9 +23,10 @@ from typing import Sequence
 import torch
 
 from redraft.glide.checkpoint import save_draft, read_meta, check_target
-from redraft.glide.data import Record, batches_by_length
-from redraft.glide.model import GlideConfig, GlideDraft, build_draft, init_from_target
-from redraft.glide.objective import collate, draft_loss, estimate_acceptance
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import GlideDraft, build_draft, init_from_target
+from redraft.training.data import Record, batches_by_length
+from redraft.training.objective import collate, draft_loss, estimate_acceptance
 
 OPTIM_FILE = "optimizer.safetensors"
 STATE_FILE = "train_state.json"
@@ -48,7 +49,7 @@ class TrainConfig:
         ckpt_every: steps between checkpoints.
         n_layers, vanilla, init: draft layers; no cross-attention (the baseline); "target" or "random" start.
         cross_recency: GliDe draft with the learned recency bias on its cross-attention (ours, see
-            :class:`redraft.glide.model.CrossAttention`).
+            :class:`redraft.glide.network.CrossAttention`).
     """
 
     max_steps: int = 3600
@@ -289,7 +290,7 @@ def _est_line(state: TrainState, est: dict) -> str:
 # ---- the command ---------------------------------------------------------------------------------------------------
 
 def default_glide_dir() -> Path:
-    from redraft.models import cache_dir
+    from redraft.loading import cache_dir
 
     return cache_dir() / "glide"
 
@@ -314,7 +315,7 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
         threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
     """
     from redraft.glide.checkpoint import target_fingerprint
-    from redraft.glide.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
+    from redraft.training.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
                                     load_questions, stdlib_files, training_order, vocab_ranking)
 
     if threads:

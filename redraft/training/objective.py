@@ -20,8 +20,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from redraft.glide.data import Record
-from redraft.glide.model import GlideDraft, block_mask
+from redraft.glide.network import GlideDraft
+from redraft.glide.positions import block_mask
+from redraft.training.data import Record
 
 
 @dataclass

@@ -1,56 +1,31 @@
-"""Most-frequent continuations of a matched suffix, as a small token tree (plain numpy data)."""
+"""Most-frequent continuations of a matched suffix: the branches of a corpus token tree (plain numpy data)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import heapq
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass
-class DraftTree:
-    """A token tree proposed from a corpus; no torch.
+class Branches(NamedTuple):
+    """What :meth:`Corpus.propose_tree` found: the most frequent continuations of a matched suffix (plain numpy).
 
-    tokens:  int64 [N] node token ids.
-    parents: int64 [N] parent node index; -1 = child of the root (the context's last token).
-    counts:  int64 [N] how many (sampled, see Corpus.propose_tree) occurrences support the node.
-    Nodes are listed so that a parent always comes before its children.
-    n_matched: suffix length n that was matched; n_occurrences: occurrences of that suffix in the corpus
-    (before any sampling).
+    Nodes are listed parents first; the drafter turns them into a :class:`redraft.tree.TokenTree`.
+
+    Attributes:
+        tokens: int64 [N] node token ids.
+        parents: int64 [N] parent node index; -1 = child of the root (the context's last token).
+        counts: int64 [N] how many occurrences (of the sample, see Corpus.propose_tree) support each node.
+        match_length: suffix length n that was matched.
+        occurrences: occurrences of that suffix in the corpus, before any sampling.
     """
 
     tokens: np.ndarray
     parents: np.ndarray
     counts: np.ndarray
-    n_matched: int = 0
-    n_occurrences: int = 0
-    depth: np.ndarray = field(default=None, repr=False)  # int64 [N], 1 for children of the root
-
-    def __post_init__(self):
-        if self.depth is None:
-            depth = np.zeros(len(self.parents), dtype=np.int64)
-            for j, p in enumerate(self.parents.tolist()):
-                depth[j] = 1 if p < 0 else depth[p] + 1
-            self.depth = depth
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def paths(self) -> list[list[int]]:
-        """Root-to-leaf token lists, in node order of their leaves."""
-        parents = self.parents.tolist()
-        has_child = set(p for p in parents if p >= 0)
-        out = []
-        for j in range(len(parents)):
-            if j in has_child:
-                continue
-            path, node = [], j
-            while node >= 0:
-                path.append(int(self.tokens[node]))
-                node = parents[node]
-            out.append(path[::-1])
-        return out
+    match_length: int
+    occurrences: int
 
 
 def most_frequent_tree(conts, recency, branches: int) -> tuple[list, list, list]:

@@ -13,8 +13,9 @@ import warnings
 
 import numpy as np
 
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
-from redraft.drafters.base import AcceptanceGuard, Proposal
+from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_MAX_N, SUFFIX_MIN_N
+from redraft.drafters.base import AcceptanceGuard
+from redraft.tree import TokenTree
 
 K_DEFAULT, K_MAX = CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 
@@ -44,7 +45,7 @@ class CorpusDrafter:
 
     name = "corpus"
 
-    def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = 3, max_n: int = 8,
+    def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
                  guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None) -> None:
         self.corpus = corpus
         self.k = clamp_k(k)
@@ -55,21 +56,30 @@ class CorpusDrafter:
         self.tree_branches = tree_branches
         self.failed = False
 
+    def bind(self, target) -> None:
+        """Nothing to read from the target: drafts come from the corpus and the live context."""
+
     def begin(self, prompt: np.ndarray) -> None:
+        """A new sequence: re-arm the guard, start again at depth k."""
         self.guard.rearm()
         self.depth = self.k
 
-    def propose(self, context: np.ndarray, max_depth: int) -> Proposal | None:
+    def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
+        """A chain from the most recent occurrence (or, with ``tree_branches``, the most frequent continuations
+        with their corpus counts) of the longest context suffix found; None when nothing matches, the guard
+        pauses the source, or the corpus failed."""
         if self.failed or not self.guard.active or max_depth <= 0:
             return None
         k = min(self.depth, max_depth)
         try:
             if self.tree_branches > 0:
-                tree = self.corpus.propose_tree(context, k, branches=self.tree_branches,
-                                                min_n=self.min_n, max_n=self.max_n)
-                if tree is None or len(tree.tokens) == 0:
+                br = self.corpus.propose_tree(context, k, branches=self.tree_branches,
+                                              min_n=self.min_n, max_n=self.max_n)
+                if br is None or len(br.tokens) == 0:
                     return None
-                return Proposal(tree.tokens.tolist(), tree.parents.tolist())
+                return TokenTree.from_parents(br.tokens.tolist(), br.parents.tolist(), self.name,
+                                              counts=br.counts.tolist(), match_length=br.match_length,
+                                              occurrences=br.occurrences)
             n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n)
         except Exception as e:  # a broken corpus must never crash a generation: turn the source off
             self.failed = True
@@ -77,9 +87,12 @@ class CorpusDrafter:
             return None
         if n == 0 or len(ids) == 0:
             return None
-        return Proposal(ids.tolist())
+        tree = TokenTree.chain(ids.tolist(), self.name)
+        tree.match_length = n
+        return tree
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
+        """Feed the guard; with k_max, double the depth after a draft accepted whole, else go back to k."""
         self.guard.record(proposed, accepted, emitted)
         if proposed:
             whole = accepted == proposed and proposed >= self.depth

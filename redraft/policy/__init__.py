@@ -1,0 +1,64 @@
+"""Cost-aware speculation policy: how deep (and, for trees, how wide) to draft each step.
+
+The rule
+    A verify forward with n draft tokens costs c(n) plain 1-token steps, c(0) = 1, measured where redraft runs
+    (:mod:`~redraft.policy.measure`, cached by :mod:`~redraft.policy.cache` per model, dtype, device, thread count
+    and machine). Each candidate node i gets q(i) = P(accepted | parent accepted) from what was learned online
+    about its source at its depth (:mod:`~redraft.policy.acceptance`: decayed Beta counts, so the estimate follows
+    the last few forwards) blended with what the source knows about this draft (:mod:`~redraft.policy.priors`:
+    corpus continuation counts, match length). P(i) = product of q along the path is the chance the node is
+    accepted, and a kept subtree K yields E(K) = 1 + sum_{i in K} P(i) tokens. The policy keeps the K that
+    maximises
+
+        E(K) / c(|K|)        (expected tokens per plain step of verify time)
+
+    and keeps nothing unless that beats a plain step's 1 / c(0) = 1. For a chain, K is the first d tokens: the
+    draft depth. A flat curve (a GPU, where a wider verify is almost free) drafts to the cap whenever acceptance is
+    above zero; a steep one drafts only as deep as acceptance pays for. No machine-specific constant is involved:
+    the only machine input is the measured curve. A source whose drafts are dropped is re-tried with a short probe
+    (1..4 tokens, the length the curve makes cheapest) once the probe's expected net cost, spread over the idle
+    steps, is under ``probe_overhead`` (3%) of a plain step; its estimates decay with every outcome, so a
+    successful probe re-enables it within a few steps (tests/test_policy.py bounds it on a steep synthetic curve).
+
+What it replaces
+    Colibri's acceptance guard (COLI_CORPUS_MINACC: pause a source for 256 tokens when acceptance over its last
+    24 draft tokens falls under 50%) and the fixed depth K. The guard becomes a consequence of the rule: a source
+    drafts exactly when its expected gain exceeds the cost of the wider verify, at the depth where that gain per
+    unit cost peaks. SuffixDecoding (Oliaro et al., arXiv 2411.04975) scores a corpus draft by the product of its
+    continuation frequencies and bounds its depth by a multiple of the match length; here the frequencies are the
+    per-node priors, and the depth bound comes out of the cost curve instead (an optional
+    :func:`~redraft.policy.priors.depth_limit` reproduces SuffixDecoding's cap).
+
+How the engine calls it (one SpeculationPolicy per Engine; it keeps learning across generations)::
+
+    curve = cached_cost_curve(target)                # once at start-up (~6 s the first time on the 2-core dev CPU)
+    policy = SpeculationPolicy(curve, max_nodes=tree_budget)
+    # each step, after the drafters proposed a candidate tree (a chain is parents = [-1, 0, 1, ...]):
+    priors = source_priors(tree.parents, counts=tree.counts, match_length=tree.match_length)   # or None
+    sel = policy.plan(tree.parents, tree.sources, priors, max_depth=tokens_left - 1)
+    tree = tree restricted to sel.nodes               # subtree_parents(tree.parents, sel.nodes) renumbers
+    ... verify forward over the kept nodes, accepted path ...
+    for source, (depth, accepted) in source_outcomes(kept.parents, kept.sources, path).items():
+        policy.observe(source, depth, accepted)
+
+    # a single chain: policy.depth(source, len(chain), priors) -> tokens to keep, then observe(...)
+    # priority mode (first source with a proposal wins): plan the first candidate; if nothing is kept, the next.
+
+Limits: the curve is measured with chain forwards; a token tree's 4D mask can cost a little more (``redraft bench
+cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, against ~65 ms for a verify forward here.
+
+Modules: costcurve (c(n), interpolation), measure (timing forwards, shared with ``redraft bench cost``), cache
+(on-disk cache, atomic), acceptance (online per-source estimates), priors (source self-knowledge), select (the
+subtree choice), speculation (SpeculationPolicy: all of it per step, with probes). Everything but measure and
+cache is numpy only.
+"""
+
+from redraft.policy.acceptance import AcceptanceTracker
+from redraft.policy.cache import cached_cost_curve
+from redraft.policy.costcurve import CostCurve
+from redraft.policy.priors import count_priors, depth_limit, source_priors, succession_priors
+from redraft.policy.select import Selection, select_nodes, source_outcomes, subtree_parents
+from redraft.policy.speculation import SpeculationPolicy
+
+__all__ = ["AcceptanceTracker", "CostCurve", "Selection", "SpeculationPolicy", "cached_cost_curve", "count_priors",
+           "depth_limit", "select_nodes", "source_outcomes", "source_priors", "subtree_parents", "succession_priors"]

@@ -1,0 +1,82 @@
+"""Per-source acceptance by draft position, learned online with forgetting.
+
+For each draft source and each draft level d (1 = the token right after the root) this keeps decayed counts of
+trials and successes of the event "level d accepted, given level d - 1 was". A verify forward in which the source
+proposed ``D`` levels and ``a`` of them were accepted is a success at levels 1..a and, when a < D, a failure at
+level a + 1; deeper levels were not tested (the draft was already rejected), so they learn nothing. Every update
+first multiplies the source's counts by ``decay``, so the estimate follows the last ~1 / (1 - decay) outcomes: a
+source that turns useful again is trusted again within a few forwards.
+
+The estimate at level d is the posterior mean of a Beta prior with ``prior_weight`` pseudo-trials around a prior
+mean: (successes_d + w * mean_d) / (trials_d + w). The prior mean of level 1 is ``prior_mean``; deeper levels
+shrink toward the estimate of the level above, because deep levels are tested rarely (only when every shallower
+level was accepted) and acceptance changes slowly with depth. A source's own knowledge of a particular draft
+(corpus counts, match length) can replace the prior mean per node: see :mod:`redraft.policy.speculation`.
+numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from redraft.defaults import ACCEPT_DECAY, ACCEPT_PRIOR, ACCEPT_PRIOR_WEIGHT
+
+
+class AcceptanceTracker:
+    """Decayed per-(source, level) acceptance counts.
+
+    Args:
+        max_depth: deepest level tracked (>= 1); deeper levels reuse the estimate of the deepest.
+        prior_mean: prior P(accept) at level 1 for a source never seen, in [0, 1].
+        prior_weight: pseudo-trials of the prior (> 0): how many outcomes it takes to outweigh it.
+        decay: factor in (0, 1] applied to a source's counts at each of its updates (1 = never forget).
+    Raises:
+        ValueError: an argument outside its range.
+    """
+
+    def __init__(self, max_depth: int = 64, *, prior_mean: float = ACCEPT_PRIOR,
+                 prior_weight: float = ACCEPT_PRIOR_WEIGHT, decay: float = ACCEPT_DECAY) -> None:
+        if max_depth < 1 or not 0.0 <= prior_mean <= 1.0 or not prior_weight > 0 or not 0.0 < decay <= 1.0:
+            raise ValueError(f"AcceptanceTracker needs max_depth >= 1, prior_mean in [0, 1], prior_weight > 0 and "
+                             f"decay in (0, 1]; got {max_depth}, {prior_mean}, {prior_weight}, {decay}")
+        self.max_depth, self.prior_mean, self.prior_weight, self.decay = max_depth, prior_mean, prior_weight, decay
+        self._succ: dict[str, np.ndarray] = {}
+        self._trials: dict[str, np.ndarray] = {}
+
+    def counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
+        """(successes, trials), float64 [max_depth] each, index d - 1 for level d (zeros for a new source)."""
+        if source not in self._succ:
+            self._succ[source] = np.zeros(self.max_depth)
+            self._trials[source] = np.zeros(self.max_depth)
+        return self._succ[source], self._trials[source]
+
+    def observe(self, source: str, proposed_depth: int, accepted: int) -> None:
+        """Record one verify forward: ``proposed_depth`` levels drafted, the first ``accepted`` of them accepted.
+
+        ``proposed_depth`` 0 records nothing (the source did not draft: no outcome, nothing forgotten).
+        Raises:
+            ValueError: negative numbers, or accepted > proposed_depth.
+        """
+        if proposed_depth < 0 or not 0 <= accepted <= proposed_depth:
+            raise ValueError(f"need 0 <= accepted <= proposed_depth, got accepted {accepted} of {proposed_depth}")
+        if proposed_depth == 0:
+            return
+        succ, trials = self.counts(source)
+        succ *= self.decay
+        trials *= self.decay
+        a = min(accepted, self.max_depth)
+        succ[:a] += 1.0
+        trials[:a] += 1.0
+        if accepted < proposed_depth and a < self.max_depth:
+            trials[a] += 1.0  # the first rejected level
+
+    def conditional(self, source: str, depth: int) -> np.ndarray:
+        """float64 [depth]: estimated P(level d accepted | level d - 1 accepted) for d = 1..depth."""
+        succ, trials = self.counts(source)
+        out = np.empty(max(0, depth))
+        mean, w = self.prior_mean, self.prior_weight
+        for i in range(len(out)):
+            if i < self.max_depth:
+                mean = (succ[i] + w * mean) / (trials[i] + w)
+            out[i] = mean
+        return out

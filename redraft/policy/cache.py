@@ -1,0 +1,150 @@
+"""The measured cost curve, cached on disk per model, dtype, thread count and machine.
+
+A curve measured on one machine says nothing about another (a GPU verifies 64 tokens for about the price of one;
+a 2-core CPU does not), nor about the same machine with another thread count or dtype. The cache key holds all of
+that plus the measurement settings; the file name is a hash of the key and the file repeats the key, so a stale or
+foreign file is measured again, never trusted. Writes go to a temporary file renamed into place, so a crash or a
+concurrent run never leaves half a file. A file that cannot be read or parsed is ignored with a warning and
+measured again: a bad cache never stops a generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+from redraft.policy.costcurve import CostCurve
+from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
+from redraft.loading import cache_dir
+from redraft.policy.measure import measure_cost_curve
+
+SCHEMA = "redraft-cost-curve/1"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux, else ``platform.processor()``), or "unknown"."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def hf_model(model):
+    """The transformers model itself, given one or an HFTarget wrapping one."""
+    return model if hasattr(model, "config") else model.model
+
+
+def model_fingerprint(model) -> dict:
+    """What identifies a model's verify cost: name, architecture and sizes, parameter count, attention kernel."""
+    model = hf_model(model)
+    cfg = model.config
+    return {"name": str(getattr(cfg, "_name_or_path", "") or ""), "type": str(getattr(cfg, "model_type", "")),
+            "layers": getattr(cfg, "num_hidden_layers", None), "hidden": getattr(cfg, "hidden_size", None),
+            "vocab": getattr(cfg, "vocab_size", None), "params": int(sum(p.numel() for p in model.parameters())),
+            "attn": str(getattr(cfg, "_attn_implementation", ""))}
+
+
+def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PREFIX,
+              repeats: int = COST_REPEATS, threads: int | None = None) -> dict:
+    """The cache key: model fingerprint, dtype, device, torch thread count, machine and measurement settings.
+
+    Args:
+        model: a transformers causal LM or an HFTarget.
+        threads: torch intra-op threads the curve is for (default: ``torch.get_num_threads()`` now).
+    """
+    import torch
+    import transformers
+
+    inner = hf_model(model)
+    param = next(inner.parameters())
+    device = str(param.device)
+    if param.device.type == "cuda":
+        device += f" {torch.cuda.get_device_name(param.device)}"
+    return {"schema": SCHEMA, "model": model_fingerprint(inner), "dtype": str(param.dtype), "device": device,
+            "threads": int(threads if threads is not None else torch.get_num_threads()),
+            "machine": {"cpu": cpu_model(), "arch": platform.machine(), "system": platform.system(),
+                        "cpus": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__},
+            "sizes": sorted(set(int(s) for s in sizes) | {0}), "prefix": int(prefix), "repeats": int(repeats)}
+
+
+def curve_path(key: dict, directory: str | os.PathLike) -> Path:
+    """``directory/cost-curves/<hash of key>.json``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(directory) / "cost-curves" / f"{digest}.json"
+
+
+def default_directory() -> Path:
+    """redraft's cache directory (:func:`redraft.loading.cache_dir`)."""
+    return cache_dir()
+
+
+def load_curve(path: str | os.PathLike, key: dict) -> CostCurve | None:
+    """The cached curve at ``path`` when it exists and was measured under ``key``; else None.
+
+    A file that exists but cannot be read, is not JSON, holds another key or an invalid curve is reported with a
+    RuntimeWarning naming the file and the problem, and None is returned (the caller measures again).
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("key") != key:
+            raise ValueError("its key does not match this model/machine")
+        return CostCurve.from_dict(data.get("curve"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
+        warnings.warn(f"cost curve cache {path}: ignored ({e}); measuring again", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def save_curve(path: str | os.PathLike, key: dict, curve: CostCurve) -> bool:
+    """Write ``curve`` under ``key`` atomically (temporary file + rename). Returns False, with a warning, on an
+    OS error (read-only cache, full disk): the measured curve is still usable, only not cached."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".cost-", suffix=".json", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "curve": curve.to_dict()}, f, indent=1)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        warnings.warn(f"cost curve cache {path}: not written ({e})", RuntimeWarning, stacklevel=2)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return False
+
+
+def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, sizes: Sequence[int] = COST_SIZES,
+                      prefix: int = COST_PREFIX, repeats: int = COST_REPEATS, refresh: bool = False,
+                      measure: Callable[..., CostCurve] = measure_cost_curve) -> CostCurve:
+    """The cost curve for ``model`` here: from the cache when present and valid, else measured and cached.
+
+    Args:
+        model: a transformers causal LM or an HFTarget (its KV cache is reset when measuring).
+        directory: cache root (default: redraft's cache directory, ``$REDRAFT_CACHE`` or ``~/.cache/redraft``).
+        sizes, prefix, repeats: measurement settings (part of the key).
+        refresh: measure again even when a cached curve exists.
+        measure: the measuring function (tests pass a fake); called as ``measure(model, sizes, prefix=,
+            repeats=)``.
+    Returns:
+        :class:`CostCurve`.
+    """
+    key = curve_key(model, sizes=sizes, prefix=prefix, repeats=repeats)
+    path = curve_path(key, directory if directory is not None else default_directory())
+    curve = None if refresh else load_curve(path, key)
+    if curve is None:
+        curve = measure(model, key["sizes"], prefix=prefix, repeats=repeats)
+        save_curve(path, key, curve)
+    return curve

@@ -1,0 +1,168 @@
+"""SpeculationPolicy: per step, how many of the drafted nodes to verify, from the cost curve and learned acceptance.
+
+Per candidate node i (source s, depth d) the policy estimates q(i) = P(i accepted | parent accepted):
+- with no prior from the source: the learned level estimate of (s, d) (:class:`AcceptanceTracker`);
+- with a prior p(i) from the source (:mod:`redraft.policy.priors`): the same Beta posterior but centred on the
+  node's prior instead of the level above, (successes_{s,d} + w * p'(i)) / (trials_{s,d} + w), so the source's
+  self-knowledge decides while evidence is thin and recent outcomes decide once there are some;
+- siblings split their parent's chance by stick-breaking: the r-th sibling gets its own estimate times the chance
+  that every earlier sibling failed (p'(i) is the sibling's prior share of what the earlier ones left), so the
+  siblings' probabilities never sum past 1.
+Then :func:`~redraft.policy.select.select_nodes` keeps the subtree maximising expected tokens / c(size).
+
+Exploration: a source whose candidates were dropped on every step is re-tried with a probe, the draft of 1..4
+tokens along its first path whose expected net cost c(d) - E(d) is lowest, once that cost spread over the idle
+steps (steps in which it had a candidate that was dropped) falls under ``probe_overhead`` of a plain step. Its counts decay with every outcome, so after a probe that
+succeeds the failures before it weigh less and the source drafts again within a step or two. On a flat curve (a
+GPU) probes are nearly free and come at once; on a steep one they are rare. Idle steps themselves teach nothing:
+forgetting on them would re-try a useless source every few steps on its prior alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from redraft.defaults import PROBE_MAX, PROBE_OVERHEAD
+from redraft.policy.acceptance import AcceptanceTracker
+from redraft.policy.costcurve import CostCurve
+from redraft.policy.priors import node_depths
+from redraft.policy.select import Selection, path_probabilities, select_nodes
+
+
+class SpeculationPolicy:
+    """Chooses each step's verified draft from the measured cost curve and per-source acceptance.
+
+    Args:
+        curve: the verify cost curve c(n) measured here (:func:`redraft.policy.cache.cached_cost_curve`).
+        max_nodes: most draft nodes in one verify forward (the tree budget; also the deepest chain).
+        tracker: the acceptance estimates (default: a fresh :class:`AcceptanceTracker` over ``max_nodes`` levels).
+        probe_overhead: the share of a plain step an idle source's probes may cost on average (> 0).
+        probe_max: longest probe in tokens (the curve picks the cheapest length up to this).
+        min_gain: a draft must beat a plain step's rate by more than this fraction (0 = any gain).
+    Raises:
+        ValueError: max_nodes < 1, probe_overhead <= 0, probe_max < 1 or min_gain < 0.
+    """
+
+    def __init__(self, curve: CostCurve, *, max_nodes: int = 64, tracker: AcceptanceTracker | None = None,
+                 probe_overhead: float = PROBE_OVERHEAD, probe_max: int = PROBE_MAX, min_gain: float = 0.0) -> None:
+        if max_nodes < 1 or not probe_overhead > 0 or probe_max < 1 or min_gain < 0:
+            raise ValueError(f"SpeculationPolicy needs max_nodes >= 1, probe_overhead > 0, probe_max >= 1 and "
+                             f"min_gain >= 0; got {max_nodes}, {probe_overhead}, {probe_max}, {min_gain}")
+        self.curve = curve
+        self.costs = curve.table(max_nodes)
+        self.max_nodes = max_nodes
+        self.tracker = tracker if tracker is not None else AcceptanceTracker(max_nodes)
+        self.probe_overhead, self.probe_max, self.min_gain = probe_overhead, probe_max, min_gain
+        self.idle: dict[str, int] = {}  # steps since the source last had a node verified
+
+    def conditionals(self, parents: Sequence[int], sources: Sequence[str],
+                     priors: Sequence[float] | None = None) -> np.ndarray:
+        """float64 [N]: q(i) = P(node i accepted | parent accepted) per candidate node (see the module notes).
+
+        Args:
+            parents: parent index per node (-1 = child of the root), parents first.
+            sources: the drafter name per node.
+            priors: per node, the source's own P(accept | parent), or NaN / None where it has none.
+        """
+        depths = node_depths(parents)
+        tr = self.tracker
+        top = min(int(depths.max(initial=0)), tr.max_depth)
+        levels = {s: tr.conditional(s, top) for s in set(sources)}
+        prior = None if priors is None else np.array([np.nan if p is None else p for p in priors], dtype=float)
+        used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
+        left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
+        cond = np.empty(len(parents))
+        for i, (p, s) in enumerate(zip(parents, sources)):
+            lvl = min(int(depths[i]), tr.max_depth) - 1
+            if prior is not None and not np.isnan(prior[i]):
+                share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))
+                used[p] = used.get(p, 0.0) + max(0.0, prior[i])
+                succ, trials = tr.counts(s)
+                q = (succ[lvl] + tr.prior_weight * share) / (trials[lvl] + tr.prior_weight)
+            else:
+                q = levels[s][lvl]
+            fail = left.get(p, 1.0)
+            cond[i] = q * fail
+            left[p] = fail * (1.0 - q)
+        return cond
+
+    def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
+             max_depth: int | None = None, budget: int | None = None) -> Selection:
+        """The nodes of this step's candidate tree to verify. Call once per step, before the verify forward.
+
+        Args:
+            parents, sources, priors: the candidate tree (see :meth:`conditionals`); empty = nothing drafted.
+            max_depth: nodes deeper than this are never kept (e.g. the tokens left to generate).
+            budget: most nodes kept (default and cap: ``max_nodes``).
+        Returns:
+            :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
+            Sources with no kept node have their idle count advanced (towards a probe).
+        """
+        if len(parents) == 0:
+            return Selection([], 1.0, 1.0)
+        cond = self.conditionals(parents, sources, priors)
+        if max_depth is not None:
+            cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
+        budget = self.max_nodes if budget is None else min(budget, self.max_nodes)
+        prob = path_probabilities(parents, cond)
+        forced, probes = [], []
+        for s in dict.fromkeys(sources):
+            if self.idle.get(s, 0) < 1:
+                continue  # it drafted last time it had a candidate: nothing to probe
+            path = self._probe_path(parents, sources, prob, s, max_depth)
+            if path and self.idle.get(s, 0) >= max(1, self._probe_interval(path, prob)):
+                forced += path
+                probes.append(s)
+        sel = select_nodes(parents, cond, self.costs, forced=forced, budget=budget, min_gain=self.min_gain)
+        sel.probes = probes
+        kept = {sources[i] for i in sel.nodes}
+        for s in dict.fromkeys(sources):
+            if s in kept:
+                self.idle[s] = 0
+            else:
+                self.idle[s] = self.idle.get(s, 0) + 1
+        return sel
+
+    def depth(self, source: str, length: int, priors: Sequence[float] | None = None, *,
+              max_depth: int | None = None) -> int:
+        """How many leading tokens of a ``length``-token chain from ``source`` to verify (0 = a plain step)."""
+        parents = list(range(-1, length - 1))
+        return len(self.plan(parents, [source] * length, priors, max_depth=max_depth))
+
+    def observe(self, source: str, proposed_depth: int, accepted: int) -> None:
+        """After the verify forward: the source's kept draft reached ``proposed_depth`` levels and its first
+        ``accepted`` levels were accepted (:func:`~redraft.policy.select.source_outcomes` computes both for a
+        tree). ``proposed_depth`` 0 is ignored (:meth:`plan` already accounted for a dropped source)."""
+        self.tracker.observe(source, proposed_depth, accepted)
+
+    def _probe_path(self, parents, sources, prob, source: str, max_depth: int | None) -> list[int]:
+        """The probe for ``source``: its first node's ancestors, then its first children, at most the probe
+        length deep, cut where the expected net cost c(d) - E(d) is lowest."""
+        limit = min(self.probe_max, self.max_nodes, self.probe_max if max_depth is None else max_depth)
+        first = next((i for i, s in enumerate(sources) if s == source), None)
+        if first is None:
+            return []
+        path = []
+        node = first
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        path.reverse()
+        if len(path) > limit:  # the source's first node lies deeper than a probe reaches
+            return []
+        while len(path) < limit:
+            nxt = next((j for j in range(path[-1] + 1, len(parents))
+                        if parents[j] == path[-1] and sources[j] == source), None)
+            if nxt is None:
+                break
+            path.append(nxt)
+        net = self.costs[1:len(path) + 1] - (1.0 + np.cumsum(prob[path]))
+        return path[:int(np.argmin(net)) + 1]
+
+    def _probe_interval(self, path: list[int], prob: np.ndarray) -> int:
+        """Idle steps before a probe along ``path``: its expected net cost over ``probe_overhead``."""
+        net = self.costs[len(path)] - (1.0 + float(prob[path].sum()))
+        return math.ceil(max(0.0, net) / self.probe_overhead)
