@@ -43,7 +43,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(model_dir):
     """The tiny model loaded as ``redraft serve`` loads it."""
-    from redraft.models import load_model
+    from redraft.loading import load_model
 
     return load_model(model_dir)
 
@@ -77,7 +77,7 @@ def live_server(args, loaded=None, start_timeout: float = 30.0):
     """Build the server from parsed ``serve`` args (and an already loaded model), run it, stop it at exit."""
     import uvicorn
 
-    from redraft.cli_serve import build_server, listen
+    from redraft.cli.serve import build_server, listen
 
     server = build_server(args, loaded)
     sock = listen("127.0.0.1", 0)

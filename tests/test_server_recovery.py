@@ -70,7 +70,7 @@ def test_damaged_journal_is_skipped_with_a_warning(model_dir, loaded, tmp_path, 
 
 
 def test_corpus_dir_of_another_tokenizer_is_refused(model_dir, loaded, tmp_path):
-    from redraft.cli_serve import build_server
+    from redraft.cli.serve import build_server
 
     (tmp_path / "meta.json").write_text('{"fingerprint": "other", "vocab_size": 64}')
     with pytest.raises(SystemExit) as e:

@@ -183,7 +183,7 @@ def test_serve_flag_errors_exit_2(capsys, argv, says):
 def test_listening_socket_disables_nagle_for_accepted_connections():
     """Without TCP_NODELAY every keep-alive response waited ~40 ms for a delayed ACK (asyncio sets the option only
     on sockets created with proto IPPROTO_TCP; accepted sockets inherit it from the listener on Linux)."""
-    from redraft.cli_serve import listen
+    from redraft.cli.serve import listen
 
     sock = listen("127.0.0.1", 0)
     try:

@@ -20,19 +20,48 @@ Phases (each against ``redraft serve`` running as its own process, started and s
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+from redraft.questions import load_questions
 
 PHASES = ("repeat", "load", "overhead", "crash", "memory")
+
+
+@dataclass
+class ServeBenchConfig:
+    """Sizes of the phases (``redraft bench serve`` flags of the same names; the issue's sizes in brackets).
+
+    Attributes:
+        model: ``--model`` of every server and of the direct run (None = the bundled default).
+        questions: repeat: questions per pass [20]. max_tokens: repeat/overhead: max_tokens per request.
+        requests: load/crash: requests [200]. concurrency: load/crash: concurrent clients [16].
+        load_distinct: load: distinct questions. load_max_tokens: load/crash: max_tokens per request.
+        repeats: overhead: timings per side (median). memory_requests: memory: requests [10,000].
+        cap_tokens: memory: the server's ``--cap-tokens``. timeout: most seconds per load/crash run.
+        threads: torch threads of the servers and of the direct run (None = torch's choice).
+    """
+
+    model: str | None = None
+    questions: int = 5
+    max_tokens: int = 64
+    requests: int = 32
+    concurrency: int = 4
+    load_distinct: int = 8
+    load_max_tokens: int = 24
+    repeats: int = 3
+    memory_requests: int = 100
+    cap_tokens: int = 1_000_000
+    timeout: float = 1800.0
+    threads: int | None = None
 
 
 def metric_value(text: str, name: str, **labels) -> float:
@@ -112,9 +141,8 @@ def _text(body: dict) -> str:
 
 def _questions(n: int, offset: int = 0) -> list[str]:
     from redraft.bench.workloads import round_robin
-    from redraft.demo import spec_bench_questions
 
-    qs = spec_bench_questions()
+    qs = load_questions()
     cats = list(dict.fromkeys(q["category"] for q in qs))
     return [q["turns"][0] for q in round_robin(qs, cats, n + offset)][offset:]
 
@@ -126,14 +154,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 # ---- phases ---------------------------------------------------------------------------------------------------------
-def phase_repeat(args, work: Path) -> dict:
+def phase_repeat(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
     from redraft.bench.workloads import replay_questions
-    from redraft.demo import spec_bench_questions
 
-    questions = [q["turns"][0] for q in replay_questions(spec_bench_questions(), args.questions)]
-    srv = ServerProcess(args.model, work / "repeat.log", "--corpus-dir", str(work / "repeat"), threads=args.threads)
+    questions = [q["turns"][0] for q in replay_questions(load_questions(), cfg.questions)]
+    srv = ServerProcess(cfg.model, work / "repeat.log", "--corpus-dir", str(work / "repeat"), threads=cfg.threads)
     passes = []
     try:
         base = srv.wait_ready()
@@ -141,7 +168,7 @@ def phase_repeat(args, work: Path) -> dict:
             for _ in range(2):
                 texts, tokens, seconds, forwards = [], 0, 0.0, 0
                 for q in questions:
-                    status, body, dt = ask(c, base, q, args.max_tokens)
+                    status, body, dt = ask(c, base, q, cfg.max_tokens)
                     if status != 200:
                         raise RuntimeError(f"repeat: HTTP {status}: {body}")
                     texts.append(_text(body))
@@ -154,7 +181,7 @@ def phase_repeat(args, work: Path) -> dict:
     finally:
         srv.stop()
     first, second = passes
-    return {"questions": len(questions), "max_tokens": args.max_tokens,
+    return {"questions": len(questions), "max_tokens": cfg.max_tokens,
             "first_tokens_per_second": first["tokens_per_second"],
             "second_tokens_per_second": second["tokens_per_second"],
             "speedup": second["tokens_per_second"] / first["tokens_per_second"] if first["tokens_per_second"] else 0,
@@ -194,73 +221,76 @@ def _fire(base: str, jobs: list[tuple[int, str]], concurrency: int, max_tokens: 
     return out
 
 
-def phase_load(args, work: Path) -> dict:
+def phase_load(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
-    questions = _questions(args.load_distinct)
-    srv = ServerProcess(args.model, work / "load.log", threads=args.threads)
+    questions = _questions(cfg.load_distinct)
+    srv = ServerProcess(cfg.model, work / "load.log", threads=cfg.threads)
     try:
         base = srv.wait_ready()
         with httpx.Client() as c:
             alone = {}
             for i, q in enumerate(questions):
-                status, body, _ = ask(c, base, q, args.load_max_tokens)
+                status, body, _ = ask(c, base, q, cfg.load_max_tokens)
                 alone[i] = _text(body) if status == 200 else None
-        jobs = [(i % len(questions), questions[i % len(questions)]) for i in range(args.requests)]
+        jobs = [(i % len(questions), questions[i % len(questions)]) for i in range(cfg.requests)]
         t0 = time.monotonic()
-        res = _fire(base, jobs, args.concurrency, args.load_max_tokens, t0 + args.timeout)
+        res = _fire(base, jobs, cfg.concurrency, cfg.load_max_tokens, t0 + cfg.timeout)
         wall = time.monotonic() - t0
     finally:
         srv.stop()
     ok = [r for r in res if r["status"] == 200]
     lat = [r["seconds"] for r in ok]
     wait = [r["body"]["redraft"]["queue_seconds"] for r in ok]
-    return {"requests": args.requests, "concurrency": args.concurrency, "sent": len(res),
-            "errors": len(res) - len(ok) + (args.requests - len(res)),
+    return {"requests": cfg.requests, "concurrency": cfg.concurrency, "sent": len(res),
+            "errors": len(res) - len(ok) + (cfg.requests - len(res)),
             "not_identical": sum(_text(r["body"]) != alone[r["i"]] for r in ok),
             "latency_p50": _pct(lat, 50), "latency_p99": _pct(lat, 99), "queue_wait_p50": _pct(wait, 50),
             "queue_wait_p99": _pct(wait, 99), "wall_seconds": wall,
             "requests_per_second": len(ok) / wall if wall else 0.0}
 
 
-def phase_overhead(args, work: Path) -> dict:
+def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
-    from redraft.bench.workloads import ChatEncoder
+    # torch-bound: the direct run
     from redraft.drafters import build_drafters
     from redraft.engine import Engine
-    from redraft.models import load_model
+    from redraft.loading import load_model
+    from redraft.prompts import encode_prompt
+    from redraft.server.generation import DraftSettings
 
     question = _questions(1)[0]
     http, direct = [], []
-    srv = ServerProcess(args.model, work / "overhead.log", "--no-learn", threads=args.threads)
+    srv = ServerProcess(cfg.model, work / "overhead.log", "--no-learn", threads=cfg.threads)
     try:
         base = srv.wait_ready()
         with httpx.Client() as c:
-            for _ in range(args.repeats):
-                status, body, dt = ask(c, base, question, args.max_tokens)
+            for _ in range(cfg.repeats):
+                status, body, dt = ask(c, base, question, cfg.max_tokens)
                 http.append((body["usage"]["completion_tokens"] / dt, _text(body)))
     finally:
         srv.stop()
-    if args.threads:
+    if cfg.threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, quiet=True)
-    ids = ChatEncoder(loaded.tokenizer, chat=True).encode([{"role": "user", "content": question}])
-    for _ in range(args.repeats):  # the server's draft sources: DraftSettings' defaults, no corpus
-        engine = Engine(loaded.model, build_drafters(None, k=8, minacc=0.5, ngram=True, k_max=32),
-                        eos_token_ids=loaded.eos_token_ids, max_depth=32)
-        res = engine.generate(ids, args.max_tokens)
+        torch.set_num_threads(cfg.threads)
+    loaded = load_model(cfg.model, quiet=True)
+    ids = encode_prompt(loaded.tokenizer, [{"role": "user", "content": question}], chat=True)  # as the server
+    d = DraftSettings()  # the server's draft sources at their defaults, no corpus (a --no-learn server)
+    for _ in range(cfg.repeats):
+        engine = Engine(loaded.model, build_drafters(None, k=d.k, minacc=d.minacc, ngram=d.ngram, k_max=d.k_max),
+                        eos_token_ids=loaded.eos_token_ids, max_depth=max(d.k, d.k_max or 0))
+        res = engine.generate(ids, cfg.max_tokens)
         direct.append((res.tokens_per_second, loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True)))
     h, d = sorted(x for x, _ in http), sorted(x for x, _ in direct)
-    return {"repeats": args.repeats, "http_tokens_per_second": h[len(h) // 2],
+    return {"repeats": cfg.repeats, "http_tokens_per_second": h[len(h) // 2],
             "direct_tokens_per_second": d[len(d) // 2], "ratio": h[len(h) // 2] / d[len(d) // 2],
             "identical": all(t == direct[0][1] for _, t in http + direct)}
 
 
-def _restart_check(args, work: Path, cdir: Path, name: str) -> tuple[float, str]:
-    srv = ServerProcess(args.model, work / f"crash-{name}.log", "--corpus-dir", str(cdir), threads=args.threads)
+def _restart_check(cfg: ServeBenchConfig, work: Path, cdir: Path, name: str) -> tuple[float, str]:
+    srv = ServerProcess(cfg.model, work / f"crash-{name}.log", "--corpus-dir", str(cdir), threads=cfg.threads)
     try:
         srv.wait_ready()
         spans = metric_value(srv.metrics(), "redraft:corpus_spans", tenant="default")
@@ -269,21 +299,21 @@ def _restart_check(args, work: Path, cdir: Path, name: str) -> tuple[float, str]
     return spans, (work / f"crash-{name}.log").read_text(errors="replace")
 
 
-def phase_crash(args, work: Path) -> dict:
+def phase_crash(cfg: ServeBenchConfig, work: Path) -> dict:
     cdir = work / "crash"
-    questions = _questions(args.requests, offset=args.load_distinct)
-    srv = ServerProcess(args.model, work / "crash-run.log", "--corpus-dir", str(cdir), threads=args.threads)
+    questions = _questions(cfg.requests, offset=cfg.load_distinct)
+    srv = ServerProcess(cfg.model, work / "crash-run.log", "--corpus-dir", str(cdir), threads=cfg.threads)
     stop = threading.Event()
     try:
         base = srv.wait_ready()
         done: list[dict] = []
-        t = threading.Thread(target=lambda: done.extend(_fire(base, list(enumerate(questions)), args.concurrency,
-                                                              args.load_max_tokens, time.monotonic() + args.timeout,
+        t = threading.Thread(target=lambda: done.extend(_fire(base, list(enumerate(questions)), cfg.concurrency,
+                                                              cfg.load_max_tokens, time.monotonic() + cfg.timeout,
                                                               stop)))
         t.start()
-        deadline = time.monotonic() + args.timeout
+        deadline = time.monotonic() + cfg.timeout
         while time.monotonic() < deadline and metric_value(srv.metrics(), "vllm:request_success_total") < \
-                max(1, args.requests // 2):
+                max(1, cfg.requests // 2):
             time.sleep(0.2)
         srv.kill()  # kill -9 mid-load
         stop.set()
@@ -292,8 +322,8 @@ def phase_crash(args, work: Path) -> dict:
         srv.kill()
     learned = sum(1 for r in done if r["status"] == 200 and r["body"]["redraft"]["learned"])
     out = {"completed": sum(r["status"] == 200 for r in done), "completed_learned": learned}
-    out["spans_after_kill"], _ = _restart_check(args, work, cdir, "restart")
-    out["kill_ok"] = learned <= out["spans_after_kill"] <= learned + args.concurrency
+    out["spans_after_kill"], _ = _restart_check(cfg, work, cdir, "restart")
+    out["kill_ok"] = learned <= out["spans_after_kill"] <= learned + cfg.concurrency
     journal = next(iter(sorted((cdir / "default").glob("journal-*.rdj"))), None)
     for damage in ("truncate", "flip"):
         data = bytearray(journal.read_bytes()) if journal else bytearray()
@@ -305,83 +335,59 @@ def phase_crash(args, work: Path) -> dict:
         else:
             data[len(data) // 2] ^= 0x20
         journal.write_bytes(bytes(data))
-        spans, log = _restart_check(args, work, cdir, damage)
+        spans, log = _restart_check(cfg, work, cdir, damage)
         out[f"spans_after_{damage}"] = spans
         out[f"{damage}_ok"] = "warning" in log and spans >= out["spans_after_kill"] - 2
     return out
 
 
-def phase_memory(args, work: Path) -> dict:
+def phase_memory(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
     base_qs = _questions(50)
-    srv = ServerProcess(args.model, work / "memory.log", "--corpus-dir", str(work / "memory"), "--no-sync",
-                        "--cap-tokens", str(args.cap_tokens), threads=args.threads)
+    srv = ServerProcess(cfg.model, work / "memory.log", "--corpus-dir", str(work / "memory"), "--no-sync",
+                        "--cap-tokens", str(cfg.cap_tokens), threads=cfg.threads)
     try:
         base = srv.wait_ready()
         with httpx.Client() as c:
             ask(c, base, base_qs[0], 4)
             before = srv.rss()
             errors = 0
-            for i in range(args.memory_requests):
+            for i in range(cfg.memory_requests):
                 status, _, _ = ask(c, base, f"Request {i}. {base_qs[i % len(base_qs)][:200]}", 8)
                 errors += status != 200
         after = srv.rss()
         m = srv.metrics()
     finally:
         srv.stop()
-    return {"requests": args.memory_requests, "errors": errors, "rss_before_mb": before / 2**20,
+    return {"requests": cfg.memory_requests, "errors": errors, "rss_before_mb": before / 2**20,
             "rss_after_mb": after / 2**20, "corpus_tokens": metric_value(m, "redraft:corpus_tokens"),
-            "cap_tokens": args.cap_tokens}
+            "cap_tokens": cfg.cap_tokens}
 
 
-# ---- command --------------------------------------------------------------------------------------------------------
-def add_bench_serve_parser(bsub) -> None:
-    """Register ``serve`` on the ``redraft bench`` subparsers."""
-    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: bundled SmolLM2)")
-    p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {', '.join(PHASES)}")
-    p.add_argument("--questions", type=int, default=5, help="repeat: questions per pass (default 5; the issue: 20)")
-    p.add_argument("--max-tokens", type=int, default=64, help="repeat/overhead: max_tokens (default 64)")
-    p.add_argument("--requests", type=int, default=32, help="load/crash: requests (default 32; the issue: 200)")
-    p.add_argument("--concurrency", type=int, default=4, help="load/crash: concurrent clients (default 4; the "
-                                                                "issue: 16)")
-    p.add_argument("--load-distinct", type=int, default=8, help="load: distinct questions (default 8)")
-    p.add_argument("--load-max-tokens", type=int, default=24, help="load/crash: max_tokens (default 24)")
-    p.add_argument("--repeats", type=int, default=3, help="overhead: timings per side, median (default 3)")
-    p.add_argument("--memory-requests", type=int, default=100, help="memory: requests (default 100; the issue: "
-                                                                     "10000)")
-    p.add_argument("--cap-tokens", type=int, default=1_000_000, help="memory: the server's --cap-tokens")
-    p.add_argument("--timeout", type=float, default=1800.0, help="most seconds per load/crash run (default 1800)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads of the server and of the direct run")
-    p.add_argument("--work-dir", default=None, help="keep logs and corpora here (default: a temporary directory)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
-    p.set_defaults(func=cmd_bench_serve)
+# ---- all phases -----------------------------------------------------------------------------------------------------
+def run_serve_bench(cfg: ServeBenchConfig, phases: list[str], work: Path,
+                    log: Callable[[str], None] = print) -> dict:
+    """Run ``phases`` (names from PHASES, in order) with logs and corpora under ``work``; returns {phase: figures}.
 
-
-def cmd_bench_serve(args) -> int:
-    phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    Each phase's figures are logged as one ``name: key=value, ...`` line as soon as it ends.
+    Raises:
+        ValueError: an unknown phase name. RuntimeError: a server that does not start or a failed request.
+    """
     bad = [x for x in phases if x not in PHASES]
     if bad or not phases:
-        raise SystemExit(f"redraft bench serve: error: unknown phase {bad[0] if bad else '(none)'!r}; choose from "
-                         f"{', '.join(PHASES)}")
-    for name in ("questions", "max_tokens", "requests", "concurrency", "load_distinct", "load_max_tokens", "repeats",
-                 "memory_requests", "cap_tokens"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"redraft bench serve: error: --{name.replace('_', '-')} must be at least 1")
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
+        raise ValueError(f"unknown phase {bad[0] if bad else '(none)'!r}; choose from {', '.join(PHASES)}")
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in phases:
         print(f"bench serve: {name} ...", file=sys.stderr, flush=True)
-        results[name] = globals()[f"phase_{name}"](args, work)
-        print(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in results[name].items()), flush=True)
-    print(f"logs and corpora: {work}", file=sys.stderr)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=2)
-    return 0
+        results[name] = PHASE_FUNCTIONS[name](cfg, work)
+        log(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in results[name].items()))
+    return results
+
+
+PHASE_FUNCTIONS = {"repeat": phase_repeat, "load": phase_load, "overhead": phase_overhead, "crash": phase_crash,
+                   "memory": phase_memory}
 
 
 def _fmt(v) -> str:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .corpus import Corpus, check_ids
+from .corpus import Corpus, check_ids, load_corpus
 from .errors import CorpusError
 from .journal import JournalWriter, fsync_dir, read_journal, write_journal
 
@@ -141,7 +141,7 @@ class OnlineCorpus:
     def _add(self, tokens: np.ndarray) -> None:
         if self._journal is not None:
             self._journal.append(tokens)
-        self._corpus = _with_span(self._corpus, tokens)
+        self._corpus = self._corpus.with_span(tokens)
         self._journal_tokens += len(tokens)
         if self._pending is not None:
             self._pending.append(tokens)
@@ -215,8 +215,6 @@ class OnlineCorpus:
         self._remove_other_generations()
 
     def _load_base(self) -> Corpus:
-        from .format import load_corpus
-
         path = self._path("base", self._gen)
         empty = Corpus([], vocab_size=self.vocab_size, fingerprint=self.fingerprint)
         if not os.path.exists(path):
@@ -292,7 +290,7 @@ class OnlineCorpus:
                 old.close()
                 self._gen = gen
             for s in pending:
-                nxt = _with_span(nxt, s)
+                nxt = nxt.with_span(s)
             self._corpus = nxt
             self._base_tokens = nxt.n_tokens - sum(len(s) for s in pending)
             self._journal_tokens = sum(len(s) for s in pending)
@@ -300,13 +298,6 @@ class OnlineCorpus:
         if self.directory is not None:
             self._remove_other_generations()
             fsync_dir(self.directory)
-
-
-def _with_span(corpus: Corpus, tokens: np.ndarray) -> Corpus:
-    """A new snapshot: ``corpus`` plus one span (the old snapshot is left as it was)."""
-    c = Corpus(list(corpus.segments), vocab_size=corpus.vocab_size, fingerprint=corpus.fingerprint)
-    c.append(tokens)
-    return c
 
 
 __all__ = ["OnlineCorpus"]

@@ -19,6 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from redraft.prompts import encode_prompt, uses_chat_template
+
 from .generation import Generator, Outcome, Work
 from .metrics import ServerMetrics
 from .scheduler import Cancelled, Job, QueueFull, Scheduler, ShuttingDown
@@ -117,15 +119,14 @@ class Server:
     def _prompt_ids(self, req: ParsedRequest) -> list[int]:
         tok = self.generator.tokenizer
         if req.kind == "chat":
-            if getattr(tok, "chat_template", None) is None:
+            if not uses_chat_template(tok):
                 raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
             try:
-                ids = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True)
+                ids = encode_prompt(tok, req.messages, chat=True)
             except Exception as e:  # jinja raises for conversations its template refuses (roles out of order...)
                 raise APIError(400, f"the chat template refused these messages ({e})", param="messages") from e
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         elif isinstance(req.prompt, str):
-            ids = tok(req.prompt)["input_ids"]
+            ids = encode_prompt(tok, req.prompt, chat=False)
         else:
             vocab = self.generator.vocab_size
             bad = [t for t in req.prompt if not 0 <= t < vocab]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from redraft.corpus import CorpusError
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, SERVE_CORPUS_K_MAX
 from redraft.drafters import build_drafters
 from redraft.engine import Engine, GenerationResult
 from redraft.sampling import SamplingParams
@@ -26,9 +27,9 @@ class DraftSettings:
     """How requests draft: corpus depth ``k`` (adaptive up to ``k_max``), guard threshold ``minacc`` (fraction),
     n-gram drafts from the live context on or off."""
 
-    k: int = 8
-    k_max: int | None = 32
-    minacc: float = 0.5
+    k: int = CORPUS_K_DEFAULT
+    k_max: int | None = SERVE_CORPUS_K_MAX
+    minacc: float = CORPUS_MINACC
     ngram: bool = True
 
 
@@ -89,7 +90,7 @@ class Generator:
     """Generates jobs for the scheduler.
 
     Args:
-        loaded: a :class:`redraft.models.LoadedModel` (model, tokenizer, EOS ids).
+        loaded: a :class:`redraft.loading.LoadedModel` (model, tokenizer, EOS ids).
         corpora: the tenants' learned corpora and the shared corpus.
         draft: :class:`DraftSettings`.
         on_learned: called with the tenant after its corpus grew (metrics).
@@ -116,8 +117,9 @@ class Generator:
         own = self.corpora.get(tenant)
         drafters = build_drafters(own, k=d.k, minacc=d.minacc, ngram=d.ngram, k_max=d.k_max)
         if self.corpora.shared is not None:
-            shared = build_drafters(self.corpora.shared, k=d.k, minacc=d.minacc, ngram=False, k_max=d.k_max)[0]
-            shared.name = "shared"  # its own statistics, apart from the tenant's learned corpus
+            # named apart from the tenant's learned corpus: its own statistics
+            shared = build_drafters(self.corpora.shared, k=d.k, minacc=d.minacc, ngram=False, k_max=d.k_max,
+                                    corpus_name="shared")[0]
             drafters.insert(1 if own is not None else 0, shared)
         return drafters
 

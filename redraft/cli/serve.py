@@ -1,4 +1,7 @@
-"""``redraft serve``: the OpenAI-compatible server (see :mod:`redraft.server`)."""
+"""``redraft serve``: the OpenAI-compatible server (see :mod:`redraft.server`).
+
+Registering the parser imports neither the server nor torch; :func:`build_server` imports them when it runs.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +10,25 @@ import os
 import socket
 import sys
 
+from redraft.cli.common import add_model_arg, add_threads_arg, int_between, load_model_or_exit, percent, positive
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX
+from redraft.loading import DEFAULT_MODEL_FILE
+
 DEFAULT_CAP_TOKENS = 1_000_000
 
 
-def _int_in(lo: int, hi: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-        if v < lo or (hi is not None and v > hi):
-            raise argparse.ArgumentTypeError(f"{v} is outside {lo}..{hi if hi is not None else 'inf'}")
-        return v
-    return parse
-
-
-def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``serve`` on an argparse subparsers object; returns its parser."""
-    p = subparsers.add_parser(
+def register(sub) -> None:
+    """Add ``serve`` to the top-level sub-parsers."""
+    p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server whose corpus grows from its own answers",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Every finished "
                     "answer joins its tenant's corpus and drafts the next requests, so a repeated request comes "
                     "back faster with identical output.")
-    p.add_argument("--model", default=None,
-                   help="HF model directory or .gguf file (default: bundled SmolLM2-135M-Instruct)")
+    add_model_arg(p)
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="model id clients send and see (default: the model directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=_int_in(0, 65535), default=8000, help="TCP port (default 8000)")
+    p.add_argument("--port", type=int_between(0, 65535), default=8000, help="TCP port (default 8000)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
                    help="where each tenant's learned corpus is kept (journal + binary base); default: in memory "
                         "only, lost at exit")
@@ -46,18 +40,20 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True,
                    help="fsync each learned span before its response completes (default on; --no-sync leaves "
                         "it to the OS: a power cut may lose the last seconds)")
-    p.add_argument("--cap-tokens", type=_int_in(1), default=DEFAULT_CAP_TOKENS, metavar="N",
+    p.add_argument("--cap-tokens", type=positive, default=DEFAULT_CAP_TOKENS, metavar="N",
                    help=f"most ids in each tenant's learned corpus; the oldest spans are evicted beyond it "
                         f"(default {DEFAULT_CAP_TOKENS:,})")
-    p.add_argument("--k", type=_int_in(1, 48), default=8, help="corpus draft depth (default 8)")
-    p.add_argument("--k-max", type=_int_in(1, 48), default=32,
-                   help="adaptive corpus depth: doubles while drafts are accepted whole, up to K (default 32)")
-    p.add_argument("--minacc", type=_int_in(0, 100), default=50, metavar="PCT",
-                   help="pause a corpus source whose acceptance falls below PCT%% (default 50)")
+    p.add_argument("--k", type=int_between(1, MAX_DRAFT_DEPTH), default=CORPUS_K_DEFAULT,
+                   help=f"corpus draft depth (default {CORPUS_K_DEFAULT})")
+    p.add_argument("--k-max", type=int_between(1, MAX_DRAFT_DEPTH), default=SERVE_CORPUS_K_MAX,
+                   help=f"adaptive corpus depth: doubles while drafts are accepted whole, up to K "
+                        f"(default {SERVE_CORPUS_K_MAX})")
+    p.add_argument("--minacc", type=percent, default=100 * CORPUS_MINACC, metavar="PCT",
+                   help=f"pause a corpus source whose acceptance falls below PCT%% (default {100 * CORPUS_MINACC:g})")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
-    p.add_argument("--max-queue", type=_int_in(1), default=256, help="most waiting requests; 503 beyond (default 256)")
+    p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
+    add_threads_arg(p)
     p.set_defaults(func=cmd_serve)
-    return p
 
 
 def _fail(msg: str) -> SystemExit:
@@ -69,8 +65,6 @@ def model_id_of(loaded, served_name: str | None) -> str:
     if served_name:
         return served_name
     if loaded.name == "default":
-        from redraft.models import DEFAULT_MODEL_FILE
-
         return DEFAULT_MODEL_FILE.split(".")[0]
     return os.path.basename(os.path.normpath(str(loaded.name))) or str(loaded.name)
 
@@ -81,7 +75,7 @@ def build_server(args, loaded=None):
     Raises SystemExit with one line for a bad tenants file, corpus file, corpus directory or model.
     """
     from redraft.corpus import tokenizer_fingerprint
-    from redraft.models import ModelLoadError, load_model
+    # torch-bound: the generator runs the engine
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora
     from redraft.server.generation import DraftSettings, Generator
@@ -95,10 +89,7 @@ def build_server(args, loaded=None):
         if not os.path.isfile(path):
             raise _fail(f"--corpus {path}: no such file")
     if loaded is None:
-        try:
-            loaded = load_model(args.model)
-        except ModelLoadError as e:
-            raise _fail(str(e))
+        loaded = load_model_or_exit(args.model)
     try:
         corpora = TenantCorpora(tenants.names, args.corpus_dir, vocab_size=loaded.vocab_size,
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,
