@@ -14,8 +14,8 @@ Phases (each against ``redraft serve`` running as its own process, started and s
 - ``crash``: ``kill -9`` of a server during a load run, restart on the same corpus directory: it starts and holds
   every span whose response completed (at most the in-flight ones are lost); then the same with the journal
   truncated mid-record and with a flipped byte (each skipped with a warning, the server starts).
-- ``memory``: M short requests with distinct prompts; the server's resident memory before and after, and its
-  learned corpus size (bounded by ``--cap-tokens``).
+- ``memory``: M short requests with distinct prompts; the server's resident memory before, every M/10 requests
+  and after, and its learned corpus size (bounded by ``--cap-tokens``).
 """
 
 from __future__ import annotations
@@ -352,20 +352,30 @@ def phase_memory(cfg: ServeBenchConfig, work: Path) -> dict:
         with httpx.Client() as c:
             ask(c, base, base_qs[0], 4)
             before = srv.rss()
-            errors = 0
+            errors, every, samples = 0, max(1, cfg.memory_requests // 10), []
             for i in range(cfg.memory_requests):
                 status, _, _ = ask(c, base, f"Request {i}. {base_qs[i % len(base_qs)][:200]}", 8)
                 errors += status != 200
+                if (i + 1) % every == 0:  # the trend, so that a short run can be extrapolated honestly
+                    samples.append([i + 1, round(srv.rss() / 2**20, 1)])
         after = srv.rss()
         m = srv.metrics()
     finally:
         srv.stop()
     return {"requests": cfg.memory_requests, "errors": errors, "rss_before_mb": before / 2**20,
-            "rss_after_mb": after / 2**20, "corpus_tokens": metric_value(m, "redraft:corpus_tokens"),
+            "rss_after_mb": after / 2**20, "rss_mb_by_requests": samples, "corpus_tokens": metric_value(m, "redraft:corpus_tokens"),
+            "evicted_spans": metric_value(m, "redraft:corpus_evicted_spans"),
             "cap_tokens": cfg.cap_tokens}
 
 
 # ---- all phases -----------------------------------------------------------------------------------------------------
+def check_phases(phases: list[str]) -> None:
+    """Raises ValueError naming the first phase not in PHASES, or when ``phases`` is empty."""
+    bad = [x for x in phases if x not in PHASES]
+    if bad or not phases:
+        raise ValueError(f"unknown phase {bad[0] if bad else '(none)'!r}; choose from {', '.join(PHASES)}")
+
+
 def run_serve_bench(cfg: ServeBenchConfig, phases: list[str], work: Path,
                     log: Callable[[str], None] = print) -> dict:
     """Run ``phases`` (names from PHASES, in order) with logs and corpora under ``work``; returns {phase: figures}.
@@ -374,9 +384,7 @@ def run_serve_bench(cfg: ServeBenchConfig, phases: list[str], work: Path,
     Raises:
         ValueError: an unknown phase name. RuntimeError: a server that does not start or a failed request.
     """
-    bad = [x for x in phases if x not in PHASES]
-    if bad or not phases:
-        raise ValueError(f"unknown phase {bad[0] if bad else '(none)'!r}; choose from {', '.join(PHASES)}")
+    check_phases(phases)
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in phases:

@@ -118,6 +118,10 @@ def cmd_bench_corpus(args) -> int:
 
 def cmd_bench_serve(args) -> int:
     phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    try:
+        serve_bench.check_phases(phases)
+    except ValueError as e:
+        raise SystemExit(f"redraft bench serve: error: {e}")
     cfg = serve_bench.ServeBenchConfig(
         model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
         concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
