@@ -194,6 +194,23 @@ def test_append_many_keeps_few_segments_and_matches_rebuild():
         check(c, spans, ctx, 6)
 
 
+def test_with_span_leaves_the_snapshot_unchanged():
+    """OnlineCorpus publishes with_span's result while other threads read the old corpus: the old one must not
+    change, the new one must equal append() on a copy (same lookups, same segments)."""
+    base = Corpus.from_spans([[1, 2, 3, 4, 5]])
+    old = base.with_span([7, 1, 2, 3, 40])
+    new = old.with_span([8, 1, 2, 3, 41])
+    assert (old.n_spans, new.n_spans, base.n_spans) == (2, 3, 1)
+    assert base.propose(np.array([1, 2, 3]), 1)[1].tolist() == [4]
+    assert old.propose(np.array([1, 2, 3]), 1)[1].tolist() == [40]
+    assert new.propose(np.array([1, 2, 3]), 1)[1].tolist() == [41]
+    appended = Corpus.from_spans([[1, 2, 3, 4, 5]])
+    for s in ([7, 1, 2, 3, 40], [8, 1, 2, 3, 41]):
+        appended.append(s)
+    assert new.stats()["segments"] == appended.stats()["segments"]
+    assert [s.tolist() for s in new.span_list()] == [s.tolist() for s in appended.span_list()]
+
+
 def test_append_to_empty_corpus():
     c = Corpus.from_spans([])
     c.append([1, 2, 3, 4])

@@ -86,6 +86,23 @@ def test_one_prompt_same_ids_through_every_command(spaced_model_dir, capsys, tmp
     assert [s[:len(want)] for s in spans] == [want, want]
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_server_encodes_the_padded_prompt_as_every_command(spaced_model_dir, chat):
+    """redraft serve: a completions prompt (raw text) and chat messages go through encode_prompt too."""
+    from redraft.cli import build_parser
+    from redraft.cli.serve import build_server
+    from redraft.server.schemas import parse_request
+
+    d, _, tok = spaced_model_dir
+    server = build_server(build_parser().parse_args(["serve", "--model", str(d), "--port", "0"]))
+    try:
+        body = {"messages": [{"role": "user", "content": PADDED}]} if chat else {"prompt": PADDED}
+        ids = server.work(parse_request(body, "chat" if chat else "completion")).prompt_ids
+    finally:
+        server.generator.corpora.close()
+    assert ids == encode_prompt(tok, TEXT, chat=chat)
+
+
 def test_freeze_then_run_replays_the_padded_prompt(spaced_model_dir, capsys, tmp_path):
     """Issue 11 item 4: freeze a prompts-file line, run the same string (spaces included) against the corpus."""
     d, model, tok = spaced_model_dir

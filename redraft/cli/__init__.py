@@ -1,8 +1,8 @@
-"""Command line: ``redraft run | freeze | demo | oracle | bench | glide | corpus``.
+"""Command line: ``redraft run | freeze | serve | demo | oracle | glide | corpus | bench``.
 
 One module per command registers its own parser (``register(subparsers)``) and holds its command; all of them
 build on :mod:`redraft.cli.common` (argument types, flag groups, environment variables, loaders), which imports no
-command module. Adding a command (``serve`` is next) = one module here plus one entry in :data:`COMMANDS`.
+command module. Adding a command = one module here plus one entry in :data:`COMMANDS`.
 
 Registering the parsers imports no torch, so ``redraft --help`` and the corpus tools start in a fraction of a
 second; the torch-bound modules (engine, sampling, GliDe) are imported by the commands that run a model, when they
@@ -15,11 +15,11 @@ import argparse
 import sys
 
 from redraft import __version__
-from redraft.cli import bench, corpus, demo, freeze, glide, oracle, run
+from redraft.cli import bench, corpus, demo, freeze, glide, oracle, run, serve
 from redraft.cli.common import add_threads_arg
 
 # in `redraft --help` order; each module's register(subparsers) adds its sub-command
-COMMANDS = (run, freeze, demo, oracle, glide, corpus, bench)
+COMMANDS = (run, freeze, serve, demo, oracle, glide, corpus, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

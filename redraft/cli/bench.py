@@ -1,4 +1,4 @@
-"""``redraft bench run | cost | corpus``: benchmarks (the work itself is in :mod:`redraft.bench`)."""
+"""``redraft bench run | cost | corpus | serve``: benchmarks (the work itself is in :mod:`redraft.bench`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from redraft.bench import corpus_bench
 from redraft.bench import cost as cost_module
+from redraft.bench import serve_bench
 from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
 from redraft.bench.cost import cost_curve, cost_markdown
 from redraft.bench.harness import bench, machine_info, write_outputs
@@ -19,7 +21,7 @@ from redraft.bench.methods import ALL_METHODS, MethodConfig, parse_methods
 from redraft.bench.report import plot_cost, text_table
 from redraft.bench.workloads import WORKLOADS, ChatEncoder, parse_workloads
 from redraft.cli.common import (add_model_arg, add_model_args, add_threads_arg, announce_generation_config,
-                                load_model_or_exit, percent, positive)
+                                float_above, load_model_or_exit, percent, positive)
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
 from redraft.loading import ModelLoadError, default_model_path
 from redraft.questions import load_questions
@@ -135,6 +137,29 @@ def cmd_bench_corpus(args) -> int:
     return 0
 
 
+def cmd_bench_serve(args) -> int:
+    phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    try:
+        serve_bench.check_phases(phases)
+    except ValueError as e:
+        raise SystemExit(f"redraft bench serve: error: {e}")
+    cfg = serve_bench.ServeBenchConfig(
+        model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
+        concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
+        repeats=args.repeats, memory_requests=args.memory_requests, cap_tokens=args.cap_tokens,
+        timeout=args.timeout, threads=getattr(args, "threads", None))
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
+    try:
+        results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"redraft bench serve: error: {e}")
+    finally:
+        print(f"logs and corpora: {work}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command_line(), **results}, indent=2))
+    return 0
+
+
 def corpus_sizes(text: str) -> list[int]:
     """argparse type: comma-separated corpus sizes in tokens (``1e4,1e6``), each at least 100."""
     try:
@@ -172,7 +197,7 @@ that should be exact produced ids different from plain greedy (also flagged in t
 
 
 def register(sub) -> None:
-    """Add ``bench`` with its ``run``, ``cost`` and ``corpus`` sub-commands to the top-level sub-parsers."""
+    """Add ``bench`` with its ``run``, ``cost``, ``corpus`` and ``serve`` sub-commands to the top-level sub-parsers."""
     bp = sub.add_parser("bench", help="benchmarks (see 'redraft bench -h')")
     bsub = bp.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.required = True
@@ -233,3 +258,26 @@ def register(sub) -> None:
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_cost)
+
+    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory",
+                        description=serve_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arg(p)
+    p.add_argument("--phases", default=",".join(serve_bench.PHASES),
+                   help=f"comma-separated subset of {', '.join(serve_bench.PHASES)} (default all)")
+    p.add_argument("--questions", type=positive, default=5, help="repeat: questions per pass (default 5; the issue: 20)")
+    p.add_argument("--max-tokens", type=positive, default=64, help="repeat/overhead: max_tokens (default 64)")
+    p.add_argument("--requests", type=positive, default=32, help="load/crash: requests (default 32; the issue: 200)")
+    p.add_argument("--concurrency", type=positive, default=4,
+                   help="load/crash: concurrent clients (default 4; the issue: 16)")
+    p.add_argument("--load-distinct", type=positive, default=8, help="load: distinct questions (default 8)")
+    p.add_argument("--load-max-tokens", type=positive, default=24, help="load/crash: max_tokens (default 24)")
+    p.add_argument("--repeats", type=positive, default=3, help="overhead: timings per side, median (default 3)")
+    p.add_argument("--memory-requests", type=positive, default=100,
+                   help="memory: requests (default 100; the issue: 10000)")
+    p.add_argument("--cap-tokens", type=positive, default=1_000_000, help="memory: the server's --cap-tokens")
+    p.add_argument("--timeout", type=float_above(0, strict=True), default=1800.0,
+                   help="most seconds per load/crash run (default 1800)")
+    add_threads_arg(p)
+    p.add_argument("--work-dir", default=None, help="keep logs and corpora here (default: a temporary directory)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.set_defaults(func=cmd_bench_serve)

@@ -54,15 +54,29 @@ def finite(text: str) -> float:
     return v
 
 
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+
+
 def int_at_least(lo: int):
     """argparse type factory: an integer >= lo."""
     def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        v = _integer(text)
         if v < lo:
             raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
+        return v
+    return parse
+
+
+def int_between(lo: int, hi: int):
+    """argparse type factory: an integer in lo..hi (both included)."""
+    def parse(text: str) -> int:
+        v = _integer(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is outside {lo}..{hi}")
         return v
     return parse
 

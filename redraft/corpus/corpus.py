@@ -278,6 +278,17 @@ class Corpus:
             a = self._segments.pop()
             self._segments.append(_merge([a, b], self.vocab_size))
 
+    def with_span(self, span: Sequence[int]) -> "Corpus":
+        """A new corpus: this one plus ``span`` (as :meth:`append`); this one is left unchanged.
+
+        Copy-on-write for readers on other threads: the segments are immutable and shared, only the list is
+        copied, so a lookup running on this corpus meanwhile sees it whole. Raises CorpusError on a bad id.
+        """
+        c = Corpus(list(self._segments), path=self.path, vocab_size=self.vocab_size, fingerprint=self.fingerprint)
+        c._n_base = self._n_base
+        c.append(span)
+        return c
+
     def compact(self) -> None:
         """Merge all segments (base + appended tail) into one index. O(n_tokens) rebuild."""
         if len(self._segments) > 1:
