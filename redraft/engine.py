@@ -16,37 +16,16 @@ import numpy as np
 
 from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
+from redraft.genconfig import LogitsShaping
 from redraft.policy.apply import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
+from redraft.runstats import SourceStats
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
 from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
 
-
-
-@dataclass
-class SourceStats:
-    """Per-drafter counts over one generation.
-
-    Attributes:
-        proposed: draft tokens (tree nodes) this source put in verify forwards, except nodes deeper than what a
-            cut-short forward emitted (EOS, stop string, token limit, exact mode's near-tie): the output never
-            reached them, so they were not judged.
-        accepted: its draft tokens that were emitted (accepted <= emitted tokens, per forward and in total).
-        steps: forwards in which it proposed at least one counted token.
-        paused: times its acceptance guard paused it.
-    """
-
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0
-    paused: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
 
 
 @dataclass
@@ -109,6 +88,10 @@ class Engine:
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
         exact_margin: a row whose top-2 score gap is below this (logit units) is a near-tie; verify rows differ
             from single-token forwards by ~1e-4 here, so 1e-3 leaves a tenfold margin.
+        generation_config: True = shape the logits with the model's ``generation_config`` (read at each generate:
+            repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.genconfig`), as HF
+            ``generate(do_sample=False)`` does; False = ignore it; or a ``GenerationConfig`` to use instead.
+            Its sampling settings are never applied (``sampling=`` asks for sampling).
         policy: a :class:`~redraft.policy.SpeculationPolicy` (e.g. :func:`redraft.policy.apply.policy_for`), or
             None for fixed depths. With a policy, drafters propose up to ``max_depth`` and the policy chooses each
             step how much of the proposal to verify (depth; for trees the nodes, at most ``tree_budget``) from the
@@ -119,7 +102,7 @@ class Engine:
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
                  exact: bool = True, exact_margin: float = EXACT_MARGIN,
-                 policy: SpeculationPolicy | None = None) -> None:
+                 generation_config=True, policy: SpeculationPolicy | None = None) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
@@ -129,6 +112,7 @@ class Engine:
         self.exact = exact
         self.exact_margin = exact_margin
         self.chain_only = self.target.sliding_window is not None
+        self.generation_config = generation_config
         self.policy = policy
         self._keys: list[str] = []  # the policy's key per node of the step's verify tree
 
@@ -160,8 +144,8 @@ class Engine:
     def _draft_planned(self, context: np.ndarray, max_depth: int) -> TokenTree:
         """The verify tree of one step under the policy: the proposals as candidates, cut by the policy.
 
-        Candidates may hold up to the policy's ``max_nodes``; the verified part of a branched tree at most
-        ``tree_budget`` nodes, of a chain at most ``max_depth``. Priority mode tries the sources in order and
+        Candidates may hold up to the policy's ``max_nodes``; the verified part at most ``tree_budget`` nodes and
+        ``max_depth`` levels, as without a policy. Priority mode tries the sources in order and
         verifies the first proposal the policy keeps any of (a source whose draft does not pay leaves the step to
         the next one).
         """
@@ -170,14 +154,12 @@ class Engine:
             cand = merged if self.merge and not self.chain_only else Candidates()
             cand.add(prop, name, budget=self.policy.max_nodes, max_depth=max_depth)
             if cand is not merged:
-                tree, self._keys = cut(self.policy, cand, max_depth=max_depth,
-                                       budget=None if cand.tree.is_chain else self.tree_budget)
+                tree, self._keys = cut(self.policy, cand, max_depth=max_depth, budget=self.tree_budget)
                 if len(tree):
                     return tree
             elif len(merged) >= self.policy.max_nodes:
                 break
-        tree, self._keys = cut(self.policy, merged, max_depth=max_depth,
-                               budget=None if merged.tree.is_chain else self.tree_budget)
+        tree, self._keys = cut(self.policy, merged, max_depth=max_depth, budget=self.tree_budget)
         return tree
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -198,6 +180,7 @@ class Engine:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
             ValueError: empty prompt, or a prompt that already fills the model's context.
+            GenerationConfigError: a generation_config field processors cannot take (a ValueError).
         """
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -206,7 +189,11 @@ class Engine:
         if len(prompt) >= max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens fills the model's context length ({max_len})")
         exact = self.exact if exact is None else exact
-        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size)
+        gc = self.generation_config
+        if gc is True:
+            gc = getattr(getattr(self.target, "model", None), "generation_config", None)
+        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size, LogitsShaping.of(gc or None),
+                               eos_token_ids=self.eos, max_new_tokens=max_new_tokens)
         chooser.reset(prompt)
 
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
@@ -245,7 +232,7 @@ class Engine:
             # row 0 (the root) chooses the token at position n_ctx; node i's row the one at n_ctx + depth(i)
             row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
             extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
-                if chooser.params.repetition_penalty != 1.0 else None
+                if chooser.processors else None
             choices, margins = chooser.choose(logits, row_pos, extra)
             path, bonus = greedy_accept(tree, choices)
             new = [tree.tokens[i] for i in path] + [bonus]

@@ -13,7 +13,7 @@ __all__ = ["AcceptanceGuard", "Drafter", "CorpusDrafter", "NgramDrafter", "build
 
 def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CORPUS_MINACC, ngram: bool = True,
                    ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None,
-                   glide=None, policy: bool = False) -> list[Drafter]:
+                   glide=None, corpus_name: str = "corpus", policy: bool = False) -> list[Drafter]:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -27,6 +27,7 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         k_max: adaptive corpus depth (see :class:`CorpusDrafter`); None = fixed depth k.
         glide: a :class:`~redraft.drafters.glide.GlideDrafter` or None; lowest priority, it fills the steps where
             the corpus and the n-gram source have nothing.
+        corpus_name: the corpus source's name (its statistics key).
         policy: drafters for an engine with a :class:`~redraft.policy.SpeculationPolicy`: the corpus and n-gram
             sources propose up to the depth cap (48) and never pause themselves; the policy chooses how much of
             each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
@@ -43,7 +44,8 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         # miss in a 32-token draft would pause a replay for the rest of the answer
         window = max(CORPUS_WINDOW, 3 * max(k, k_max or k))
         drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
-                                      tree_branches=tree_branches, k_max=k_max, max_n=corpus_max_n))
+                                      tree_branches=tree_branches, k_max=k_max, max_n=corpus_max_n,
+                                      name=corpus_name))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard, min_n=ngram_min_n))
