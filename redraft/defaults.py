@@ -46,6 +46,10 @@ EXACT_ROW_NOISE = {"float32": 3e-6, "float16": 6e-3, "bfloat16": 5e-2}
 # a cache drafting wrote: 2; failing it costs a replay of the cache one token per forward.
 EXACT_SAFETY = 5.0
 EXACT_SETTLE_SAFETY = 2.0
+# When settling costs more forwards than the accepted drafts save (judged after EXACT_PAY_WINDOW of either), exact
+# mode stops drafting for EXACT_PAY_PAUSE tokens: in bfloat16 nearly every row is a near-tie.
+EXACT_PAY_WINDOW = 8
+EXACT_PAY_PAUSE = 128
 
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
 # the measured cost curve.

@@ -14,8 +14,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from redraft.defaults import EXACT_SAFETY, EXACT_SETTLE_SAFETY, MAX_DRAFT_DEPTH
-from redraft.drafters.base import Drafter
+from redraft.defaults import (EXACT_PAY_PAUSE, EXACT_PAY_WINDOW, EXACT_SAFETY, EXACT_SETTLE_SAFETY,
+                              MAX_DRAFT_DEPTH)
+from redraft.drafters.base import AcceptanceGuard, Drafter
 from redraft.exactness import near_tie_threshold
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
@@ -166,7 +167,9 @@ class Engine:
                 wrote) is trusted only above the near-tie threshold; the first row below it is recomputed: first
                 by a draft-free forward, and when that row is still a near-tie on a cache drafting wrote, by
                 rebuilding the cache the way plain decoding built it (one token per forward from the last point
-                where the two caches agree) before recomputing it.
+                where the two caches agree) before recomputing it. Where such recomputing costs more forwards than
+                the accepted drafts save (16-bit dtypes: most rows are near-ties), drafting pauses for
+                EXACT_PAY_PAUSE tokens, so exact mode costs about what plain decoding costs.
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
@@ -190,6 +193,8 @@ class Engine:
         pending = prompt  # tokens not yet in the KV cache; the last one is the root of the draft tree
         settle = False  # after a near-tie: compute the next token with a draft-free forward, like plain decoding
         plain_len = 0  # the cached prefix whose KV entries plain decoding computed the same way (exact mode)
+        # exact mode's payoff: "accepted" = forwards the accepted drafts saved, the rest = forwards settling wasted
+        payoff = AcceptanceGuard(0.5, window=EXACT_PAY_WINDOW, pause=EXACT_PAY_PAUSE) if exact else None
         for d in self.drafters:
             d.bind(self.target)
             d.begin(buf[:n_ctx])
@@ -205,7 +210,8 @@ class Engine:
                 res.stop_reason = "context"
                 break
             # accepted + bonus must fit both the token budget and the context window
-            depth = 0 if settle else min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
+            drafting = not settle and (payoff is None or payoff.active)
+            depth = min(self.max_depth, remaining - 1, max_len - n_ctx - 1) if drafting else 0
             tree = self._draft(buf[:n_ctx], depth)
 
             n_past, n_pend = self.target.length, len(pending)
@@ -244,9 +250,11 @@ class Engine:
                 # the way plain decoding built it (already a draft-free row on a cache drafting wrote)
                 self._record(res, tree, [], 0, judged=0)
                 self.target.crop(n_past)
+                replayed = 0
                 if not tree:
-                    pending = self._replay_plain(res, buf, n_ctx, prompt, plain_len)
+                    pending, replayed = self._replay_plain(res, buf, n_ctx, prompt, plain_len)
                     plain_len = self.target.length
+                payoff.record(1 + replayed, 0, 0)
                 continue
             n_acc = len(new) - 1 if not settle else len(new)
             self.target.keep(n_past + n_pend, [n_past + n_pend + i for i in path[:n_acc]])
@@ -258,6 +266,8 @@ class Engine:
             # (EOS, stop string, token limit, near-tie) judged the draft positions up to the tokens it emitted.
             judged = len(new) if len(new) < len(path) + 1 else None
             self._record(res, tree, path[:min(n_acc, len(new))], len(new), judged)
+            if payoff is not None:
+                payoff.record(max(len(new) - 1, 0), max(len(new) - 1, 0), len(new))
             if record_margins:
                 res.margins.extend(float(margins[r]) for r in rows[:len(new)])
             buf[n_ctx:n_ctx + len(new)] = new
@@ -284,8 +294,9 @@ class Engine:
         return (near_tie_threshold(logits[rows], self.target.dtype, safety) * scale).tolist()
 
     def _replay_plain(self, res: GenerationResult, buf: np.ndarray, n_ctx: int, prompt: list[int],
-                      plain_len: int) -> list[int]:
-        """Rebuild the KV cache the way plain decoding built it; return the tokens the next forward feeds.
+                      plain_len: int) -> tuple[list[int], int]:
+        """Rebuild the KV cache the way plain decoding built it; return the tokens the next forward feeds and the
+        number of forwards it ran.
 
         Keeps the first ``plain_len`` cached positions (computed as plain decoding computes them), feeds the prompt
         in one forward if it is not among them, then each committed token in a forward of its own, up to the last
@@ -301,7 +312,7 @@ class Engine:
             res.settle_forwards += 1
             res.drafted_per_forward.append(0)
             self._record(res, TokenTree(), [], 0, judged=0)
-        return prompt if n_ctx == len(prompt) else [int(buf[n_ctx - 1])]
+        return (prompt if n_ctx == len(prompt) else [int(buf[n_ctx - 1])]), len(feed)
 
     def _cut(self, new: list[int], remaining: int, output: list[int], stop: StopStrings | None
              ) -> tuple[list[int], str | None]:

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import VOCAB, SequenceDrafter, build_tiny, first_diff
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
+from redraft.defaults import EXACT_PAY_WINDOW
 from redraft.engine import Engine
 from redraft.exactness import near_tie_threshold, row_noise
 from redraft.models import DTYPES, ModelLoadError, load_model
@@ -141,8 +142,9 @@ def test_planted_ties_settled_like_plain(cast_models, name, k, margin):
     target.log.clear()
     res = Engine(target, [SequenceDrafter(PROMPT + want, vocab=VOCAB)], max_depth=k,
                  exact_margin=margin).generate(PROMPT, N)
+    # a non-plain row picks the other token at every planted tie: equal output means each was settled like plain
     assert res.output_ids == want
-    assert res.near_ties >= len(ties) and res.settle_forwards > 0
+    assert res.near_ties > 0 and res.settle_forwards > 0
     assert res.forwards == len(target.log) == len(res.accepted_per_forward)
     if margin is not None:  # (the default threshold of a 16-bit dtype trusts few rows of these tiny models)
         assert sum(res.accepted_per_forward) > 0
@@ -163,7 +165,7 @@ def test_planted_ties_with_trees_and_ngram(cast_models, merge, margin):
     drafters = [CorpusDrafter(corpus, k=8, guard=AcceptanceGuard(0.0), tree_branches=2), NgramDrafter(k=8)]
     res = Engine(target, drafters, max_depth=8, merge=merge, exact_margin=margin).generate(prompt, N)
     assert res.output_ids == want
-    assert res.near_ties >= len(ties)
+    assert res.near_ties > 0
     assert margin is None or sum(res.accepted_per_forward) > 0
 
 
@@ -218,3 +220,18 @@ def test_exact_hypothesis_per_dtype(cast_models, kind, name):
     s = _exact_in_dtype(cast_models[kind, name], 60)
     assert s["runs"] >= 50
     assert s["accepted"] > 0 and s["near_ties"] > 0 and s["settle_forwards"] > 0, s
+
+
+@pytest.mark.parametrize("name,margin", [("bfloat16", None), ("float32", 1e9)])
+def test_exact_mode_stops_drafting_when_settling_does_not_pay(cast_models, name, margin):
+    """Where nearly every row is a near-tie (bfloat16's threshold, or a huge fixed one), drafts only add voided verify
+    forwards: after EXACT_PAY_WINDOW of them exact mode drafts nothing for EXACT_PAY_PAUSE tokens."""
+    model = cast_models["llama", name]
+    n = 100
+    want = plain(model, PROMPT, n)
+    res = Engine(model, [SequenceDrafter(PROMPT + want, vocab=VOCAB)], max_depth=8,
+                 exact_margin=margin).generate(PROMPT, n)
+    assert res.output_ids == want
+    assert res.near_ties >= EXACT_PAY_WINDOW
+    assert res.forwards <= n + 2 * EXACT_PAY_WINDOW  # without the pause: ~2 forwards per token
+    assert sum(d > 0 for d in res.drafted_per_forward) <= 2 * EXACT_PAY_WINDOW
