@@ -118,7 +118,8 @@ def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
         target: the target model (its cache is reset).
         seq: prompt + plain greedy output (token ids), the output at least 2 tokens.
         n_prompt: prompt length.
-        depths: chain draft depths to try (always-right drafts: every row is a verify row).
+        depths: chain draft depths to try (always-right drafts: every row is a verify row); those not shorter than
+            the output are skipped.
         branches: wrong siblings per depth in the tree measurement (at the largest depth).
     Returns:
         {kind: (relative, absolute)}: max over rows of max |row - plain row|, divided by the plain row's largest
@@ -126,6 +127,7 @@ def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
         (one token alone on a cache verify forwards wrote) and "plain again" (plain decoding repeated: 0 unless
         the kernels are not deterministic).
     """
+    depths = [k for k in depths if k < len(seq) - n_prompt] or [1]  # a first forward holds the prompt + K drafts
     plain = _rows(target, seq, n_prompt, [0, 1])
     scale = plain.abs().amax(-1)
     found: dict[str, torch.Tensor] = {"plain again": _rows(target, seq, n_prompt, [0, 1])}

@@ -19,7 +19,7 @@ from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.defaults import EXACT_PAY_WINDOW
 from redraft.engine import Engine
-from redraft.exactness import near_tie_threshold, row_noise
+from redraft.exactness import measure_row_noise, near_tie_threshold, row_noise
 from redraft.models import DTYPES, ModelLoadError, load_model
 from redraft.target import HFTarget
 
@@ -53,6 +53,19 @@ def test_threshold_follows_dtype_and_logit_size():
     assert noise == sorted(noise)
     assert all(row_noise(DTYPE[n]) >= 4 * torch.finfo(DTYPE[n]).eps for n in DTYPES)
     assert row_noise(torch.float64) > 0  # unmeasured dtypes get an epsilon-based bound
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_measured_row_noise_is_within_the_bound(cast_models, name):
+    """Rows computed with drafts do differ from plain decoding's (not bit-exact) but within the bound exact mode
+    assumes; plain decoding run twice is bit-identical."""
+    model = cast_models["mixtral", name]
+    out = plain(model, PROMPT, 40)
+    noise = measure_row_noise(HFTarget(model), PROMPT + out, len(PROMPT))
+    assert noise.pop("plain again") == (0.0, 0.0)
+    assert {"chain K=1", "chain K=16", "tree", "single after drafts"} <= set(noise)
+    worst = max(rel for rel, _ in noise.values())
+    assert 0 < worst < row_noise(DTYPE[name])
 
 
 def test_load_model_rejects_unknown_dtype():
@@ -235,3 +248,33 @@ def test_exact_mode_stops_drafting_when_settling_does_not_pay(cast_models, name,
     assert res.near_ties >= EXACT_PAY_WINDOW
     assert res.forwards <= n + 2 * EXACT_PAY_WINDOW  # without the pause: ~2 forwards per token
     assert sum(d > 0 for d in res.drafted_per_forward) <= 2 * EXACT_PAY_WINDOW
+
+
+# ---- the dtype on the command line -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["run", "p"], ["freeze", "--out", "c.txt", "--prompts", "q.txt"], ["oracle"]])
+def test_dtype_flag_reaches_the_loader(monkeypatch, command):
+    from redraft import cli
+
+    seen = []
+    monkeypatch.setattr("redraft.models.load_model", lambda spec=None, **kw: seen.append(kw["dtype"]))
+    assert cli.build_parser().parse_args(command).dtype == "float32"
+    for name in DTYPES:
+        cli._load(cli.build_parser().parse_args([command[0], "--dtype", name, *command[1:]]))
+    assert seen == list(DTYPES)
+
+
+@pytest.mark.parametrize("argv,msg", [(["run", "--dtype", "float64", "p"], "invalid choice: 'float64'"),
+                                      (["oracle", "--dtypes", "float32,fp8"], "expected comma-separated dtypes")])
+def test_bad_dtype_exits_2(capsys, argv, msg):
+    from redraft.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_oracle_dtypes_list():
+    from redraft.cli import build_parser
+
+    assert build_parser().parse_args(["oracle", "--dtypes", "float16, bfloat16"]).dtypes == ["float16", "bfloat16"]
