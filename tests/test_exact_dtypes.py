@@ -303,3 +303,39 @@ def test_default_model_bfloat16_replay_is_exact():
                      max_depth=k).generate(ids, 16)
         assert res.output_ids == want, (k, first_diff(res.output_ids, want))
         assert res.near_ties > 0
+
+
+class _WordIds:
+    """Tokenizer stand-in: one id per word (no chat template)."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __call__(self, text):
+        return {"input_ids": [sum(map(ord, w)) % VOCAB for w in text.split()][:24]}
+
+
+@pytest.mark.parametrize("noise", [[], ["--noise"]])
+def test_oracle_runs_once_per_dtype(monkeypatch, tmp_path, capsys, noise):
+    import json
+
+    from redraft import cli
+    from redraft.models import LoadedModel
+
+    monkeypatch.setattr(cli, "_load", lambda args: LoadedModel(
+        build_tiny("llama", "sdpa", seed=0).to(DTYPE[args.dtype]), _WordIds(), "tiny", tmp_path))
+    out = tmp_path / "oracle.json"
+    rc = cli.main(["oracle", "--questions", "2", "--ngen", "12", "--k", "1,4", "--tree", "2", "--compare-exact",
+                   "--dtypes", "float32,bfloat16", *noise, "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert list(rep["dtypes"]) == ["float32", "bfloat16"]
+    for name, d in rep["dtypes"].items():
+        names = [(c["config"], c["exact"]) for c in d["configs"]]
+        assert names == [(c, e) for c in ("chain K=1", "chain K=4", "n-gram only K=4", "tree B=2 K=4 budget=32")
+                         for e in (True, False)]
+        assert all(c["identical"] == 2 and c["matching"] == c["total"] == 24 for c in d["configs"] if c["exact"])
+        if noise:
+            assert not d["noise_over_bound"] and d["row_noise_bound"] == row_noise(DTYPE[name])
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("identical 2/2" in line for line in lines) >= 8
