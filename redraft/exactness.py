@@ -5,10 +5,11 @@ same positions several rows at a time, and every later forward reads KV entries 
 Kernels round differently by shape (on the CPU a one-row matrix product takes another path than a two-row one;
 attention blocks by query count), so the rows differ. One rounding flip early in the network decorrelates every
 later rounding, so the difference scales with the dtype's precision and the size of the logits:
-:func:`measure_row_noise` measured at most ~3e-6 of the row's largest |logit| in float32, ~5e-3 in float16 and
-~4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"). A row's choice is trusted
-only when its top-2 gap exceeds twice that bound times a safety factor (:func:`near_tie_threshold`); closer rows
-are recomputed exactly the way plain decoding computes them (:class:`redraft.engine.Engine`).
+:func:`measure_row_noise` measured at most ~2.5e-6 of the row's largest |logit| in float32, ~5e-3 in float16 and
+~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
+that). A row's choice is trusted only when its top-2 gap exceeds twice the bound times a safety factor
+(:func:`near_tie_threshold`); closer rows are recomputed exactly the way plain decoding computes them
+(:class:`redraft.engine.Engine`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import tree_attention_mask, tree_positions
 
-# dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~22)
+# dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~21)
 UNMEASURED_NOISE_EPS = 64
 
 
