@@ -246,8 +246,8 @@ class Engine:
                     new, rows, settle = new[:tied[0]], rows[:tied[0]], True
                     res.near_ties += 1
             if settle and not new:
-                # the first row was a near-tie: recompute it draft-free (a verify forward), else from a cache rebuilt
-                # the way plain decoding built it (already a draft-free row on a cache drafting wrote)
+                # The first row was a near-tie. After a verify forward: recompute it with a draft-free forward. After
+                # a draft-free row on a cache drafting wrote: first rebuild that cache the way plain decoding built it.
                 self._record(res, tree, [], 0, judged=0)
                 self.target.crop(n_past)
                 replayed = 0
