@@ -49,7 +49,7 @@ EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
 # When settling costs more forwards than the accepted drafts save (judged after EXACT_PAY_WINDOW of either), exact
 # mode stops drafting for EXACT_PAY_PAUSE tokens: in bfloat16 nearly every row is a near-tie.
-EXACT_PAY_WINDOW = 8
+EXACT_PAY_WINDOW = 4
 EXACT_PAY_PAUSE = 128
 
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
