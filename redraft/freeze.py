@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from redraft.corpus import CorpusError
+from redraft.corpus.sources import read_log
 
 
 class PromptFileError(ValueError):
@@ -21,7 +23,8 @@ class PromptFileError(ValueError):
 def read_prompts(path: str | os.PathLike) -> list[str]:
     """Prompts from a file: one per line, or JSONL objects with a ``prompt`` string or a ``turns`` list.
 
-    For ``turns`` the first turn is used. Blank lines are skipped.
+    For ``turns`` the first turn is used. Blank lines are skipped. Surrounding whitespace is not part of a prompt
+    (:func:`redraft.prompts.encode_prompt` drops it the same way for every command), so lines come back stripped.
 
     Raises:
         PromptFileError: unreadable file, invalid JSON on a line that starts with ``{``, or an object with
@@ -60,9 +63,6 @@ def parse_token_log(path: str | os.PathLike) -> list[list[int]]:
     Raises:
         PromptFileError: unreadable log, or a line whose count disagrees with its ids.
     """
-    from redraft.corpus import CorpusError
-    from redraft.corpus.sources import read_log
-
     try:
         return read_log(path)
     except OSError as e:

@@ -12,6 +12,7 @@ call them without function-scoped fixtures.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -26,6 +27,21 @@ from redraft.target import HFTarget
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine torch's thread pool spinning
 # against other processes made them 10-20x slower. One thread for the whole test session.
 torch.set_num_threads(1)
+
+# CI (.ci/run) always installs the default model's package, so there a skipped real-model test means the suite
+# silently proved less than it claims: with this variable set to 1, a skip of any `slow` test is reported as a failure.
+REQUIRE_REAL_MODEL = "REDRAFT_REQUIRE_REAL_MODEL"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and not hasattr(rep, "wasxfail") and item.get_closest_marker("slow") is not None \
+            and os.environ.get(REQUIRE_REAL_MODEL) == "1":
+        why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"{REQUIRE_REAL_MODEL}=1 but this real-model test was skipped: {why}"
 
 VOCAB = 96
 MAX_POS = 128
@@ -211,9 +227,19 @@ class RecordingTarget(HFTarget):
         return super().forward(ids, positions, mask, n_logits)
 
 
+def generate_tracking(engine: Engine, target: RecordingTarget, prompt: Sequence[int], n: int, **kw):
+    """``engine.generate`` (whose target is ``target``) that also returns, per output token, the index of the
+    forward that emitted it; with ``res.drafted_per_forward`` it tells which tokens came from a draft-free forward."""
+    emitted_by: list[int] = []
+    res = engine.generate(list(prompt), n, on_tokens=lambda new: emitted_by.extend([len(target.log) - 1] * len(new)),
+                          **kw)
+    assert len(emitted_by) == len(res.output_ids)
+    return res, emitted_by
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
 __all__ = ["build_tiny", "plain_greedy", "hf_greedy", "top2_gap", "first_diff", "SequenceDrafter",
-           "ConstantDrafter", "RecordingTarget", "ceil_div", "VOCAB", "MAX_POS", "math"]
+           "ConstantDrafter", "RecordingTarget", "generate_tracking", "ceil_div", "VOCAB", "MAX_POS", "math"]

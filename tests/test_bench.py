@@ -18,7 +18,7 @@ from redraft.bench.methods import ALL_METHODS, EngineMethod, Method, MethodConfi
 from redraft.bench.report import acceptance_by_position, differing, markdown, summarize
 from redraft.bench.workloads import (ByteEncoder, Item, Workload, build_workloads, parse_workloads,
                                      replay_questions)
-from redraft.demo import spec_bench_questions
+from redraft.questions import load_questions
 
 try:
     from conftest import build_tiny
@@ -69,7 +69,7 @@ class WrongMethod(Method):
 @pytest.fixture(scope="module")
 def results(model):
     methods = [m for m in ALL_METHODS if not m.startswith("llama.cpp")]
-    return bench(model, [], ByteEncoder(VOCAB), spec_bench_questions(),
+    return bench(model, [], ByteEncoder(VOCAB), load_questions(),
                  counts={"replay": 2, "novel": 2, "near": 2, "copy": 2}, ngen=NGEN, methods=methods,
                  max_prompt_tokens=MAX_PROMPT, extra_methods=[WrongMethod(model)], vocab_size=VOCAB,
                  progress=False, rss_interval=0.01)
@@ -188,7 +188,7 @@ def test_pretokenized_workloads_and_summary(model):
 
 
 def test_workload_selection():
-    qs = spec_bench_questions()
+    qs = load_questions()
     enc = ByteEncoder(VOCAB)
     frozen_q = replay_questions(qs, 3)
     assert [q["category"] for q in frozen_q] == ["writing", "roleplay", "reasoning"]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import build_tiny, plain_greedy
-from redraft.cli import build_parser, main, resolve_draft_args
+from redraft.cli import build_parser, main
+from redraft.cli.common import resolve_draft_args
 from redraft.corpus import CorpusError, load_corpus
 from redraft.drafters.frozen_corpus import open_corpus
 from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
@@ -106,13 +107,33 @@ def test_bad_arguments_exit_2(capsys, argv, msg):
     assert msg in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,threads", [(["--threads", "2", "bench", "run"], 2), (["bench", "run", "--threads", "3"], 3),
+                                          (["--threads", "2", "bench", "cost"], 2), (["--threads", "4", "run", "p"], 4),
+                                          (["bench", "run"], None)])
+def test_threads_flag_of_a_subcommand_keeps_the_top_level_one(argv, threads):
+    """`redraft --threads 2 bench run` used to lose its 2 to bench's own --threads default."""
+    assert getattr(build_parser().parse_args(argv), "threads", None) == threads
+
+
+def test_bench_minacc_is_a_checked_percentage(capsys):
+    assert build_parser().parse_args(["bench", "run", "--minacc", "30"]).minacc == 30.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "run", "--minacc", "150"])
+    assert "outside 0..100" in capsys.readouterr().err
+
+
 def test_help_lists_commands(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for cmd in ("run", "freeze", "demo", "bench"):
-        assert cmd in out
+    assert out.startswith("usage: redraft ")
+    assert "byte-identical to plain greedy decoding" in " ".join(out.split())
+    # one row per command in the COMMAND table: name, then its help text
+    rows = dict(re.findall(r"^ {4}([a-z]+) +(\S.*)$", out, re.M))
+    for cmd in ("run", "freeze", "demo", "oracle", "glide", "corpus", "bench"):
+        assert cmd in rows, (cmd, rows)
+    assert rows["run"].startswith("generate a reply to one prompt")
 
 
 # ---- environment: corpus, K, MINACC ------------------------------------------------------------------------------
@@ -368,9 +389,39 @@ def test_run_corpus_from_env_replays(tiny_model_dir, capsys, tmp_path, monkeypat
     assert len(want) == 30 and int(fwd) <= 30 // 3
 
 
-@pytest.mark.parametrize("flags", [["--tree", "3"], ["--no-exact"], ["--tree", "2", "--tree-budget", "5", "--k", "4"],
-                                   ["--no-ngram", "--minacc", "100"]])
-def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path, flags):
+@pytest.fixture
+def engine_spy(monkeypatch):
+    """Records, for `redraft run` in-process, the Engine that generated, its result, the exact mode in effect and
+    whether each verify forward carried a tree attention mask (a branched token tree) or not (a chain)."""
+    from redraft.engine import Engine
+    from redraft.target import HFTarget
+
+    seen: dict = {"masks": []}
+    generate, forward = Engine.generate, HFTarget.forward
+
+    def spy_generate(self, *args, **kw):
+        seen["masks"] = []  # this generation's forwards only
+        res = generate(self, *args, **kw)
+        seen.update(engine=self, res=res, exact=self.exact if kw.get("exact") is None else kw["exact"])
+        return res
+
+    def spy_forward(self, ids, positions=None, mask=None, n_logits=1):
+        seen["masks"].append(mask is not None)
+        return forward(self, ids, positions, mask, n_logits)
+
+    monkeypatch.setattr(Engine, "generate", spy_generate)
+    monkeypatch.setattr(HFTarget, "forward", spy_forward)
+    return seen
+
+
+@pytest.mark.parametrize("flags,tree,exact,budget,depth,sources", [
+    (["--tree", "3"], True, True, 32, 8, {"corpus", "ngram"}),
+    (["--no-exact"], False, False, 32, 8, {"corpus", "ngram"}),
+    (["--tree", "2", "--tree-budget", "5", "--k", "4"], True, True, 5, 4, {"corpus", "ngram"}),
+    (["--no-ngram", "--minacc", "100"], False, True, 32, 8, {"corpus"}),
+])
+def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path, engine_spy, flags, tree, exact,
+                                               budget, depth, sources):
     d, model = tiny_model_dir
     want = plain_greedy(model, PROMPT, 30, eos=[EOS])
     c = tmp_path / "c.txt"
@@ -383,6 +434,14 @@ def test_run_draft_flags_keep_output_identical(tiny_model_dir, capsys, tmp_path,
     rep = parse_report(err)
     assert [int(x) for x in rep["tokens"][1].split()] == want
     assert int(rep["spec"][1]) < 30
+    engine, res = engine_spy["engine"], engine_spy["res"]
+    assert res.output_ids == want and len(engine_spy["masks"]) == res.forwards == int(rep["spec"][1])
+    assert any(engine_spy["masks"]) == tree  # --tree: some forward verified a branched token tree; else chains only
+    assert engine.merge == tree and engine_spy["exact"] == exact
+    assert max(res.drafted_per_forward) <= budget and max(res.accepted_per_forward) <= depth
+    assert set(res.sources) == sources
+    if "--minacc" in flags:
+        assert engine.drafters[0].guard.minacc == 1.0
 
 
 def test_run_k_out_of_range_warns(tiny_model_dir, capsys):

@@ -10,8 +10,26 @@ from pydivsufsort import divsufsort
 from redraft.corpus import Corpus, index, load_corpus
 
 
+def ref_periodic_tail(context, n, period_cap=64, run_cap=1024):
+    """Brute force of the context's periodic tail run: (run ids oldest first, the id continuing it back) or None."""
+    ctx = list(context)[-run_cap:]
+    L = len(ctx)
+    for p in range(1, min(period_cap, L - n) + 1):
+        if ctx[L - n - p:L - p] == ctx[L - n:]:
+            r = p
+            while r < L and ctx[L - 1 - r] == ctx[L - 1 - r + p]:
+                r += 1
+            return ctx[L - r:], ctx[L - r + p - 1]
+    return None
+
+
 def ref_propose(spans, context, k, min_n=3, max_n=8):
-    """Brute force after the contract: scan every n from max_n down, every position from the newest."""
+    """Brute force after the contract: scan every n from max_n down, every position from the newest.
+
+    Among the occurrences of the longest suffix: the most recent if it has k ids to follow; else, when the context
+    ends in a periodic run, those preceded by the same run length (then by the longest part of it); then the most
+    recent with k ids to follow, else the longest continuation, most recent first.
+    """
     stream = []
     for s in spans:
         if len(s):
@@ -19,16 +37,38 @@ def ref_propose(spans, context, k, min_n=3, max_n=8):
                 stream.append(-1)
             stream.extend(int(t) for t in s)
     context = [int(t) for t in context]
+
+    def cont(end):
+        out = []
+        for t in stream[end + 1:end + 1 + k]:
+            if t == -1:
+                break
+            out.append(t)
+        return out
+
     for n in range(min(max_n, len(context)), min_n - 1, -1):
         pat = context[-n:]
-        for end in range(len(stream) - 2, n - 2, -1):  # `end` = last matched position, needs a next id
-            if stream[end - n + 1:end + 1] == pat and stream[end + 1] != -1:
-                cont = []
-                for t in stream[end + 1:end + 1 + k]:
-                    if t == -1:
-                        break
-                    cont.append(t)
-                return n, cont
+        # `end` = last matched position, needs a next id; newest first
+        ends = [end for end in range(len(stream) - 2, n - 2, -1)
+                if stream[end - n + 1:end + 1] == pat and stream[end + 1] != -1]
+        if not ends:
+            continue
+        if len(cont(ends[0])) >= k:
+            return n, cont(ends[0])
+        tail = ref_periodic_tail(context, n)
+
+        def align(end):
+            if tail is None:
+                return 0
+            run, more = tail
+            m = 0
+            while m < len(run) and end - m >= 0 and stream[end - m] == run[-1 - m]:
+                m += 1
+            exact = m == len(run) and (end - m < 0 or stream[end - m] != more)
+            return 2 * m + exact
+
+        best = max(ends, key=lambda e: (align(e), len(cont(e)), e))
+        return n, cont(best)
     return 0, []
 
 
@@ -95,7 +135,7 @@ def test_max_n_and_min_n_are_honoured():
     c = Corpus.from_spans([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [0, 6, 7, 8, 20]])
     n, ids = c.propose(np.arange(1, 9), 4, min_n=2, max_n=4)
     assert n == 4 and ids.tolist() == [9, 10, 11]
-    n, ids = c.propose(np.array([0, 7, 8]), 4, min_n=2, max_n=2)
+    n, ids = c.propose(np.array([0, 7, 8]), 1, min_n=2, max_n=2)
     assert n == 2 and ids.tolist() == [20]
 
 
@@ -122,8 +162,9 @@ def test_wide_ids_use_uint32_symbols():
 def test_append_then_lookup_prefers_new_span():
     c = Corpus.from_spans([[1, 2, 3, 4, 5]])
     c.append([9, 1, 2, 3, 40])
-    assert c.propose(np.array([1, 2, 3]), 4)[1].tolist() == [40]
-    assert c.propose(np.array([0, 1, 2, 3]), 4)[1].tolist() == [40]
+    # k = 1: the newest occurrence yields k ids, so recency decides (a deeper k prefers the longer continuation)
+    assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [40]
+    assert c.propose(np.array([0, 1, 2, 3]), 1)[1].tolist() == [40]
     c.append([])  # no-op
     assert c.n_spans == 2 and c.n_tokens == 10
 
@@ -151,6 +192,23 @@ def test_append_many_keeps_few_segments_and_matches_rebuild():
     for _ in range(50):
         ctx = rng.integers(0, 5, 9).tolist()
         check(c, spans, ctx, 6)
+
+
+def test_with_span_leaves_the_snapshot_unchanged():
+    """OnlineCorpus publishes with_span's result while other threads read the old corpus: the old one must not
+    change, the new one must equal append() on a copy (same lookups, same segments)."""
+    base = Corpus.from_spans([[1, 2, 3, 4, 5]])
+    old = base.with_span([7, 1, 2, 3, 40])
+    new = old.with_span([8, 1, 2, 3, 41])
+    assert (old.n_spans, new.n_spans, base.n_spans) == (2, 3, 1)
+    assert base.propose(np.array([1, 2, 3]), 1)[1].tolist() == [4]
+    assert old.propose(np.array([1, 2, 3]), 1)[1].tolist() == [40]
+    assert new.propose(np.array([1, 2, 3]), 1)[1].tolist() == [41]
+    appended = Corpus.from_spans([[1, 2, 3, 4, 5]])
+    for s in ([7, 1, 2, 3, 40], [8, 1, 2, 3, 41]):
+        appended.append(s)
+    assert new.stats()["segments"] == appended.stats()["segments"]
+    assert [s.tolist() for s in new.span_list()] == [s.tolist() for s in appended.span_list()]
 
 
 def test_append_to_empty_corpus():

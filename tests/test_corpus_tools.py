@@ -8,12 +8,13 @@ import pytest
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.sources import detect_kind, read_spans
-from redraft.corpus.tools import add_corpus_subparser, corpus_stats, distinct_ngrams
+from redraft.cli import corpus as corpus_cli
+from redraft.corpus.tools import corpus_stats, distinct_ngrams
 
 
 def cli(*argv) -> int:
     parser = argparse.ArgumentParser(prog="redraft")
-    add_corpus_subparser(parser.add_subparsers(dest="command"))
+    corpus_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["corpus", *map(str, argv)])
     return args.func(args)
 
@@ -43,7 +44,7 @@ def test_build_from_all_kinds_newest_last(inputs, capsys):
     assert [s.tolist() for s in c.span_list()] == [[1, 2, 3, 4, 5], [6, 7, 8], [5, 5, 1, 2, 3, 11], [4, 4, 4, 4],
                                                    [4, 4, 4, 4], [9, 9, 1, 2, 3, 12]]
     assert c.fingerprint == "sha256:ab" and c.vocab_size == 100
-    assert c.propose(np.array([1, 2, 3]), 2)[1].tolist() == [12]
+    assert c.propose(np.array([1, 2, 3]), 1)[1].tolist() == [12]  # k = 1: the newest span's continuation suffices
     assert "built" in capsys.readouterr().out
 
 

@@ -21,13 +21,17 @@ def arr(xs) -> np.ndarray:
 
 
 def ref_ngram(ctx: list[int], k: int, min_n: int, max_n: int) -> list[int] | None:
-    """Brute force: longest n first; the most recent earlier occurrence whose continuation is non-empty."""
+    """Brute force: longest n first; the most recent earlier occurrence whose continuation is non-empty; k tokens
+    of its continuation, which past the end of ctx repeats the distance between that occurrence and the end."""
     L = len(ctx)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
         suffix = ctx[L - n:]
         for end in range(L - 1, n - 1, -1):  # occurrence ctx[end-n:end], continuation starts at end < L
             if ctx[end - n:end] == suffix:
-                return ctx[end:end + k]
+                ext = list(ctx)
+                while len(ext) < end + k:
+                    ext.append(ext[len(ext) - (L - end)])
+                return ext[end:end + k]
     return None
 
 
@@ -55,7 +59,7 @@ def test_ngram_never_proposes_an_empty_continuation():
     assert d.propose(arr([1, 2, 3, 4, 5]), 8) is None  # the suffix occurs only as itself
     d = NgramDrafter(k=4, min_n=3, max_n=8)
     p = d.propose(arr([5, 5, 5, 5]), 8)
-    assert list(p.tokens) == [5]  # overlapping occurrence: a 1-token continuation, never 0
+    assert list(p.tokens) == [5, 5, 5, 5]  # overlapping occurrence: read through the draft, k tokens, never 0
     d = NgramDrafter(k=4, min_n=1, max_n=3)
     assert d.propose(arr([7]), 8) is None
     assert d.propose(arr([]), 8) is None

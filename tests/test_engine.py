@@ -13,13 +13,13 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, build_tiny, ceil_div,
-                      first_diff, hf_greedy, plain_greedy, top2_gap)
+                      first_diff, generate_tracking, hf_greedy, plain_greedy, top2_gap)
 from redraft.corpus import Corpus
 from redraft.defaults import EXACT_SAFETY
 from redraft.exactness import near_tie_threshold
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
-from redraft.report import speculation_line
+from redraft.runstats import speculation_line
 from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]
@@ -406,16 +406,94 @@ def test_result_fields(tiny_llama, references):
 
 # ---- guard in the loop: an unrelated corpus costs nothing --------------------------------------------------------
 
+def _always_wrong_corpus(context: list[int], k: int) -> Corpus:
+    """A corpus that matches every 8-id suffix of ``context`` (from length 8 on) and always continues it wrongly.
+
+    Span i is context[i-8:i] followed by k ids that occur nowhere in ``context``: a lookup at context length i finds
+    its 8-id suffix (the longest tried) and proposes k tokens, the first of which the target never emits.
+    """
+    unused = [t for t in range(VOCAB) if t not in set(context)][:k]
+    assert len(unused) == k
+    return Corpus.from_spans([context[i - 8:i] + unused for i in range(8, len(context))], vocab_size=VOCAB)
+
+
 def test_unrelated_corpus_costs_no_extra_forwards(tiny_llama):
-    prompt = [31, 32, 33, 34, 35]
+    prompt = [31, 32, 33, 34, 35, 36, 37, 38]
     want = plain_greedy(tiny_llama, prompt, 60)
-    # corpus: the prompt's tail followed by garbage, many times over (always matches, always wrong)
-    garbage = [[33, 34, 35] + [(t + 1) % VOCAB for t in want] for _ in range(3)]
-    corpus = Corpus.from_spans(garbage, vocab_size=VOCAB)
+    corpus = _always_wrong_corpus(prompt + want, 8)
     res = Engine(tiny_llama, build_drafters(corpus, k=8, ngram=False), max_depth=8).generate(prompt, 60)
     assert res.output_ids == want
-    assert res.forwards == 60
-    assert res.sources["corpus"].accepted == 0
+    assert res.forwards == 60  # what plain greedy costs
+    c = res.sources["corpus"]
+    assert c.accepted == 0
+    # the guard judged the first three 8-token drafts (its 24-token window), then paused for the rest of the run
+    assert c.paused == 1 and c.proposed == 24 and c.steps == 3
+    assert res.drafted_per_forward == [8, 8, 8] + [0] * 57
+
+
+class LoggingGuard(AcceptanceGuard):
+    """An AcceptanceGuard that logs, after each step's record(), whether its source is armed."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.log: list[bool] = []
+
+    def record(self, proposed: int, accepted: int, emitted: int) -> None:
+        super().record(proposed, accepted, emitted)
+        self.log.append(self.active)
+
+
+def _assert_pauses_and_rearms(res: GenerationResult, guard: LoggingGuard, name: str, matches_from: int = 0) -> int:
+    """The source drafted in no forward where its guard was paused and in every forward where it was armed (from
+    forward ``matches_from`` on, where it always has a match; the last forward may have no depth left); every pause
+    lasted exactly ``guard.pause`` forwards (one token each: nothing else drafts) and ended with a new draft.
+    Returns the number of complete pause-and-re-arm cycles."""
+    assert len(guard.log) == res.forwards == len(res.drafted_per_forward)
+    armed = [True] + guard.log[:-1]  # the state each forward's propose() saw
+    for f, (on, drafted) in enumerate(zip(armed, res.drafted_per_forward)):
+        if not on:
+            assert drafted == 0, (f, armed, res.drafted_per_forward)
+        elif matches_from <= f < res.forwards - 1:
+            assert drafted > 0, (f, armed, res.drafted_per_forward)
+    streaks, f = [], 0
+    while f < res.forwards:
+        if armed[f]:
+            f += 1
+            continue
+        start = f
+        while f < res.forwards and not armed[f]:
+            f += 1
+        streaks.append((start, f - start, f < res.forwards))
+    complete = [(s, n) for s, n, ended in streaks if ended]
+    assert complete, f"{name}: no pause ended inside the run: {streaks}"
+    assert all(n == guard.pause for _, n in complete), streaks
+    assert all(res.drafted_per_forward[s + n] > 0 for s, n in complete)  # re-armed: it proposes again
+    assert res.sources[name].paused == len(streaks) == guard.pauses
+    return len(complete)
+
+
+def test_corpus_guard_pauses_and_rearms_in_the_loop(tiny_llama):
+    """Always-wrong corpus drafts: 2 drafts of 4 fill the 8-token window at 0% -> silent for 10 tokens -> again."""
+    prompt = [31, 32, 33, 34, 35, 36, 37, 38]
+    want = plain_greedy(tiny_llama, prompt, 60)
+    guard = LoggingGuard(0.5, window=8, pause=10)
+    res = Engine(tiny_llama, [CorpusDrafter(_always_wrong_corpus(prompt + want, 4), k=4, guard=guard)],
+                 max_depth=4).generate(prompt, 60)
+    assert res.output_ids == want and res.forwards == 60
+    assert res.drafted_per_forward == ([4, 4] + [0] * 10) * 5
+    assert _assert_pauses_and_rearms(res, guard, "corpus") == 4
+
+
+def test_ngram_guard_pauses_and_rearms_in_the_loop(tiny_llama):
+    """Every id occurs once in the prompt, so after the prefill the unigram lookup always has a draft; the guard
+    alone silences it."""
+    prompt = np.random.default_rng(2).permutation(VOCAB).tolist()
+    want = plain_greedy(tiny_llama, prompt, 30)
+    guard = LoggingGuard(1.0, window=6, pause=5)  # any rejection in the window pauses
+    res = Engine(tiny_llama, [NgramDrafter(k=3, min_n=1, max_n=2, guard=guard)], max_depth=3).generate(prompt, 30)
+    assert res.output_ids == want
+    assert res.sources["ngram"].proposed > res.sources["ngram"].accepted
+    assert _assert_pauses_and_rearms(res, guard, "ngram", matches_from=1) >= 2
 
 
 # ---- exact mode: near-tie rows settled by draft-free forwards ---------------------------------------------------
@@ -435,14 +513,29 @@ def test_exact_mode_every_row_a_near_tie(tiny_models, references, name, merge):
     assert sum(res.accepted_per_forward) == 0
 
 
+def _draft_free_tokens(model, want, **engine_kw) -> tuple[GenerationResult, list[int]]:
+    """Oracle run; returns the result and the output positions emitted by a forward that verified no draft."""
+    target = RecordingTarget(model)
+    engine = Engine(target, [SequenceDrafter(PROMPT + want)], max_depth=6, **engine_kw)
+    res, emitted_by = generate_tracking(engine, target, PROMPT, N, record_margins=True)
+    assert res.output_ids == want
+    return res, [i for i, f in enumerate(emitted_by) if res.drafted_per_forward[f] == 0]
+
+
 @pytest.mark.parametrize("margin", [0.3, 1.0, 3.0])
 def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin):
+    """Every token whose top-2 gap is under exact_margin is settled by a draft-free forward, and only those."""
     want = references["llama-eager"]
-    res = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], max_depth=6, exact_margin=margin).generate(PROMPT, N)
-    assert res.output_ids == want
+    _, logits = hf_greedy(tiny_llama, PROMPT, N, scores=True)
+    tied = [i for i, gap in enumerate(top2_gap(logits).tolist()) if gap < margin]
+    assert tied, "no planted near-tie: the test would prove nothing"
+    res, settled = _draft_free_tokens(tiny_llama, want, exact_margin=margin)
+    assert settled == tied
+    assert res.drafted_per_forward.count(0) == len(tied)  # one extra draft-free forward per near-tie
     assert sum(res.accepted_per_forward) > 0
-    off = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], max_depth=6, exact=False).generate(PROMPT, N)
-    assert off.output_ids == want and off.forwards <= res.forwards
+    assert np.allclose(res.margins, top2_gap(logits).numpy(), atol=1e-4)
+    off, off_settled = _draft_free_tokens(tiny_llama, want, exact=False)
+    assert off_settled == [] and off.forwards < res.forwards  # without exact mode the near-ties stay in verify rows
 
 
 def test_record_margins_match_hf_scores(tiny_mixtral, references):

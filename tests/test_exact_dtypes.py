@@ -20,7 +20,7 @@ from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.defaults import EXACT_PAY_WINDOW
 from redraft.engine import Engine
 from redraft.exactness import measure_row_noise, near_tie_threshold, row_noise
-from redraft.models import DTYPES, ModelLoadError, load_model
+from redraft.loading import DTYPES, LoadedModel, ModelLoadError, load_model
 from redraft.target import HFTarget
 
 DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -252,16 +252,27 @@ def test_exact_mode_stops_drafting_when_settling_does_not_pay(cast_models, name,
 
 # ---- the dtype on the command line -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [["run", "p"], ["freeze", "--out", "c.txt", "--prompts", "q.txt"], ["oracle"]])
-def test_dtype_flag_reaches_the_loader(monkeypatch, command):
-    from redraft import cli
+@pytest.mark.parametrize("command", [["run", "p"], ["freeze", "--out", "c.txt", "--prompts", "q.txt"], ["oracle"],
+                                     ["demo"], ["bench", "run"], ["serve"]])
+def test_dtype_flag_reaches_the_loader(monkeypatch, tmp_path, capsys, command):
+    """Each model command passes --dtype (default float32) to the loader."""
+    from redraft.cli import main
 
     seen = []
-    monkeypatch.setattr("redraft.models.load_model", lambda spec=None, **kw: seen.append(kw["dtype"]))
-    assert cli.build_parser().parse_args(command).dtype == "float32"
-    for name in DTYPES:
-        cli._load(cli.build_parser().parse_args([command[0], "--dtype", name, *command[1:]]))
-    assert seen == list(DTYPES)
+
+    def loader(spec=None, **kw):
+        seen.append(kw["dtype"])
+        raise ModelLoadError("loader reached")
+
+    monkeypatch.setattr("redraft.cli.common.load_model", loader)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "q.txt").write_text("a prompt\n")
+    for extra in ([], *(["--dtype", name] for name in DTYPES)):
+        argv = command[:2] + extra + command[2:] if command[0] == "bench" else command[:1] + extra + command[1:]
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert "loader reached" in str(e.value.code)
+    assert seen == ["float32", *DTYPES]
 
 
 @pytest.mark.parametrize("argv,msg", [(["run", "--dtype", "float64", "p"], "invalid choice: 'float64'"),
@@ -289,7 +300,7 @@ def test_default_model_bfloat16_replay_is_exact():
     Exact mode must reproduce plain decoding with corpus drafts of depth 1 and 8; bfloat16 rows are near-ties so
     often that exact mode settles many of them.
     """
-    from redraft.models import encode_prompt
+    from redraft.prompts import encode_prompt
 
     try:
         lm = load_model(dtype="bfloat16", quiet=True)
@@ -319,13 +330,12 @@ class _WordIds:
 def test_oracle_runs_once_per_dtype(monkeypatch, tmp_path, capsys, noise):
     import json
 
-    from redraft import cli
-    from redraft.models import LoadedModel
+    from redraft.cli import main
 
-    monkeypatch.setattr(cli, "_load", lambda args: LoadedModel(
-        build_tiny("llama", "sdpa", seed=0).to(DTYPE[args.dtype]), _WordIds(), "tiny", tmp_path))
+    monkeypatch.setattr("redraft.cli.oracle.load_model_or_exit", lambda spec, *, dtype, **kw: LoadedModel(
+        build_tiny("llama", "sdpa", seed=0).to(DTYPE[dtype]), _WordIds(), "tiny", tmp_path))
     out = tmp_path / "oracle.json"
-    rc = cli.main(["oracle", "--questions", "2", "--ngen", "12", "--k", "1,4", "--tree", "2", "--compare-exact",
+    rc = main(["oracle", "--questions", "2", "--ngen", "12", "--k", "1,4", "--tree", "2", "--compare-exact",
                    "--dtypes", "float32,bfloat16", *noise, "--json", str(out)])
     assert rc == 0
     rep = json.loads(out.read_text())

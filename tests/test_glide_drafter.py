@@ -198,7 +198,7 @@ def test_guard_counts_cape_trees_by_depth(target):
 def test_run_report_says_when_the_guard_paused_a_draft(target):
     """An untrained draft fails its guard: the engine counts the pause and the run report names it."""
     from redraft.drafters.base import AcceptanceGuard
-    from redraft.report import source_lines
+    from redraft.runstats import source_lines
 
     d = GlideDrafter(_draft(target, "random"), None, gamma=4, guard=AcceptanceGuard(0.9, window=8, pause=10))
     engine = Engine(target, [d])

@@ -246,10 +246,11 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
 def test_cli_parser_registers_train_and_eval():
     import argparse
 
-    from redraft.glide.cli import add_glide_draft_args, add_glide_parser
+    from redraft.cli.common import add_glide_draft_args
+    from redraft.cli import glide
 
     parser = argparse.ArgumentParser(prog="redraft")
-    add_glide_parser(parser.add_subparsers(dest="command"))
+    glide.register(parser.add_subparsers(dest="command"))
     a = parser.parse_args(["glide", "train", "--out", "D", "--max-steps", "7", "--resume", "--vanilla"])
     assert (a.out, a.max_steps, a.resume, a.vanilla) == ("D", 7, True, True)
     a = parser.parse_args(["glide", "eval", "--draft-model", "D", "--head-vocab", "8192", "--cape-bins", "0.5:3,1"])
@@ -257,7 +258,8 @@ def test_cli_parser_registers_train_and_eval():
     run = argparse.ArgumentParser()
     add_glide_draft_args(run)
     a = run.parse_args(["--draft", "glide", "--draft-model", "D", "--cape"])
-    assert (a.draft, a.draft_model, a.cape, a.gamma) == ("glide", "D", True, 4)
+    # --gamma unset is None (GLIDE_GAMMA when the drafter is built), so that it can be refused without --draft glide
+    assert (a.draft, a.draft_model, a.cape, a.gamma) == ("glide", "D", True, None)
 
 
 def test_run_flags_build_a_working_drafter(tiny, tmp_path):
@@ -267,7 +269,7 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
 
     from conftest import plain_greedy
     from redraft.engine import Engine
-    from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
+    from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
 
     save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny,
                vocab_rank=torch.arange(96))
@@ -290,12 +292,12 @@ def test_eval_measures_every_configuration_against_plain_greedy(tiny, tmp_path, 
     import io
     from types import SimpleNamespace
 
-    import redraft.models
+    import redraft.prompts
     from redraft.drafters.cape import CapeBins
     from redraft.training.evaluate import Config, measure, table
 
     # the tiny model has 96 ids: map question text onto them instead of the real tokenizer
-    monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
+    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
     save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny, vocab_rank=torch.arange(96))
     d = str(tmp_path)
     configs = [Config("plain"), Config("chain", d), Config("cape", d, 0, CapeBins()), Config("head", d, 48),
@@ -315,7 +317,7 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
     import io
     from types import SimpleNamespace
 
-    import redraft.models
+    import redraft.prompts
     from redraft.training.train import run_training
 
     class Tok:  # the tiny model has 96 ids; map text onto them
@@ -324,7 +326,7 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
         def __call__(self, text):
             return {"input_ids": [3 + ord(c) % 90 for c in text[:64]]}
 
-    monkeypatch.setattr(redraft.models, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
+    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
     loaded = SimpleNamespace(model=tiny, tokenizer=Tok(), eos_token_ids=[])
     cfg = TrainConfig(max_steps=3, batch_tokens=200, ckpt_every=1000, train_vocab=0)
     state = run_training(loaded, tmp_path / "out", cfg, data_minutes=2, max_new_tokens=4, samples=1,
@@ -344,22 +346,32 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
 def _glide_cli(argv):
     import argparse
 
-    from redraft.glide.cli import add_glide_parser
+    from redraft.cli import glide
 
     parser = argparse.ArgumentParser(prog="redraft")
-    add_glide_parser(parser.add_subparsers(dest="command"))
+    glide.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
     return args.func(args)
 
 
-@pytest.mark.parametrize("argv", [["--max-steps", "0"], ["--lr", "-1"], ["--lr", "nan"], ["--samples", "-1"],
-                                  ["--sample-temperature", "0"], ["--batch-tokens", "0"], ["--train-vocab", "-5"],
-                                  ["--ckpt-every", "0"], ["--data-minutes", "-5"], ["--prompt-weight", "nan"],
-                                  ["--layers", "0"], ["--max-minutes", "-1"]])
-def test_train_refuses_bad_numbers(argv, capsys):
-    with pytest.raises(SystemExit):
-        _glide_cli(["glide", "train", "--out", "unused"] + argv)
-    assert "error: argument" in capsys.readouterr().err
+def _refused(capsys, argv, flag: str, why: str) -> None:
+    """argparse's refusal: exit status 2 and one error line naming the flag, the value and what was expected."""
+    with pytest.raises(SystemExit) as e:
+        _glide_cli(argv)
+    assert e.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"error: argument {flag}: {why}" in errors[0], errors
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--max-steps", "0"], "0 must be at least 1"), (["--lr", "-1"], "-1 must be > 0"),
+    (["--lr", "nan"], "nan is not a finite number"), (["--samples", "-1"], "-1 must be at least 0"),
+    (["--sample-temperature", "0"], "0 must be > 0"), (["--batch-tokens", "0"], "0 must be at least 16"),
+    (["--train-vocab", "-5"], "-5 must be at least 0"), (["--ckpt-every", "0"], "0 must be at least 1"),
+    (["--data-minutes", "-5"], "-5 must be >= 0"), (["--prompt-weight", "nan"], "nan is not a finite number"),
+    (["--layers", "0"], "0 must be at least 1"), (["--max-minutes", "-1"], "-1 must be > 0")])
+def test_train_refuses_bad_numbers(argv, why, capsys):
+    _refused(capsys, ["glide", "train", "--out", "unused"] + argv, argv[0], why)
 
 
 def test_train_checks_out_and_data_dir_before_any_work(tmp_path, tiny):
@@ -382,7 +394,7 @@ def test_train_checks_out_and_data_dir_before_any_work(tmp_path, tiny):
     assert not (tmp_path / "new").exists()  # nothing created when an argument is refused
 
 
-def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny):
+def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny, capsys):
     save_draft(tmp_path / "g", build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny)
     save_draft(tmp_path / "v", build_draft(tiny, GlideConfig.from_target(tiny.config, cross_attention=False)), tiny)
     with pytest.raises(SystemExit, match="is a vanilla draft"):
@@ -393,17 +405,17 @@ def test_eval_checks_checkpoint_kinds_and_counts_before_loading(tmp_path, tiny):
         _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g"), "--questions", "11"])
     with pytest.raises(SystemExit, match="not a GliDe draft checkpoint"):
         _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "missing")])
-    for bad in (["--questions", "0"], ["--ngen", "0"], ["--head-vocab", "0"], ["--tree-budget", "0"],
-                ["--json", str(tmp_path / "no" / "x.json")]):
-        with pytest.raises(SystemExit):
-            _glide_cli(["glide", "eval", "--draft-model", str(tmp_path / "g")] + bad)
+    for bad, why in ((["--questions", "0"], "0 must be at least 1"), (["--ngen", "0"], "0 must be at least 1"),
+                     (["--head-vocab", "0"], "0 must be at least 1"), (["--tree-budget", "0"], "0 must be at least 1"),
+                     (["--json", str(tmp_path / "no" / "x.json")], f"{tmp_path / 'no' / 'x.json'}: directory {tmp_path / 'no'} does not exist")):
+        _refused(capsys, ["glide", "eval", "--draft-model", str(tmp_path / "g")] + bad, bad[0], why)
 
 
-def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, tiny):
+def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, tiny, capsys):
     import argparse
     from types import SimpleNamespace
 
-    from redraft.glide.cli import add_glide_draft_args, glide_drafter_from_args
+    from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
 
     p = argparse.ArgumentParser()
     add_glide_draft_args(p)
@@ -422,5 +434,6 @@ def test_run_flags_need_draft_glide_and_bad_checkpoints_are_refused(tmp_path, ti
     with pytest.raises(SystemExit, match="1..96 tokens"):
         glide_drafter_from_args(p.parse_args(["--draft", "glide", "--draft-model", str(tmp_path / "g"),
                                               "--draft-vocab", "1000"]), SimpleNamespace(model=tiny))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         p.parse_args(["--gamma", "0"])
+    assert e.value.code == 2 and "error: argument --gamma: 0 must be at least 1" in capsys.readouterr().err

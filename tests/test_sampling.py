@@ -3,6 +3,8 @@ distribution is the target's (chi-square per draft source); logits processors an
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -70,12 +72,37 @@ class TreeArgmaxDrafter(ArgmaxDrafter):
         return TokenTree.from_parents(top, [-1, -1, -1], self.name)
 
 
-def _exact_second_token_marginal(model, prompt: list[int]) -> np.ndarray:
-    """p(t2) = sum_t1 p(t1) p(t2 | t1) computed directly from the model's softmax."""
+def hf_processed(logits: torch.Tensor, params: SamplingParams, contexts: list[list[int]]) -> torch.Tensor:
+    """Hugging Face's own processing of each row, in ``generate``'s order: repetition penalty (a processor), then
+    the temperature, top-k and top-p warpers. Row r is processed with contexts[r] as its input ids."""
+    from transformers import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
+                              TopPLogitsWarper)
+
+    procs = []
+    if params.repetition_penalty not in (None, 1.0):  # None: the model's generation_config (none here)
+        procs.append(RepetitionPenaltyLogitsProcessor(float(params.repetition_penalty)))
+    if not params.greedy:
+        procs.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k:
+            procs.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            procs.append(TopPLogitsWarper(params.top_p))
+    rows = []
+    for r, ctx in enumerate(contexts):
+        row = logits[r:r + 1].float().clone()
+        for proc in procs:
+            row = proc(torch.tensor([ctx], dtype=torch.long), row)
+        rows.append(row)
+    return torch.cat(rows)
+
+
+def _exact_second_token_marginal(model, prompt: list[int], params: SamplingParams) -> np.ndarray:
+    """p(t2) = sum_t1 p(t1) p(t2 | t1), from the model's logits processed by Hugging Face's own warpers."""
     with torch.no_grad():
-        p1 = model(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)
-        batch = torch.tensor([prompt + [t] for t in range(SMALL_VOCAB)])
-        p2 = model(input_ids=batch).logits[:, -1].softmax(-1)
+        l1 = model(input_ids=torch.tensor([prompt])).logits[0, -1:]
+        p1 = hf_processed(l1, params, [prompt]).softmax(-1)[0]
+        batch = [prompt + [t] for t in range(SMALL_VOCAB)]
+        p2 = hf_processed(model(input_ids=torch.tensor(batch)).logits[:, -1], params, batch).softmax(-1)
     return (p1[:, None] * p2).sum(0).double().numpy()
 
 
@@ -93,12 +120,17 @@ def _drafters(kind: str, model, corpus):
     raise ValueError(kind)
 
 
+@pytest.mark.parametrize("params,prompt", [
+    (SamplingParams(temperature=1.0), [1, 2, 3, 1, 2]),
+    # the n-gram draft after "1 2" is 7, a token top-k keeps (3, the draft of the first prompt, is cut here)
+    (SamplingParams(temperature=1.4, top_k=5, top_p=0.8), [1, 2, 7, 1, 2]),
+], ids=["T1", "T1.4-topk5-topp0.8"])
 @pytest.mark.parametrize("kind", ["plain", "argmax", "tree", "corpus", "ngram"])
-def test_second_token_distribution_is_the_targets(small_model, kind):
-    """Chi-square goodness of fit of the 2nd sampled token against the exact marginal, per draft source."""
-    prompt = [1, 2, 3, 1, 2]
+def test_second_token_distribution_is_the_targets(small_model, kind, params, prompt):
+    """Chi-square goodness of fit of the 2nd sampled token against the exact marginal, per draft source, plain
+    T=1 and with a temperature, top-k and top-p (the expected marginal from Hugging Face's warpers)."""
     # corpus spans planted so that the suffix of prompt + t1 often matches and drafts get verified
-    corpus = Corpus.from_spans([[1, 2, 3, 1, 2, t, u] for t in range(SMALL_VOCAB) for u in (0, 5)],
+    corpus = Corpus.from_spans([prompt + [t, u] for t in range(SMALL_VOCAB) for u in (0, 5)],
                                vocab_size=SMALL_VOCAB)
     drafters, merge = _drafters(kind, small_model, corpus)
     engine = Engine(small_model, drafters, merge=merge)
@@ -106,10 +138,11 @@ def test_second_token_distribution_is_the_targets(small_model, kind):
     counts = np.zeros(SMALL_VOCAB)
     accepted = 0
     for seed in range(n):
-        res = engine.generate(prompt, 2, sampling=SamplingParams(temperature=1.0, seed=seed))
+        res = engine.generate(prompt, 2, sampling=replace(params, seed=seed))
         counts[res.output_ids[1]] += 1
         accepted += sum(s.accepted for s in res.sources.values())
-    expected = _exact_second_token_marginal(small_model, prompt) * n
+    expected = _exact_second_token_marginal(small_model, prompt, params) * n
+    assert not counts[expected == 0].any(), "a token the warpers remove was sampled"
     keep = expected >= 5  # chi-square needs enough expected counts per cell; pool the rest
     obs = np.append(counts[keep], counts[~keep].sum())
     exp = np.append(expected[keep], expected[~keep].sum())
@@ -162,6 +195,60 @@ def test_repetition_penalty_sees_tree_ancestors():
     logits = torch.tensor([[1.0, 3.0, 2.5, 0.0], [1.0, 3.0, 2.5, 0.0]])
     choices, _ = ch.choose(logits, [1, 2], [[], [1]])
     assert choices == [1, 2]  # row 1 saw token 1 as an ancestor: 3.0 / 2 < 2.5
+
+
+def _logits(kind: str, rows: int, vocab: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(5)
+    if kind == "random":
+        return torch.randn(rows, vocab, generator=gen) * 2.5
+    if kind == "quarters":
+        # four equal logits and the rest far below: probabilities exactly 0, 1/4, 1/2, 3/4 after the cumulative sum,
+        # so top_p = 0.5 puts a cumulative probability exactly on the nucleus boundary
+        out = torch.full((rows, vocab), -1e4)
+        for r in range(rows):
+            out[r, torch.randperm(vocab, generator=gen)[:4]] = 1.0
+        return out
+    # few distinct values: ties everywhere, at the top-k boundary and inside the top-p nucleus; zeros and negatives
+    return torch.randint(-2, 3, (rows, vocab), generator=gen).float()
+
+
+@pytest.mark.parametrize("logits_kind", ["random", "ties", "quarters"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_k=3, seed=1),
+    SamplingParams(temperature=0.8, top_p=0.7, seed=2),
+    SamplingParams(temperature=1.0, top_p=0.5, seed=8),
+    SamplingParams(temperature=1.5, top_k=5, top_p=0.85, seed=3),
+    SamplingParams(temperature=1.0, top_k=1, seed=4),
+    SamplingParams(temperature=0.6, top_p=0.01, seed=5),
+    SamplingParams(temperature=2.0, top_k=12, top_p=1.0, seed=6),  # both off (k = vocab)
+    SamplingParams(temperature=0.0, repetition_penalty=1.7),
+    SamplingParams(temperature=0.0, repetition_penalty=0.6),
+    SamplingParams(temperature=1.2, top_k=4, top_p=0.9, repetition_penalty=1.4, seed=7),
+], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-rp{p.repetition_penalty}")
+def test_processors_match_hugging_face(params, logits_kind):
+    """Top-k, top-p, temperature and repetition penalty give Hugging Face's processed scores: on the same logits,
+    TokenChooser's choice and top-2 margin equal argmax / gap of HF's processors plus the same Gumbel noise, for 300
+    rows (each its own noise draw and its own repetition context: committed ids plus the row's tree ancestors)."""
+    rows, vocab = 300, 12
+    logits = _logits(logits_kind, rows, vocab)
+    committed = [0, 3, 3, 7]
+    extra = [[(r + j) % vocab for j in range(r % 3)] for r in range(rows)]  # 0, 1 or 2 ancestor ids per row
+    positions = list(range(100, 100 + rows))
+    chooser = TokenChooser(params, vocab)
+    chooser.reset(committed)
+    choices, margins = chooser.choose(logits, positions, extra)
+
+    ref = hf_processed(logits, params, [committed + e for e in extra])
+    if not params.greedy:
+        ref = ref + gumbel_noise(params.seed, positions, vocab)
+    top2 = ref.topk(2, dim=-1).values
+    ref_margins = (top2[:, 0] - top2[:, 1]) * (1.0 if params.greedy else params.temperature)
+    assert choices == ref.argmax(-1).tolist()
+    finite = torch.isfinite(ref_margins)
+    assert torch.equal(finite, torch.isfinite(margins))
+    assert torch.allclose(margins[finite].double(), ref_margins[finite].double(), atol=1e-5, rtol=1e-5)
+    if not params.greedy and (params.top_k or params.top_p < 1.0) and params.top_k != vocab:
+        assert (~torch.isfinite(ref)).any(), "the warpers removed nothing: the case proves nothing"
 
 
 def test_sampling_params_validation():

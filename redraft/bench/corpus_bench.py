@@ -10,9 +10,7 @@ answers are checked against the index.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import re
 import resource
@@ -228,48 +226,3 @@ def run_corpus_bench(sizes=DEFAULT_SIZES, *, lookups: int = 20000, k: int = 8, w
                                    log=log))
     return {"sizes": rows, "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                        "numpy": np.__version__}}
-
-
-# ---- command line -----------------------------------------------------------------------------------------------
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(float(s)) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6")
-    if not sizes or min(sizes) < 100:
-        raise argparse.ArgumentTypeError(f"{text!r}: each size must be at least 100 tokens")
-    return sizes
-
-
-def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--sizes", type=_sizes, default=list(DEFAULT_SIZES),
-                   help="comma-separated corpus sizes in tokens, e.g. 1e4,1e6,1e7,1e8 (default)")
-    p.add_argument("--lookups", type=int, default=20000, help="propose() calls per size (default 20000)")
-    p.add_argument("-k", type=int, default=8, help="draft length (default 8)")
-    p.add_argument("--workdir", default=None, help="where the temporary corpus files go (default: system tmp)")
-    p.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
-    p.set_defaults(func=_run_cli)
-    return p
-
-
-def _run_cli(args) -> int:
-    result = run_corpus_bench(args.sizes, lookups=args.lookups, k=args.k, workdir=args.workdir)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
-    return 0
-
-
-def add_bench_corpus_parser(subparsers) -> argparse.ArgumentParser:
-    """Register `corpus` on the `redraft bench` subparsers; the caller runs args.func(args) -> exit code."""
-    return _configure(subparsers.add_parser("corpus", help="corpus index build/open/lookup benchmark (issue #3)",
-                                            description=__doc__.split("\n\n")[0]))
-
-
-def main(argv=None) -> int:
-    """`python -m redraft.bench.corpus_bench [--sizes ...]`."""
-    args = _configure(argparse.ArgumentParser(prog="redraft bench corpus", description=__doc__)).parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

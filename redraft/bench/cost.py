@@ -13,6 +13,9 @@ from __future__ import annotations
 import statistics
 
 import numpy as np
+from tqdm import tqdm
+
+from redraft.tree import TokenTree
 
 
 def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, tree_mask: bool = False,
@@ -28,6 +31,7 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         {"prefix", "max_s", "repeats", "t1_s", "curves": {name: {"s": [...], "median_s": [...], "c": [...],
         "samples_s": [[...], ...]}}}.
     """
+    # torch-bound: `redraft bench` imports this module while registering its flags
     from redraft.policy.measure import fit_prefix, time_forwards
     from redraft.target import HFTarget
 

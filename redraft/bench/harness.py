@@ -14,12 +14,10 @@ Everything raw goes to results.json (schema ``redraft-bench/1``); results.md and
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import resource
-import shlex
 import sys
 import threading
 import time
@@ -27,11 +25,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from redraft.bench import cost as cost_module
-from redraft.bench.methods import (ALL_METHODS, Method, MethodConfig, build_methods, parse_methods)
-from redraft.bench.report import BASELINE, differing, markdown, summarize, text_table, write_plots
-from redraft.bench.workloads import (WORKLOADS, Encoder, Workload, build_workloads, parse_workloads,
-                                     replay_questions)
+from tqdm import tqdm
+
+from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, build_methods
+from redraft.bench.report import BASELINE, differing, markdown, summarize, write_plots
+from redraft.bench.workloads import Encoder, Workload, build_workloads, item_for, replay_questions
+from redraft.corpus import Corpus
+from redraft.runstats import RunSummary
 
 SCHEMA = "redraft-bench/1"
 
@@ -101,8 +101,6 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
     output for the same prompt. Each run dict holds the raw figures (see the module doc of
     :mod:`redraft.bench.report` for how they are summarised).
     """
-    from tqdm import tqdm
-
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r} (the reference for speedup and identical output)")
     names = [m.name for m in methods]
@@ -134,13 +132,13 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
             for m in methods:
                 rec, pos, peak = got[m.name]
                 fd = first_diff(rec.output_ids, ref)
-                n = len(rec.output_ids)
+                stats = RunSummary.of([rec])
                 row = {
                     "question_id": item.qid, "category": item.category, "turn": item.turn, "method": m.name,
-                    "order": pos, "prompt_tokens": len(item.prompt_ids), "tokens": n, "seconds": rec.seconds,
-                    "tok_s": n / rec.seconds if rec.seconds > 0 else 0.0,
+                    "order": pos, "prompt_tokens": len(item.prompt_ids), "tokens": stats.tokens,
+                    "seconds": rec.seconds, "tok_s": stats.tokens_per_second,
                     "forwards": rec.forwards,
-                    "tokens_per_forward": n / rec.forwards if rec.forwards else None,
+                    "tokens_per_forward": stats.tokens_per_forward if rec.forwards else None,
                     "accepted_per_forward": rec.accepted_per_forward,
                     "draft_depth_per_forward": rec.draft_depth_per_forward,
                     "sources": rec.sources, "stop_reason": rec.stop_reason, "rss_peak_mb": peak,
@@ -160,10 +158,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
 def freeze_answers(model, eos_token_ids, encoder: Encoder, questions: Sequence[dict], ngen: int, *,
                    max_prompt_tokens: int | None = None, progress: bool = True):
     """Plain greedy answers to ``questions``; returns ([(question, answer ids)], corpus spans prompt + answer)."""
-    from tqdm import tqdm
-
-    from redraft.bench.workloads import item_for
-    from redraft.engine import Engine
+    from redraft.engine import Engine  # torch-bound: the CLI imports this module while registering its flags
 
     plain = Engine(model, [], eos_token_ids=list(eos_token_ids))
     frozen, spans = [], []
@@ -190,8 +185,6 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
         freeze: how many questions to freeze (default: the replay count, else the largest count).
         extra_methods: more :class:`Method` objects run after the named ones (tests inject broken ones here).
     """
-    from redraft.corpus import Corpus
-
     cfg = cfg or MethodConfig()
     n_freeze = freeze if freeze is not None else counts.get("replay", max(counts.values()))
     t0 = time.perf_counter()
@@ -261,175 +254,3 @@ def write_outputs(results: dict, out: Path | None, json_path: str | None) -> lis
         Path(json_path).write_text(json.dumps(results, indent=1))
         written.append(Path(json_path))
     return written
-
-
-# ---- CLI ----------------------------------------------------------------------------------------------------------
-def _command_line() -> str:
-    return "redraft " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "redraft bench"
-
-
-def _threads(args) -> None:
-    if getattr(args, "threads", None):
-        import torch
-
-        torch.set_num_threads(args.threads)
-
-
-def model_name(loaded) -> str:
-    """A readable model name: the converted directory's stem for the bundled default."""
-    if loaded.name == "default":
-        return loaded.path.name.split("-" + loaded.path.name.rsplit("-", 1)[-1])[0] + " (default)"
-    return str(loaded.name)
-
-
-def cmd_bench_run(args) -> int:
-    from redraft.cli import _load
-    from redraft.demo import spec_bench_questions
-    from redraft.bench.workloads import ChatEncoder
-    from redraft.models import default_model_path
-
-    try:
-        counts = parse_workloads(args.workloads, args.questions)
-        methods = parse_methods(args.methods)
-    except ValueError as e:
-        raise SystemExit(f"redraft bench run: error: {e}")
-    gguf = None
-    if args.gguf:
-        gguf = args.gguf
-    elif args.model is None or args.model == "default":
-        try:
-            gguf = str(default_model_path())
-        except Exception:
-            gguf = None
-    elif str(args.model).endswith(".gguf"):
-        gguf = args.model
-    cfg = MethodConfig(k=args.k, minacc=args.minacc / 100.0, tree_branches=args.tree_branches,
-                       tree_budget=args.tree_budget, pld_tokens=args.pld_tokens, gguf=gguf)
-    _threads(args)
-    loaded = _load(args)
-    encoder = ChatEncoder(loaded.tokenizer, chat=False if args.no_chat else None)
-    results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, spec_bench_questions(), counts=counts,
-                    ngen=args.ngen, methods=methods, cfg=cfg, freeze=args.freeze,
-                    max_prompt_tokens=args.max_prompt_tokens, vocab_size=loaded.vocab_size,
-                    progress=not args.no_progress)
-    results["command"] = _command_line()
-    results["model"] = {"name": model_name(loaded), "path": str(loaded.path), "gguf": gguf,
-                        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
-                        "vocab_size": loaded.vocab_size,
-                        "attn": getattr(loaded.model.config, "_attn_implementation", None)}
-    for m, why in results["skipped_methods"].items():
-        print(f"redraft bench: skipped {m}: {why}", file=sys.stderr)
-    print(text_table(results))
-    for p in write_outputs(results, Path(args.out) if args.out else None, args.json):
-        print(f"wrote {p}", file=sys.stderr)
-    bad = [d for d in results["differing"] if not d["expected"]]
-    for d in results["differing"]:
-        note = " (expected: different runtime)" if d["expected"] else ""
-        print(f"redraft bench: WARNING: {d['workload']}/{d['method']} output differs from plain greedy on "
-              f"questions {', '.join(map(str, d['mismatches']))}{note}", file=sys.stderr)
-    return 1 if bad else 0
-
-
-def cmd_bench_cost(args) -> int:
-    from redraft.bench.cost import cost_curve, cost_markdown
-    from redraft.bench.report import plot_cost
-    from redraft.cli import _load
-
-    _threads(args)
-    loaded = _load(args)
-    prefix_ids = None
-    if not args.random_prefix:
-        # a real ~N-token prompt (Spec-Bench summarization text), so attention sees ordinary content
-        from redraft.demo import spec_bench_questions
-
-        q = next(q for q in spec_bench_questions() if q["category"] == "summarization")
-        prefix_ids = loaded.tokenizer(q["turns"][0])["input_ids"][:args.prefix]
-    cost = cost_curve(loaded.model, max_s=args.max_s, prefix=args.prefix, repeats=args.repeats,
-                      tree_mask=args.tree_mask, prefix_ids=prefix_ids, progress=not args.no_progress)
-    cost.update({"schema": "redraft-bench-cost/1", "command": _command_line(), "model": model_name(loaded),
-                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "machine": machine_info(os.getloadavg() if hasattr(os, "getloadavg") else None,
-                                         os.getloadavg() if hasattr(os, "getloadavg") else None)})
-    text = cost_markdown(cost)
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.json").write_text(json.dumps(cost, indent=1))
-        (out / "cost.md").write_text(text + "\n")
-        plot_cost(cost, out / "cost_curve.png")
-        print(f"wrote {out / 'cost.json'}, {out / 'cost.md'}, {out / 'cost_curve.png'}", file=sys.stderr)
-    return 0
-
-
-RUN_EPILOG = """workloads (--workloads, comma-separated; NAME:N overrides --questions for one workload; 'all'):
-  replay     frozen questions (MT-Bench categories, round-robin): their plain answers are in the corpus
-  novel      translation / qa / math_reasoning questions: unrelated to the corpus
-  near       second turns of frozen questions (frozen answer in the conversation), alternating with other
-             questions of the frozen categories
-  copy       summarization and RAG prompts (answers reuse the prompt)
-  specbench  round-robin sample over all 13 Spec-Bench categories, frozen questions excluded
-
-methods (--methods, comma-separated; default all; plain always runs, it is the reference):
-  plain          redraft Engine without drafters (one token per forward)
-  hf             Hugging Face model.generate, greedy
-  hf-pld         HF prompt lookup decoding, prompt_lookup_num_tokens=10
-  ngram          redraft, n-gram drafts from the live context only
-  corpus         redraft, frozen-corpus drafts only
-  corpus+ngram   redraft, corpus first, n-gram fills the gaps
-  tree           redraft, corpus top-4 continuations + n-gram merged in one token tree (budget 32)
-  llama.cpp      llama-cpp-python greedy on the same GGUF (only when llama_cpp imports)
-  llama.cpp-pld  llama-cpp-python with LlamaPromptLookupDecoding(num_pred_tokens=10) (idem)
-
-The corpus is built first from plain greedy answers to the replay questions (--freeze N of them). Methods run
-interleaved per question (A B C ... on question 1, then on question 2, start rotated) so machine noise hits all
-alike; speedup = median per-question tok/s / median plain tok/s of the same run. Exit status 1 when a method
-that should be exact produced ids different from plain greedy (also flagged in the tables and JSON)."""
-
-
-def add_bench_parsers(bsub) -> None:
-    """Register `run` and `cost` on the `redraft bench` subparsers."""
-    from redraft.cli import _positive, add_model_args
-
-    p = bsub.add_parser("run", help="workloads x methods benchmark against HF generate / prompt lookup / llama.cpp",
-                        description="Benchmark redraft's draft configurations side by side with Hugging Face "
-                                    "generate (greedy, prompt lookup) and llama.cpp on Spec-Bench workloads. "
-                                    "Prints a table; --out DIR writes results.json (every raw figure), results.md "
-                                    "and PNG plots.",
-                        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p)
-    p.add_argument("--workloads", default="replay,novel,near,copy",
-                   help=f"comma-separated from {', '.join(WORKLOADS)} (NAME:N sets its count; 'all'); "
-                        "default replay,novel,near,copy")
-    p.add_argument("--questions", type=_positive, default=5, help="questions per workload (default 5)")
-    p.add_argument("--methods", default=None, help=f"comma-separated subset of {', '.join(ALL_METHODS)} (default all)")
-    p.add_argument("--freeze", type=_positive, default=None,
-                   help="questions frozen into the corpus (default: the replay count)")
-    p.add_argument("--k", type=int, default=8, help="draft depth of the redraft methods (default 8)")
-    p.add_argument("--minacc", type=float, default=50.0, help="acceptance guard threshold in %% (default 50)")
-    p.add_argument("--tree-branches", type=_positive, default=4, help="corpus branches of the tree method (default 4)")
-    p.add_argument("--tree-budget", type=_positive, default=32, help="tree method node budget (default 32)")
-    p.add_argument("--pld-tokens", type=_positive, default=10,
-                   help="prompt lookup tokens for hf-pld and llama.cpp-pld (default 10)")
-    p.add_argument("--gguf", default=None, help="GGUF for the llama.cpp methods (default: the default model's)")
-    p.add_argument("--max-prompt-tokens", type=_positive, default=None,
-                   help="keep only the last N prompt ids (models with a short context)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write results.json, results.md and PNG plots here")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the results JSON here")
-    p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench_run)
-
-    p = bsub.add_parser("cost", help="verify cost curve c(S) = time(S tokens) / time(1 token)",
-                        description=cost_module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: bundled SmolLM2)")
-    p.add_argument("--max-s", type=_positive, default=64, help="largest S (default 64)")
-    p.add_argument("--prefix", type=_positive, default=200, help="tokens in the KV cache before each forward (default 200)")
-    p.add_argument("--repeats", type=_positive, default=5, help="timings per S, median reported (default 5)")
-    p.add_argument("--tree-mask", action="store_true",
-                   help="also time each S with the explicit 4D tree mask + position ids of tree verification")
-    p.add_argument("--random-prefix", action="store_true", help="random prefix ids instead of Spec-Bench text")
-    p.add_argument("--out", default=None, metavar="DIR", help="write cost.json, cost.md and cost_curve.png here")
-    p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_bench_cost)

@@ -97,7 +97,7 @@ class HFGenerateMethod(Method):
         count = [0]
         hook = self.model.register_forward_hook(lambda *a: count.__setitem__(0, count[0] + 1))
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=ngen, min_new_tokens=0, do_sample=False,
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=ngen, do_sample=False,
                   num_beams=1, temperature=None, top_p=None, top_k=None,
                   eos_token_id=self.eos or None, pad_token_id=self.eos[0] if self.eos else 0)
         if self.prompt_lookup:

@@ -11,11 +11,20 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from redraft.runstats import RunSummary
+
 BASELINE = "plain"
 
 
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
+
+
+def _totals(rows) -> RunSummary:
+    run = RunSummary()
+    for r in rows:
+        run.add_counts(r["tokens"], r["forwards"], r["seconds"], r.get("sources"))
+    return run
 
 
 def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str, bool] | None = None,
@@ -31,30 +40,20 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
     by: dict[str, list[dict]] = {m: [r for r in runs if r["method"] == m] for m in methods}
     base = {r["question_id"]: r for r in by.get(baseline, [])}
     base_med = _median([r["tok_s"] for r in base.values()])
-    base_tok = sum(r["tokens"] for r in base.values())
-    base_sec = sum(r["seconds"] for r in base.values())
-    base_agg = base_tok / base_sec if base_sec else 0.0
+    base_agg = _totals(base.values()).tokens_per_second
     out: dict[str, dict] = {}
     for m, rs in by.items():
         if not rs:
             continue
-        tok = sum(r["tokens"] for r in rs)
-        sec = sum(r["seconds"] for r in rs)
-        fwd = None if any(r["forwards"] is None for r in rs) else sum(r["forwards"] for r in rs)
+        run = _totals(rs)
+        tok, sec, fwd = run.tokens, run.seconds, run.forwards
         med = _median([r["tok_s"] for r in rs])
-        agg = tok / sec if sec else 0.0
+        agg = run.tokens_per_second
         ratios = [r["tok_s"] / base[r["question_id"]]["tok_s"] for r in rs
                   if r["question_id"] in base and base[r["question_id"]]["tok_s"] > 0]
-        sources: dict[str, dict] = {}
-        for r in rs:
-            for s, st in (r.get("sources") or {}).items():
-                d = sources.setdefault(s, {"proposed": 0, "accepted": 0, "steps": 0})
-                for key in d:
-                    d[key] += st.get(key, 0)
-        for d in sources.values():
-            d["acceptance"] = d["accepted"] / d["proposed"] if d["proposed"] else None
-        prop = sum(d["proposed"] for d in sources.values())
-        acc = sum(d["accepted"] for d in sources.values())
+        sources = {s: {"proposed": st.proposed, "accepted": st.accepted, "steps": st.steps,
+                       "acceptance": st.acceptance if st.proposed else None} for s, st in run.sources.items()}
+        prop, acc = run.proposed, run.accepted
         mism = [r["question_id"] for r in rs if not r["identical"]]
         out[m] = {
             "questions": len(rs), "tokens": tok, "seconds": sec,
@@ -62,8 +61,8 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
             "speedup": med / base_med if base_med else None,
             "speedup_paired": _median(ratios) if ratios else None,
             "speedup_aggregate": agg / base_agg if base_agg else None,
-            "forwards": fwd, "tokens_per_forward": tok / fwd if fwd else None,
-            "proposed": prop, "accepted": acc, "acceptance": acc / prop if prop else None,
+            "forwards": fwd, "tokens_per_forward": run.tokens_per_forward if fwd else None,
+            "proposed": prop, "accepted": acc, "acceptance": run.acceptance if prop else None,
             "sources": sources,
             "rss_peak_mb": max((r["rss_peak_mb"] for r in rs if r.get("rss_peak_mb") is not None), default=None),
             "identical": len(rs) - len(mism), "mismatches": mism, "all_identical": not mism,

@@ -11,8 +11,8 @@ greedy decoding and freezes prompt + answer into a corpus; every workload then r
 - ``copy``: summarization and RAG prompts, whose answers reuse the prompt's text (prompt lookup's home ground).
 - ``specbench``: a round-robin sample over all 13 Spec-Bench categories, frozen questions excluded.
 
-Prompts are token ids, so the harness runs without a tokenizer: :class:`ChatEncoder` wraps a real tokenizer (chat
-template applied as in ``redraft run``), :class:`ByteEncoder` is a tokenizer-free stand-in for tests, and a
+Prompts are token ids, so the harness runs without a tokenizer: :class:`ChatEncoder` wraps a real tokenizer (prompts
+encoded as in ``redraft run``), :class:`ByteEncoder` is a tokenizer-free stand-in for tests, and a
 :class:`Workload` can also be built directly from id lists.
 """
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
+
+from redraft.prompts import encode_prompt, uses_chat_template
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 NOVEL = ("translation", "qa", "math_reasoning")
@@ -43,20 +45,15 @@ class Encoder(Protocol):
 
 
 class ChatEncoder:
-    """A real tokenizer; instruct models get their chat template (``chat=None`` decides as ``redraft run`` does)."""
+    """A real tokenizer, encoding as every command does (:func:`redraft.prompts.encode_prompt`: instruct models get
+    their chat template; ``chat`` forces it on or off)."""
 
     def __init__(self, tokenizer, chat: bool | None = None) -> None:
         self.tokenizer = tokenizer
-        self.chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else chat
+        self.chat = uses_chat_template(tokenizer, chat)
 
     def encode(self, messages: list[dict]) -> list[int]:
-        if self.chat:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
-        text = "\n\n".join(m["content"] for m in messages)
-        return [int(i) for i in self.tokenizer(text)["input_ids"]]
+        return encode_prompt(self.tokenizer, messages, chat=self.chat)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -138,7 +135,7 @@ def build_workloads(questions: Sequence[dict], counts: dict[str, int], encoder: 
     """Build the named workloads (``counts``: name -> question count, in run order).
 
     Args:
-        questions: Spec-Bench questions (``redraft.demo.spec_bench_questions()``).
+        questions: Spec-Bench questions (``redraft.questions.load_questions()``).
         encoder: see :class:`Encoder`.
         frozen: (question, plain greedy answer ids) for every frozen question, in freeze order.
         max_prompt_tokens: keep only the last N prompt ids (for models with a short context).

@@ -3,7 +3,9 @@
 Lookup contract after Colibri's COLI_DRAFT_CORPUS (see DESIGN.md, "Frozen-corpus drafts: the contract"): for
 n = max_n down to min_n, find the context's last n ids; the longest n with an occurrence that has a non-empty
 continuation wins; among its occurrences the most recent (highest corpus position) is proposed, up to k ids,
-never across a -1 separator or the corpus end.
+never across a -1 separator or the corpus end. Where that yields fewer than k ids (a self-overlapping suffix
+inside a run such as 7 7 7 ..., or a span ending), the most recent occurrence that yields k is proposed instead,
+else the one with the longest continuation (SuffixIndex.best_occurrence).
 
 A Corpus is a list of SuffixIndex *segments* over consecutive runs of spans, oldest first. A loaded or built
 corpus has one; append() adds small segments for the new spans and merges equal-sized neighbours (a
@@ -28,6 +30,8 @@ EMPTY = np.zeros(0, dtype=np.int64)
 MAX_ID = WIDTHS[4][2]  # largest id a corpus can hold (uint32 symbols, id + 1)
 TREE_SAMPLE = 1024  # occurrences looked at by propose_tree when a suffix has more
 TREE_SMALL = 64  # up to this many occurrences the tree is built in plain Python (numpy calls cost more)
+PERIOD_CAP = 64  # longest period of a context tail run that propose() aligns on
+RUN_CAP = 1024  # context ids read back along such a run (the aligned match may be this long)
 
 
 def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
@@ -40,6 +44,27 @@ def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
         j = int(bad[0])
         note = f" (vocab size {vocab_size})" if vocab_size is not None else ""
         raise CorpusError(f"{where}: id {int(tokens[j])} at position {j} is out of range{note}")
+
+
+def periodic_tail(context, n: int) -> tuple[list[int], int] | None:
+    """The periodic run the context ends with, if its last n ids recur within PERIOD_CAP ids before.
+
+    context: 1-D int array or sequence [L]. With p the smallest such distance (the period), the run is the longest
+    suffix of the context (at most RUN_CAP ids) in which every id equals the id p later. Returns (run ids newest
+    first, the id that would continue the period one step further back) or None when no period is found.
+    """
+    window = np.asarray(context[-RUN_CAP:], dtype=np.int64)
+    ids = window[-(n + PERIOD_CAP):].tolist()
+    last = ids[len(ids) - n:]
+    for p in range(1, len(ids) - n + 1):
+        if ids[len(ids) - n - p:len(ids) - p] == last:
+            break
+    else:
+        return None
+    same = window[:-p] == window[p:]
+    r = p + (len(same) if same.all() else int(np.argmin(same[::-1])))
+    run = window[len(window) - r:][::-1].tolist()
+    return run, run[r - p]
 
 
 def spans_to_flat(spans: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -144,20 +169,47 @@ class Corpus:
         return best_n, hits
 
     def propose(self, context, k: int, min_n: int = 3, max_n: int = 8) -> tuple[int, np.ndarray]:
-        """Continuation of the most recent occurrence of the longest matching context suffix.
+        """Continuation of the longest matching context suffix, up to k ids.
 
-        context: 1-D int array or sequence (prompt + output so far); only its last max_n ids are read.
-        Returns (n_matched, ids int64 [1..k]) or (0, int64 [0]) when nothing matches (absent suffix, context
-        shorter than min_n, empty corpus, k < 1). Cost: one binary search + O(1) range minimum per segment,
-        independent of corpus size beyond log factors.
+        context: 1-D int array or sequence (prompt + output so far). Among the occurrences of the longest suffix:
+        - the most recent one, if its continuation has k ids (Colibri's rule);
+        - otherwise, if the context ends in a periodic run (a run of one id, or any period up to PERIOD_CAP that
+          repeats at least once), the occurrences preceded in the corpus by the same run length (aligned: in a
+          replay, the same place), else by the longest part of the run the corpus has;
+        - then the most recent one with k ids of continuation, else the longest continuation, most recent first
+          (SuffixIndex.best_occurrence, which also states the bounds of that search).
+        So runs and periodic stretches are drafted at full depth: spans [[7] * 100 + [1, 2, 3]] and context
+        [7] * 10 give eight 7s at k = 8. Returns (n_matched, ids int64 [1..k]) or (0, int64 [0]) when nothing
+        matches (absent suffix, context shorter than min_n, empty corpus, k < 1). Cost: one binary search + O(1)
+        range minimum + O(k) per segment, independent of corpus size beyond log factors; the fallback adds
+        O(RUN_CAP) on the context, three more binary searches and at most O(SCAN_ROWS * k) per segment.
         """
         if k < 1:
             return 0, EMPTY
         n, hits = self._longest(context, min_n, max_n, all_segments=False)
         if not n:
             return 0, EMPTY
-        seg, m, _ = hits[0]  # the newest segment matching n symbols
+        seg, m, q = hits[0]  # the newest segment matching n symbols
         i = seg.min_offset(m.lo, m.hi)
+        ids = seg.continuation(i, k)
+        if len(ids) >= k:
+            return n, ids
+        if len(self._segments) > 1:
+            hits = self._longest(context, min_n, max_n, all_segments=True)[1]
+        tail = periodic_tail(context, n)
+        best = None  # ((alignment, ids of continuation), segment, offset); newer segments first win ties
+        for seg, m, q in hits:
+            if tail is None:
+                cands = [(0, seg.best_occurrence(m.lo, m.hi, k, q[:m.n * seg.width]))]
+            else:
+                run, more = tail
+                align, rows = seg.aligned_rows(seg.encode(run), seg.encode(run + [more]), n)
+                cands = [(align, seg.best_occurrence(lo, hi, k)) for lo, hi in rows]
+            for align, (i, run) in cands:
+                if best is None or (align, run) > best[0] or ((align, run) == best[0] and i < best[2] and
+                                                              seg is best[1]):
+                    best = ((align, run), seg, i)
+        _, seg, i = best
         return n, seg.continuation(i, k)
 
     def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8
@@ -225,6 +277,17 @@ class Corpus:
             b = self._segments.pop()
             a = self._segments.pop()
             self._segments.append(_merge([a, b], self.vocab_size))
+
+    def with_span(self, span: Sequence[int]) -> "Corpus":
+        """A new corpus: this one plus ``span`` (as :meth:`append`); this one is left unchanged.
+
+        Copy-on-write for readers on other threads: the segments are immutable and shared, only the list is
+        copied, so a lookup running on this corpus meanwhile sees it whole. Raises CorpusError on a bad id.
+        """
+        c = Corpus(list(self._segments), path=self.path, vocab_size=self.vocab_size, fingerprint=self.fingerprint)
+        c._n_base = self._n_base
+        c.append(span)
+        return c
 
     def compact(self) -> None:
         """Merge all segments (base + appended tail) into one index. O(n_tokens) rebuild."""

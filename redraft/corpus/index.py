@@ -13,6 +13,11 @@ proposal and "the first n with a non-empty continuation" is simply "the longest 
 "Most recent occurrence" = highest corpus position = smallest reversed offset = minimum suffix-array value over
 the range. A sparse table over per-block minima (blocks of BLOCK rows) answers that in O(1) whatever the range
 size: two partial blocks plus two table reads.
+
+"Most recent occurrence with k ids of continuation" (best_occurrence) is what a self-overlapping suffix needs: inside
+a run like 7 7 7 ... the most recent occurrence of "7 7 7" sits at the end of the run, one id before the span ends.
+The most recent occurrence answers it in the common case; otherwise a small range is searched whole, and a large one
+by a bounded search of the stream next to the most recent occurrence (where the rest of a run or period lies).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ BLOCK = 64  # rows per block of the range-minimum structure; a partial block cos
 SMALL = 8192  # streams up to this many symbols are sorted in numpy: libdivsufsort costs ~2-15 ms per call
 # (OpenMP start-up) whatever the size, which would dominate append() of one output
 SAMPLE = 32  # every SAMPLE-th row's first 8 bytes are kept as a uint64 to narrow the binary search in C
+SCAN_ROWS = 256  # ranges up to this many rows are searched whole by best_occurrence: one numpy gather of
+# rows x k symbols (~30 us at k = 48); larger ranges are a stream search plus a sample of this many rows
+SCAN_WINDOW = 1024  # symbols of stream searched after the most recent occurrence's span end (bytes.find, ~1 us):
+# the rest of a run, or of a period up to this long, lies there
 
 
 def sample_keys(rev: np.ndarray, sa: np.ndarray) -> np.ndarray:
@@ -273,6 +282,78 @@ class SuffixIndex:
         j = (b_hi - b_lo).bit_length() - 1
         level = self._levels[j]
         return min(best, level[b_lo], level[b_hi - (1 << j)])
+
+    def best_occurrence(self, lo: int, hi: int, k: int, qn: bytes | None = None) -> tuple[int, int]:
+        """The occurrence to draft from among rows [lo, hi) (hi > lo): (reversed offset, ids of continuation <= k).
+
+        Rule: the most recent occurrence with k ids of continuation (never across a separator or the corpus end);
+        when none has k, the one with the longest continuation, most recent first. Colibri's rule (the most recent
+        occurrence) is kept whenever it already yields k ids. Exact for ranges of <= SCAN_ROWS rows, and, when qn
+        (the query bytes whose occurrences are exactly these rows) is given, whenever the answer lies within
+        SCAN_WINDOW symbols of the most recent occurrence's span end (runs and short periods); otherwise the best
+        of SCAN_ROWS rows sampled evenly across the range. k >= 1. Cost: O(k) when the most recent occurrence
+        yields k ids, at most O(SCAN_ROWS * k + SCAN_WINDOW).
+        """
+        i0 = self.min_offset(lo, hi)
+        run = len(self.continuation(i0, k))
+        if run >= k:
+            return i0, run
+        if hi - lo <= SCAN_ROWS:
+            return self._best_of(np.asarray(self.sa[lo:hi], dtype=np.int64), k)
+        if qn is not None:
+            i = self._search_after(i0, run, qn, k)
+            if i is not None:
+                return i, k
+        rows = lo + (np.arange(SCAN_ROWS, dtype=np.int64) * (hi - lo)) // SCAN_ROWS
+        return self._best_of(np.concatenate(([i0], np.asarray(self.sa[rows], dtype=np.int64))), k)
+
+    def aligned_rows(self, q_run: bytes, q_more: bytes, min_n: int) -> tuple[int, list[tuple[int, int]]]:
+        """Occurrences aligned with a periodic run at the end of the context: (alignment, row intervals).
+
+        q_run: query bytes (encode()) of the context's whole periodic tail run, newest id first, r symbols;
+        q_more: the same run extended by one more period-consistent id (r + 1 symbols). An occurrence preceded in
+        the corpus by exactly r ids of the run sits where the context does inside it (in a replay: the same
+        place); those rows are range(q_run) minus range(q_more), at most two intervals. Where the corpus has no
+        run that long, the rows of the longest part of q_run it has. alignment = 2 * matched symbols, + 1 for
+        exactly r: a larger value is better aligned. Returns (0, []) when not even min_n symbols match.
+        """
+        m = self.longest(q_run, min_n)
+        if m is None:
+            return 0, []
+        if m.n * self.width == len(q_run) and len(q_more) > len(q_run):
+            longer = self.longest(q_more, m.n + 1)
+            if longer is None:
+                return 2 * m.n + 1, [(m.lo, m.hi)]
+            exact = [(a, b) for a, b in ((m.lo, longer.lo), (longer.hi, m.hi)) if b > a]
+            if exact:
+                return 2 * m.n + 1, exact
+        return 2 * m.n, [(m.lo, m.hi)]
+
+    def _best_of(self, offsets: np.ndarray, k: int) -> tuple[int, int]:
+        runs = (self.continuations(offsets, k) >= 0).sum(axis=1)
+        j = np.lexsort((offsets, -runs))[0]  # longest continuation (capped at k), then most recent
+        return int(offsets[j]), int(runs[j])
+
+    def _search_after(self, i0: int, run: int, qn: bytes, k: int) -> int | None:
+        """Smallest offset >= i0 - run + k (every offset below it reaches a separator within k ids) inside the
+        next SCAN_WINDOW symbols where `qn` occurs with k ids of continuation, or None."""
+        w, off = self.width, self.off
+        t = i0 - run + k
+        start = off + t * w
+        end = off + min(self.length, t + SCAN_WINDOW + len(qn) // w) * w
+        while start < end:
+            pos = self.buf.find(qn, start, end)
+            if pos < 0:
+                return None
+            if (pos - off) % w:  # a match straddling two symbols
+                start = pos + 1
+                continue
+            i = (pos - off) // w
+            run = len(self.continuation(i, k))
+            if run >= k:
+                return i
+            start = off + (i - run + k) * w
+        return None
 
     def continuation(self, i: int, k: int) -> np.ndarray:
         """Up to k ids following the occurrence at reversed offset i, stopping at a separator. int64 [<= k]."""

@@ -1,21 +1,20 @@
-"""`redraft corpus build|append|merge|stats|convert|compact`: corpus file tools (no model loading).
+"""Corpus file tools (no model loading): build, append, merge, convert, compact and statistics.
 
-Each tool is a plain function (usable from Python) plus an argparse subcommand registered by
-add_corpus_subparser(); every subcommand sets `func`, which returns an exit code (0 ok, 2 bad input).
+Plain functions, usable from Python; ``redraft corpus build|append|merge|stats|convert|compact``
+(:mod:`redraft.cli.corpus`) is their command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from collections import Counter
 
 import numpy as np
 
 from .corpus import Corpus, concat_flat, load_corpus
 from .errors import CorpusError
-from .format import append_text, sniff
+from .format import SECTIONS, append_text, binary_version, read_text, sniff
+from .index import SuffixIndex
 from .sources import read_spans
 
 
@@ -99,6 +98,37 @@ def _replace(corpus: Corpus, path, fmt: str) -> None:
     corpus.path = os.fspath(path)
 
 
+def verify_corpus(path, *, vocab_size=None) -> dict:
+    """Check a corpus file fully; the thorough counterpart of what opening it checks.
+
+    Text: every token parses and every id is in range. Binary: the checksums of the header and of every array
+    (version 2; opening checks them too), then the header counts and the whole index (suffix array, range-minimum
+    table, search samples) rebuilt from the token stream and compared, which also catches a faulty writer.
+    Costs a rebuild: O(n log n) time and ~10 bytes/token of memory (about a minute at 10^8 tokens).
+    Returns {"path", "format", "version" (None for text), "n_tokens", "n_spans"}. Raises CorpusError naming the file
+    and what is wrong.
+    """
+    path = os.fspath(path)
+    if sniff(path) == "text":
+        tokens, offsets = read_text(path, vocab_size=vocab_size)
+        return {"path": path, "format": "text", "version": None, "n_tokens": len(tokens),
+                "n_spans": len(offsets) - 1}
+    corpus = load_corpus(path, vocab_size=vocab_size, force=True)
+    for seg in corpus.segments:
+        tokens, offsets = seg.spans()
+        counts = (seg.n_tokens, seg.n_spans, seg.max_id)
+        if counts != (len(tokens), len(offsets) - 1, int(tokens.max())):
+            raise CorpusError(f"{path}: the header's counts (tokens, spans, largest id) {counts} do not match the "
+                              f"token stream; rebuild the corpus from its sources")
+        fresh = SuffixIndex.build(tokens, offsets, seg.width)
+        for name in ("sa", "table", "samples"):
+            if not np.array_equal(getattr(seg, name), getattr(fresh, name)):
+                raise CorpusError(f"{path}: the {SECTIONS[name]} does not match the token stream (written by a "
+                                  f"faulty tool?); rebuild the index with `redraft corpus compact {path}`")
+    return {"path": path, "format": "binary", "version": binary_version(path), "n_tokens": corpus.n_tokens,
+            "n_spans": corpus.n_spans}
+
+
 def distinct_ngrams(tokens: np.ndarray, offsets: np.ndarray, n: int) -> int:
     """Number of distinct n-grams inside spans (never across a separator), by 64-bit polynomial hashing.
 
@@ -134,161 +164,10 @@ def corpus_stats(path, *, vocab_size=None, fingerprint=None, force=False, top: i
     return out
 
 
-# ---- command line -----------------------------------------------------------------------------------------------
+# ---- helpers ----------------------------------------------------------------------------------------------------
 def _progress(items, enabled, desc):
     if not enabled or len(items) < 2:
         return items
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, leave=False, delay=1.0)
-
-
-def _common(p: argparse.ArgumentParser, fingerprint: bool = True) -> None:
-    p.add_argument("--vocab-size", type=int, default=None, help="refuse ids >= this vocabulary size")
-    if fingerprint:
-        p.add_argument("--fingerprint", default=None,
-                       help="tokenizer fingerprint to record / check (see redraft.corpus.tokenizer_fingerprint)")
-        p.add_argument("--force", action="store_true", help="accept a tokenizer fingerprint mismatch")
-
-
-def _guard(fn):
-    """Turn CorpusError into a one-line message and exit code 2."""
-
-    def run(args) -> int:
-        try:
-            return fn(args) or 0
-        except CorpusError as e:
-            print(f"redraft corpus: error: {e}", file=sys.stderr)
-            return 2
-
-    return run
-
-
-def _say(corpus: Corpus, verb: str, path) -> None:
-    s = corpus.stats()
-    print(f"{verb} {path}: {s['n_tokens']:,} tokens in {s['n_spans']:,} spans "
-          f"({s['bytes_per_token']:.2f} bytes/token resident)")
-    if s["n_tokens"] == 0:
-        print("note: the corpus is empty; it will never propose anything", file=sys.stderr)
-
-
-@_guard
-def _cmd_build(args) -> int:
-    c = build_corpus(args.inputs, args.out, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
-                     force=args.force, fmt=args.format, progress=not args.quiet)
-    _say(c, "built", args.out)
-
-
-@_guard
-def _cmd_append(args) -> int:
-    c = append_to_corpus(args.corpus, args.inputs, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
-                         force=args.force, progress=not args.quiet)
-    _say(c, "appended to", args.corpus)
-
-
-@_guard
-def _cmd_merge(args) -> int:
-    c = merge_corpora(args.inputs, args.out, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
-                      force=args.force, progress=not args.quiet)
-    _say(c, "merged into", args.out)
-
-
-@_guard
-def _cmd_stats(args) -> int:
-    s = corpus_stats(args.corpus, vocab_size=args.vocab_size, top=args.top)
-    print(f"corpus:        {args.corpus} ({s['format']})")
-    print(f"tokens:        {s['n_tokens']:,} in {s['n_spans']:,} spans")
-    print(f"vocab size:    {s['vocab_size']}")
-    print(f"fingerprint:   {s['fingerprint']}")
-    print(f"bytes/token:   {s['file_bytes_per_token']:.2f} on disk, {s['bytes_per_token']:.2f} resident "
-          f"(tokens + index, {s['token_width']}-byte ids)")
-    grams = ", ".join(f"{n}-grams {v:,}" for n, v in s["distinct_ngrams"].items())
-    print(f"distinct:      {grams}")
-    if s["top_repeated_spans"]:
-        print("top repeated spans:")
-        for r in s["top_repeated_spans"]:
-            head = " ".join(map(str, r["head"])) + (" ..." if r["length"] > len(r["head"]) else "")
-            print(f"  {r['count']:>6}x  {r['length']:>6} ids  {head}")
-    else:
-        print("top repeated spans: none (every span is unique)")
-
-
-@_guard
-def _cmd_convert(args) -> int:
-    c = convert_corpus(args.input, args.out, to=args.to, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
-                       force=args.force)
-    _say(c, f"wrote {args.to}", args.out)
-
-
-@_guard
-def _cmd_compact(args) -> int:
-    c = compact_corpus(args.corpus, vocab_size=args.vocab_size, fingerprint=args.fingerprint, force=args.force)
-    _say(c, "compacted", args.corpus)
-
-
-def add_corpus_subparser(subparsers) -> argparse.ArgumentParser:
-    """Register `corpus` with subcommands build / append / merge / stats / convert / compact on `subparsers`.
-
-    Each subcommand sets `func(args) -> int`. Returns the `corpus` parser.
-    """
-    corpus = subparsers.add_parser("corpus", help="build and inspect frozen-corpus files",
-                                   description=__doc__.split("\n\n")[0])
-    sub = corpus.add_subparsers(dest="corpus_command", metavar="COMMAND")
-    corpus.set_defaults(func=lambda args: (corpus.print_help(), 2)[1])
-
-    p = sub.add_parser("build", help="build a corpus from text/binary corpora, JSONL token records or run logs")
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
-    p.add_argument("--out", "-o", required=True, metavar="CORPUS")
-    p.add_argument("--format", choices=("binary", "text"), default="binary")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-    _common(p)
-    p.set_defaults(func=_cmd_build)
-
-    p = sub.add_parser("append", help="append the spans of INPUT(s) to CORPUS (a text corpus grows in place, a "
-                                      "binary one is rebuilt)")
-    p.add_argument("corpus", metavar="CORPUS")
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
-    p.add_argument("--quiet", "-q", action="store_true")
-    _common(p)
-    p.set_defaults(func=_cmd_append)
-
-    p = sub.add_parser("merge", help="merge corpora (later ones are newer)")
-    p.add_argument("inputs", nargs="+", metavar="CORPUS")
-    p.add_argument("--out", "-o", required=True)
-    p.add_argument("--quiet", "-q", action="store_true")
-    _common(p)
-    p.set_defaults(func=_cmd_merge)
-
-    p = sub.add_parser("stats", help="tokens, spans, distinct n-grams, repeated spans, bytes/token, fingerprint")
-    p.add_argument("corpus", metavar="CORPUS")
-    p.add_argument("--top", type=int, default=5, help="how many repeated spans to list")
-    _common(p, fingerprint=False)
-    p.set_defaults(func=_cmd_stats)
-
-    p = sub.add_parser("convert", help="convert between text and binary (lossless)")
-    p.add_argument("input", metavar="IN")
-    p.add_argument("--out", "-o", required=True, metavar="OUT")
-    p.add_argument("--to", choices=("text", "binary"), required=True)
-    _common(p)
-    p.set_defaults(func=_cmd_convert)
-
-    p = sub.add_parser("compact", help="rebuild CORPUS with one fresh index")
-    p.add_argument("corpus", metavar="CORPUS")
-    _common(p)
-    p.set_defaults(func=_cmd_compact)
-    return corpus
-
-
-def main(argv=None) -> int:
-    """`python -m redraft.corpus.tools corpus ...` without the main CLI."""
-    parser = argparse.ArgumentParser(prog="redraft")
-    add_corpus_subparser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
-        return 2
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

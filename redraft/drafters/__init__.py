@@ -12,7 +12,7 @@ __all__ = ["AcceptanceGuard", "Drafter", "CorpusDrafter", "NgramDrafter", "build
 
 def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CORPUS_MINACC, ngram: bool = True,
                    ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None,
-                   glide=None) -> list[Drafter]:
+                   glide=None, corpus_name: str = "corpus") -> list[Drafter]:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -26,6 +26,7 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         k_max: adaptive corpus depth (see :class:`CorpusDrafter`); None = fixed depth k.
         glide: a :class:`~redraft.drafters.glide.GlideDrafter` or None; lowest priority, it fills the steps where
             the corpus and the n-gram source have nothing.
+        corpus_name: the corpus source's name (its statistics key).
     """
     drafters: list = []
     if corpus is not None:
@@ -33,7 +34,7 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         # miss in a 32-token draft would pause a replay for the rest of the answer
         window = max(CORPUS_WINDOW, 3 * max(k, k_max or k))
         drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
-                                      tree_branches=tree_branches, k_max=k_max))
+                                      tree_branches=tree_branches, k_max=k_max, name=corpus_name))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard))

@@ -41,12 +41,13 @@ class CorpusDrafter:
         k_max: adaptive depth: while drafts are accepted whole, the next one is twice as deep, up to k_max
             (1..48); any rejection goes back to k. None = always k (Colibri's behaviour). Replays are where
             deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
+        name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
     """
 
-    name = "corpus"
-
     def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
-                 guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None) -> None:
+                 guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None,
+                 name: str = "corpus") -> None:
+        self.name = name
         self.corpus = corpus
         self.k = clamp_k(k)
         self.k_max = max(self.k, clamp_k(k_max)) if k_max is not None else self.k

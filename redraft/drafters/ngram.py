@@ -4,6 +4,12 @@ Like Hugging Face's prompt lookup decoding and vLLM's ngram proposer: find an ea
 last n tokens (n = max_n down to min_n, longest first, most recent occurrence first) and propose the tokens that
 followed it. Unlike a per-step scan, an incremental hash index of the n-grams seen so far makes each step cost
 O(new tokens x n sizes), independent of the context length.
+
+When the most recent occurrence ends fewer than k tokens before the end of the context (a run such as 7 7 7 ...,
+or any short period), its continuation runs into the tokens being drafted, so it is read through the draft itself:
+an overlapping copy, as in LZ77 decoding. The draft then has k tokens and repeats the last period, which is what
+the most recent occurrence with k tokens to follow would propose once the run is long enough, without reaching
+back to an older repetition that may have ended differently.
 """
 
 from __future__ import annotations
@@ -69,9 +75,18 @@ class NgramDrafter:
         for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
             start = self._last.get(tuple(ctx[L - n:]))
             if start is not None and start < L:
-                return TokenTree.chain(ctx[start:start + k], self.name)
+                return TokenTree.chain(overlapping_copy(ctx, start, k), self.name)
         return None
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         """Feed the guard (see :meth:`redraft.drafters.base.Drafter.observe`)."""
         self.guard.record(proposed, accepted, emitted)
+
+
+def overlapping_copy(ctx: list[int], start: int, k: int) -> list[int]:
+    """k tokens from ctx[start:], continued past the end of ctx with period len(ctx) - start (0 <= start < len)."""
+    draft = ctx[start:start + k]
+    period = len(ctx) - start
+    while len(draft) < k:
+        draft.append(draft[len(draft) - period])
+    return draft

@@ -2,7 +2,8 @@
 
 A leaf under the drafters: nothing here imports the engine. The drafter that uses a trained draft during decoding
 lives in :mod:`redraft.drafters.glide` (with CaPE in :mod:`redraft.drafters.cape`); training and evaluation, which
-run the target and the engine, live in :mod:`redraft.training`.
+run the target and the engine, live in :mod:`redraft.training`; ``redraft glide train|eval`` is defined in
+:mod:`redraft.cli.glide`.
 """
 
 from redraft.glide.config import GlideConfig

@@ -3,13 +3,14 @@
 import argparse
 import sys
 
-from redraft.glide.cli import add_glide_parser
+from redraft.cli import glide
+from redraft.cli.common import add_threads_arg
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m redraft")  # usage then reads "python -m redraft glide train"
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (training default: 1)")
-    add_glide_parser(parser.add_subparsers(dest="command"))
+    add_threads_arg(parser, top_level=True)
+    glide.register(parser.add_subparsers(dest="command"))
     argv = list(sys.argv[1:] if argv is None else argv)
     lead = argv[:2] if argv[:1] == ["--threads"] else []
     args = parser.parse_args(lead + ["glide"] + argv[len(lead):])

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 from redraft.policy.costcurve import CostCurve
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
+from redraft.loading import cache_dir
 from redraft.policy.measure import measure_cost_curve
 
 SCHEMA = "redraft-cost-curve/1"
@@ -83,11 +84,7 @@ def curve_path(key: dict, directory: str | os.PathLike) -> Path:
 
 
 def default_directory() -> Path:
-    """redraft's cache directory (imported lazily: the loader module owns it)."""
-    try:
-        from redraft.models import cache_dir
-    except ImportError:  # the loader may move; the cache location stays its business
-        from redraft.loading import cache_dir  # type: ignore[no-redef]
+    """redraft's cache directory (:func:`redraft.loading.cache_dir`)."""
     return cache_dir()
 
 

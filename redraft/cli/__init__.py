@@ -1,0 +1,55 @@
+"""Command line: ``redraft run | freeze | serve | demo | oracle | glide | corpus | bench``.
+
+One module per command registers its own parser (``register(subparsers)``) and holds its command; all of them
+build on :mod:`redraft.cli.common` (argument types, flag groups, environment variables, loaders), which imports no
+command module. Adding a command = one module here plus one entry in :data:`COMMANDS`.
+
+Registering the parsers imports no torch, so ``redraft --help`` and the corpus tools start in a fraction of a
+second; the torch-bound modules (engine, sampling, GliDe) are imported by the commands that run a model, when they
+run (the ``# torch-bound`` comments mark those imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from redraft import __version__
+from redraft.cli import bench, corpus, demo, freeze, glide, oracle, run, serve
+from redraft.cli.common import add_threads_arg
+
+# in `redraft --help` order; each module's register(subparsers) adds its sub-command
+COMMANDS = (run, freeze, serve, demo, oracle, glide, corpus, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``redraft`` parser with every command registered; each parsed command sets ``func(args) -> int``."""
+    parser = argparse.ArgumentParser(
+        prog="redraft", epilog="On a machine shared with other heavy processes, --threads 1 (or OMP_NUM_THREADS=1) "
+                               "is often several times faster than torch's default of one thread per core.",
+        description="Lossless speculative decoding for Hugging Face causal LMs: drafts from a frozen corpus of "
+                    "earlier outputs and from the live context, verified by the target model so the output is "
+                    "byte-identical to plain greedy decoding.")
+    add_threads_arg(parser, top_level=True)
+    parser.add_argument("--version", action="version", version=f"redraft {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``redraft`` and ``python -m redraft``: parse, set torch threads, run the command."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None):
+        import torch  # only when asked: the corpus tools never load torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("redraft: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

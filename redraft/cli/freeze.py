@@ -1,0 +1,102 @@
+"""``redraft freeze``: build a frozen corpus from prompts (run greedily) or from the ``[TOKENS]`` lines of runs.
+
+Each prompt's ids plus its greedy generation become one span appended to ``--out``. An existing ``--out`` is
+checked against the model before any generation; a binary corpus stays binary, otherwise the text format is used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tqdm import tqdm
+
+from redraft.cli.common import (NGEN_DEFAULT, add_model_args, announce_generation_config, load_model_or_exit,
+                                output_file, prompts_or_exit)
+from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
+from redraft.corpus.format import sniff
+from redraft.corpus.tools import append_to_corpus
+from redraft.freeze import PromptFileError, append_spans, parse_token_log
+from redraft.prompts import encode_prompt
+
+
+def freeze_logs(logs: list[str], out: str) -> int:
+    """``--from-log``: append the spans of the ``[TOKENS]`` lines in ``logs`` to ``out``."""
+    try:
+        spans = [span for log in logs for span in parse_token_log(log)]
+    except PromptFileError as e:
+        raise SystemExit(f"redraft freeze: error: {e}")
+    if not spans:
+        raise SystemExit(f"redraft freeze: error: no [TOKENS] lines found in {', '.join(logs)}")
+    if os.path.isfile(out):
+        try:  # validates the existing corpus, keeps its format
+            append_to_corpus(out, logs)
+        except CorpusError as e:
+            raise SystemExit(f"redraft freeze: error: refusing to extend {out}: {e}")
+    else:
+        append_spans(out, spans)
+    print(f"froze {len(spans)} spans ({sum(map(len, spans))} ids) into {out}", file=sys.stderr)
+    return 0
+
+
+def freeze_prompts(args) -> int:
+    """``--prompts``: answer each prompt greedily and append prompt + answer to ``args.out``."""
+    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
+
+    prompts = prompts_or_exit(args.prompts, "freeze")
+    loaded = load_model_or_exit(args.model, dtype=args.dtype)
+    announce_generation_config(loaded)
+    binary = None
+    if os.path.isfile(args.out):
+        # never extend a file that is not a valid corpus for this model: check it before any generation
+        try:
+            existing = load_corpus(args.out, vocab_size=loaded.vocab_size,
+                                   fingerprint=tokenizer_fingerprint(loaded.tokenizer))
+        except CorpusError as e:
+            raise SystemExit(f"redraft freeze: error: refusing to extend {args.out}: {e}")
+        # a binary corpus is extended in memory and rewritten once at the end (or on interrupt)
+        binary = existing if sniff(args.out) == "binary" else None
+    engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    total = done = 0
+    try:
+        for p in tqdm(prompts, desc="freeze", unit="prompt", file=sys.stderr):
+            ids = encode_prompt(loaded.tokenizer, p, chat=False if args.no_chat else None)
+            res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
+            if binary is not None:
+                binary.append(ids + res.output_ids)
+            else:
+                append_spans(args.out, [ids + res.output_ids])  # written as we go: an interruption keeps them
+            total += len(ids) + len(res.output_ids)
+            done += 1
+    finally:
+        if binary is not None and done:
+            binary.save(args.out, fmt="binary")
+    print(f"froze {done} spans ({total} ids) into {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_freeze(args) -> int:
+    if bool(args.prompts) == bool(args.from_log):
+        raise SystemExit("redraft freeze: error: give exactly one of --prompts FILE or --from-log LOG")
+    stray = [flag for flag, value in (("--model", args.model), ("--ngen", args.ngen), ("--no-chat", args.no_chat))
+             if value]
+    if args.from_log and stray:
+        raise SystemExit(f"redraft freeze: error: {', '.join(stray)}: only used with --prompts (--from-log copies "
+                         f"the logged ids)")
+    return freeze_logs(args.from_log, args.out) if args.from_log else freeze_prompts(args)
+
+
+def register(sub) -> None:
+    """Add ``freeze`` to the top-level sub-parsers."""
+    p = sub.add_parser("freeze", help="run prompts greedily and append the generations to a corpus",
+                       description="Build a frozen corpus: each prompt's ids plus its greedy generation become one "
+                                   "span (-1 between spans) appended to --out.")
+    add_model_args(p)
+    p.set_defaults(ngen=None)  # given or not: --ngen has no effect with --from-log
+    p.add_argument("--prompts", help="prompts file: one per line, or JSONL with a 'prompt' or 'turns' field")
+    p.add_argument("--from-log", nargs="+", metavar="LOG", help="take the [TOKENS] lines of earlier runs instead")
+    p.add_argument("--out", required=True, type=output_file,
+                   help="corpus file to extend (an existing binary corpus stays binary; otherwise text, created if "
+                        "missing); it is checked before any generation")
+    p.set_defaults(func=cmd_freeze)
+

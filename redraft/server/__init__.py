@@ -1,0 +1,7 @@
+"""``redraft serve``: an OpenAI-compatible HTTP server whose corpus grows from its own answers, per tenant.
+
+Modules, one job each: ``tenants`` (API key -> tenant), ``corpora`` (each tenant's learned corpus plus the shared
+read-only one), ``scheduler`` (one model, a generation thread, a fair queue), ``generation`` (one request through
+the engine: drafters, stop strings, text deltas, learning), ``schemas`` (OpenAI request validation), ``app``
+(FastAPI routes, streaming, error bodies), ``metrics`` (prometheus_client, vLLM's names where they exist).
+"""

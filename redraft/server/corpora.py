@@ -1,0 +1,99 @@
+"""The corpora a server drafts from: one learned :class:`OnlineCorpus` per tenant, plus fixed shared files.
+
+Layout of ``--corpus-dir DIR``: ``DIR/meta.json`` (the tokenizer fingerprint and vocabulary size the corpora were
+made with) and ``DIR/<tenant>/`` (that tenant's journal and binary base, see :mod:`redraft.corpus.online`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Sequence
+
+from redraft.corpus import Corpus, CorpusError, load_corpus
+from redraft.corpus.online import OnlineCorpus
+
+META = "meta.json"
+
+
+class CorporaError(ValueError):
+    """The corpus directory or a shared corpus file cannot be used; the message names it."""
+
+
+class TenantCorpora:
+    """Each tenant's learned corpus (None with ``learn=False``) and the shared read-only corpus (or None).
+
+    Args:
+        tenants: tenant names; each gets its corpus now (a persisted one is replayed here).
+        directory: ``--corpus-dir`` or None (learned corpora live in memory only).
+        vocab_size, fingerprint: the model's; a directory made for another tokenizer is refused.
+        cap_tokens: per-tenant cap on learned ids (see :class:`OnlineCorpus`).
+        sync: fsync each journal record before a response completes.
+        learn: False serves from the shared corpus only.
+        shared: paths of fixed corpus files every tenant drafts from (merged, in order).
+        warn: one line per problem found while opening (a damaged journal tail, say).
+    Raises:
+        CorporaError: unusable directory, meta.json of another tokenizer, or a shared file that is refused.
+    """
+
+    def __init__(self, tenants: Sequence[str], directory: str | None, *, vocab_size: int,
+                 fingerprint: str | None, cap_tokens: int | None, sync: bool = True, learn: bool = True,
+                 shared: Sequence[str] = (), warn: Callable[[str], None] | None = None) -> None:
+        self.directory, self.learn = directory, learn
+        kw = {} if warn is None else {"warn": warn}
+        if directory is not None and learn:
+            _check_meta(directory, vocab_size, fingerprint)
+        self.learned: dict[str, OnlineCorpus] = {}
+        if learn:
+            for t in tenants:
+                path = os.path.join(directory, t) if directory is not None else None
+                self.learned[t] = OnlineCorpus(path, vocab_size=vocab_size, fingerprint=fingerprint,
+                                               cap_tokens=cap_tokens, sync=sync, **kw)
+        self.shared = _load_shared(shared, vocab_size, fingerprint)
+
+    def get(self, tenant: str) -> OnlineCorpus | None:
+        return self.learned.get(tenant)
+
+    def learn_span(self, tenant: str, span: Sequence[int]) -> bool:
+        """Append a finished generation (prompt + output ids) to the tenant's corpus; False when not learning."""
+        c = self.learned.get(tenant)
+        return c.append(span) if c is not None else False
+
+    def close(self) -> None:
+        for c in self.learned.values():
+            c.close()
+
+
+def _check_meta(directory: str, vocab_size: int, fingerprint: str | None) -> None:
+    path = os.path.join(directory, META)
+    want = {"fingerprint": fingerprint, "vocab_size": vocab_size}
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if not os.path.exists(path):
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(want, f)
+            return
+        with open(path, encoding="utf-8") as f:
+            have = json.load(f)
+    except OSError as e:
+        raise CorporaError(f"--corpus-dir {directory}: cannot use it ({e.strerror or e})") from e
+    except json.JSONDecodeError as e:
+        raise CorporaError(f"--corpus-dir {directory}: {META} is not valid JSON ({e})") from e
+    if not isinstance(have, dict) or any(have.get(k) != v for k, v in want.items()):
+        raise CorporaError(f"--corpus-dir {directory} was made for another tokenizer ({META}: {have}, this model: "
+                           f"{want}); use another directory")
+
+
+def _load_shared(paths: Sequence[str], vocab_size: int, fingerprint: str | None) -> Corpus | None:
+    if not paths:
+        return None
+    corpora = []
+    for p in paths:
+        try:
+            corpora.append(load_corpus(p, vocab_size=vocab_size, fingerprint=fingerprint))
+        except CorpusError as e:
+            raise CorporaError(f"--corpus {p} refused: {e}") from e
+    if len(corpora) == 1:
+        return corpora[0]
+    return Corpus.from_spans([s for c in corpora for s in c.span_list()], vocab_size=vocab_size,
+                             fingerprint=fingerprint)

@@ -1,0 +1,95 @@
+"""Prometheus metrics of a server, with vLLM's metric names wherever vLLM has the same quantity.
+
+vLLM names used (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py): ``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:request_success`` (by ``finished_reason``), ``vllm:prompt_tokens``,
+``vllm:generation_tokens``, ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
+``vllm:spec_decode_num_accepted_tokens``, ``vllm:request_queue_time_seconds``,
+``vllm:e2e_request_latency_seconds``, ``vllm:time_to_first_token_seconds``; so vLLM's PromQL for the acceptance
+rate (accepted / draft tokens) and mean acceptance length (1 + accepted / drafts) works unchanged. redraft adds a
+``source`` label to the spec-decode counters (corpus, shared, ngram, ...) and its own ``redraft:`` metrics where vLLM
+has none: HTTP requests by status, target forwards, tokens per forward, learned corpus size per tenant.
+Counters are exposed with prometheus_client's ``_total`` suffix, as vLLM's are.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from redraft.engine import GenerationResult
+
+_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_TPF = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 49)
+
+
+class ServerMetrics:
+    """All metrics of one server, in their own registry (several servers can live in one process, as in tests).
+
+    Args:
+        model_name: the served model id (the ``model_name`` label, as vLLM's).
+    """
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = r = CollectorRegistry()
+        m = ["model_name"]
+        self.model_name = model_name
+        self.running = Gauge("vllm:num_requests_running", "Requests generating now (one model instance: 0 or 1).",
+                             m, registry=r).labels(model_name)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting in the queue.", m,
+                             registry=r).labels(model_name)
+        self.http = Counter("redraft:http_requests", "HTTP requests by endpoint and status code.",
+                            m + ["endpoint", "status"], registry=r)
+        self.success = Counter("vllm:request_success", "Finished generations by finish reason (abort = the client "
+                               "left).", m + ["finished_reason"], registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", m,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", m,
+                                         registry=r).labels(model_name)
+        self.forwards = Counter("redraft:target_forwards", "Target model forwards (prefill and verify).", m,
+                                registry=r).labels(model_name)
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Verify forwards that carried a draft of this "
+                              "source.", m + ["source"], registry=r)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed by this source.",
+                                    m + ["source"], registry=r)
+        self.accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens of this source the "
+                                       "target accepted.", m + ["source"], registry=r)
+        self.tokens_per_forward = Histogram("redraft:tokens_per_forward", "Generated tokens per target forward, "
+                                            "per request.", m, buckets=_TPF, registry=r).labels(model_name)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Seconds a request waited in the queue.", m,
+                                    buckets=_SECONDS, registry=r).labels(model_name)
+        self.latency = Histogram("vllm:e2e_request_latency_seconds", "Seconds from arrival to the last token.", m,
+                                 buckets=_SECONDS, registry=r).labels(model_name)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Seconds from arrival to the first token.", m,
+                              buckets=_SECONDS, registry=r).labels(model_name)
+        self.corpus_tokens = Gauge("redraft:corpus_tokens", "Ids in each tenant's learned corpus.", m + ["tenant"],
+                                   registry=r)
+        self.corpus_spans = Gauge("redraft:corpus_spans", "Spans in each tenant's learned corpus.", m + ["tenant"],
+                                  registry=r)
+        self.corpus_evicted = Gauge("redraft:corpus_evicted_spans", "Spans evicted by the per-tenant cap since "
+                                    "start.", m + ["tenant"], registry=r)
+
+    def http_request(self, endpoint: str, status: int) -> None:
+        self.http.labels(self.model_name, endpoint, str(status)).inc()
+
+    def finished(self, res: GenerationResult | None, reason: str) -> None:
+        """Count one generation that ended (``res`` None when it was aborted before a result existed)."""
+        self.success.labels(self.model_name, reason).inc()
+        if res is None:
+            return
+        self.prompt_tokens.inc(len(res.prompt_ids))
+        self.generation_tokens.inc(len(res.output_ids))
+        self.forwards.inc(res.forwards)
+        if res.forwards:
+            self.tokens_per_forward.observe(res.tokens_per_forward)
+        for name, st in res.sources.items():
+            self.drafts.labels(self.model_name, name).inc(st.steps)
+            self.draft_tokens.labels(self.model_name, name).inc(st.proposed)
+            self.accepted_tokens.labels(self.model_name, name).inc(st.accepted)
+
+    def corpus(self, tenant: str, n_tokens: int, n_spans: int, evicted: int) -> None:
+        self.corpus_tokens.labels(self.model_name, tenant).set(n_tokens)
+        self.corpus_spans.labels(self.model_name, tenant).set(n_spans)
+        self.corpus_evicted.labels(self.model_name, tenant).set(evicted)
+
+    def render(self) -> bytes:
+        """The text exposition format (``GET /metrics``)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,253 @@
+"""OpenAI request bodies: parse, type-check and range-check ``/v1/completions`` and ``/v1/chat/completions``.
+
+Every field the OpenAI API defines is either supported, accepted only at its no-op value (``n: 1``,
+``frequency_penalty: 0``, ``logprobs: null``, ...), or refused with a 400 that names it: a request is never
+answered as if a field it relies on had been honoured. Fields the API does not define are refused the same way,
+except redraft's extensions ``top_k`` (0 or -1 = off) and ``repetition_penalty`` (1 = off).
+Status codes: malformed JSON, unsupported fields and out-of-range values 400; wrong types 422.
+
+Unlike OpenAI's default of 1.0, ``temperature`` defaults to 0 (greedy): the same request then gives the same
+answer and replays from the corpus. With temperature > 0 and no ``seed``, a random seed is drawn and reported in
+the response's ``redraft`` field, so the sample can be reproduced.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from redraft.sampling import SamplingParams
+
+
+class APIError(Exception):
+    """An OpenAI-style error: HTTP ``status``, ``message``, ``type`` and the offending ``param`` (or None)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ---- which fields exist ------------------------------------------------------------------------------------------
+_NONE = (None,)
+# accepted only at these values (the ones that change nothing); any other value is a 400 naming the field
+_NOOP_COMMON: dict[str, tuple] = {
+    "n": (None, 1), "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {}),
+}
+_NOOP_COMPLETION = {**_NOOP_COMMON, "logprobs": _NONE, "echo": (None, False), "best_of": (None, 1),
+                    "suffix": _NONE}
+_NOOP_CHAT = {**_NOOP_COMMON, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
+              "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+              "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
+              "audio": _NONE, "prediction": _NONE, "reasoning_effort": _NONE, "verbosity": _NONE,
+              "web_search_options": _NONE, "service_tier": (None, "auto", "default"),
+              "parallel_tool_calls": (None, True, False)}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class _Common(_Strict):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    user: str | None = None  # an end-user id for the caller's own records; no effect on output
+
+
+class CompletionBody(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+
+
+class TextPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class Message(_Strict):
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatBody(_Common):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    metadata: dict[str, str] | None = None  # stored-completion tags; no effect on output
+    prompt_cache_key: str | None = None  # a cache routing hint; no effect on output
+    safety_identifier: str | None = None  # an end-user id; no effect on output
+
+
+_EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of those", "messages":
+             "a list of {role, content} objects", "stop": "a string or a list of strings",
+             "stream_options": "an object like {\"include_usage\": true}", "metadata": "an object of strings"}
+_ROLES = {"system", "developer", "user", "assistant"}
+
+
+@dataclass
+class ParsedRequest:
+    """A valid request.
+
+    Attributes:
+        kind: "completion" or "chat". model: the requested model id (None = the served one).
+        prompt: text or token ids (completions). messages: [{role, content}] with text content (chat).
+        max_tokens: the cap asked for (None = the endpoint's default). sampling: :class:`SamplingParams`.
+        stop: stop strings. stream, include_usage: SSE streaming, and a final usage chunk in it.
+    """
+
+    kind: Literal["completion", "chat"]
+    model: str | None
+    sampling: SamplingParams
+    prompt: str | list[int] | None = None
+    messages: list[dict] | None = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse_json(raw: bytes) -> dict:
+    """The request body as a JSON object; APIError 400 for anything else (NaN and Infinity included)."""
+    def no_constant(name):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON ({e})") from e
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, not {_type_name(body)}")
+    return body
+
+
+def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
+    """Check a decoded body field by field. Raises APIError (400 unsupported/out of range, 422 wrong type)."""
+    model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
+    for name, value in body.items():
+        if name in model_cls.model_fields:
+            continue
+        if name in noop:
+            if not any(_same(value, ok) for ok in noop[name]):
+                allowed = " or ".join(json.dumps(v) for v in noop[name])
+                raise APIError(400, f"'{name}' is not supported by redraft (only {allowed} is accepted)",
+                               param=name, code="unsupported_parameter")
+            continue
+        raise APIError(400, f"unrecognized request argument: '{name}'", param=name, code="unrecognized_parameter")
+    try:
+        req = model_cls.model_validate(body)
+    except ValidationError as e:
+        raise _type_error(e, body) from None
+    stream = bool(req.stream)
+    if req.stream_options is not None and not stream:
+        raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    max_tokens = req.max_tokens
+    if kind == "chat" and req.max_completion_tokens is not None:
+        max_tokens = req.max_completion_tokens
+    if max_tokens is not None and max_tokens < 1:
+        param = "max_completion_tokens" if kind == "chat" and req.max_completion_tokens is not None else "max_tokens"
+        raise APIError(400, f"'{param}' must be at least 1, got {max_tokens}", param=param)
+    out = ParsedRequest(kind=kind, model=req.model, sampling=_sampling(req), max_tokens=max_tokens,
+                        stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []), stream=stream,
+                        include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    if kind == "completion":
+        out.prompt = _prompt(req.prompt)
+    else:
+        out.messages = _messages(req.messages)
+    return out
+
+
+def _sampling(req: _Common) -> SamplingParams:
+    def check(name, value, ok: bool, expected: str):
+        if value is not None and not (ok and math.isfinite(value)):
+            raise APIError(400, f"'{name}' must be {expected}, got {value}", param=name)
+
+    t, p, k, rp = req.temperature, req.top_p, req.top_k, req.repetition_penalty
+    check("temperature", t, t is not None and 0 <= t <= 2, "between 0 and 2")
+    check("top_p", p, p is not None and 0 < p <= 1, "in (0, 1]")
+    check("top_k", k, k is not None and k >= -1, "-1 or 0 (off) or a positive integer")
+    check("repetition_penalty", rp, rp is not None and rp > 0, "greater than 0")
+    temperature = t or 0.0
+    seed = req.seed
+    if seed is None:
+        seed = secrets.randbits(63) if temperature > 0 else 0
+    return SamplingParams(temperature=temperature, top_k=max(0, k or 0), top_p=p if p is not None else 1.0,
+                          repetition_penalty=rp if rp is not None else 1.0, seed=seed)
+
+
+def _prompt(prompt) -> str | list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, f"'prompt' holds {len(prompt)} prompts; redraft takes one prompt per request",
+                           param="prompt")
+        prompt = prompt[0]
+    if len(prompt) == 0:
+        raise APIError(400, "'prompt' is empty", param="prompt")
+    return prompt
+
+
+def _messages(messages: list[Message]) -> list[dict]:
+    if not messages:
+        raise APIError(400, "'messages' is empty: send at least one message", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if m.role not in _ROLES:
+            raise APIError(400, f"messages[{i}].role {m.role!r} is not supported (expected one of "
+                                f"{', '.join(sorted(_ROLES))})", param=f"messages[{i}].role")
+        if m.content is None:
+            raise APIError(400, f"messages[{i}].content is missing (tool calls are not supported)",
+                           param=f"messages[{i}].content")
+        if isinstance(m.content, str):
+            text = m.content
+        else:
+            for j, part in enumerate(m.content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}].content[{j}] of type {part.type!r} is not supported "
+                                        "(text parts only)", param=f"messages[{i}].content")
+            text = "".join(part.text for part in m.content)
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+    return out
+
+
+def _type_error(e: ValidationError, body: dict) -> APIError:
+    err = e.errors()[0]
+    loc = [x for x in err["loc"] if isinstance(x, int) or x in body or x in ("role", "content", "type", "text",
+                                                                              "include_usage", "name")]
+    top = str(err["loc"][0])
+    path = top + "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc[1:])
+    if err["type"] == "missing":
+        return APIError(422, f"'{path}' is required", param=path)
+    if top in _EXPECTED and len(loc) <= 1:
+        return APIError(422, f"'{top}' must be {_EXPECTED[top]} (got {_type_name(body.get(top))})", param=top)
+    return APIError(422, f"'{path}': {err['msg'].lower()} (got {_type_name(err.get('input'))})", param=path)
+
+
+def _same(value: Any, ok: Any) -> bool:
+    """JSON equality: 0 and 0.0 are the same number, but false is not 0 and null is only null."""
+    if ok is None or value is None or isinstance(ok, bool) or isinstance(value, bool):
+        return type(value) is type(ok) and value == ok
+    return value == ok
+
+
+def _type_name(v: Any) -> str:
+    return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(v), type(v).__name__)

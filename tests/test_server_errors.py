@@ -1,0 +1,121 @@
+"""Bad input to ``redraft serve``: an OpenAI-style error body with the right status (400, 401, 404, 413, 422, 503)
+naming the field, never a 500 and never a dead server."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from serverkit import CONTEXT, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(scope="module")
+def live(model_dir, loaded):
+    with live_server(serve_args(model_dir), loaded) as srv:
+        yield srv
+
+
+COMPLETIONS, CHAT = "/completions", "/chat/completions"
+OK_CHAT = [{"role": "user", "content": "t05 t06"}]
+
+CASES = [
+    # (endpoint, body (bytes = raw), status, param, words the message must contain)
+    (COMPLETIONS, b'{"prompt": [1, 2', 400, None, "not valid JSON"),
+    (COMPLETIONS, b'[1, 2]', 400, None, "JSON object"),
+    (COMPLETIONS, b'{"prompt": "t05", "temperature": NaN}', 400, None, "NaN"),
+    (COMPLETIONS, {"prompt": "t05", "max_tokens": "abc"}, 422, "max_tokens", "integer"),
+    (COMPLETIONS, {"prompt": "t05", "temperature": "hot"}, 422, "temperature", "number"),
+    (COMPLETIONS, {"prompt": "t05", "stream": "yes"}, 422, "stream", "boolean"),
+    (COMPLETIONS, {"prompt": 5}, 422, "prompt", "list of token ids"),
+    (COMPLETIONS, {"max_tokens": 5}, 422, "prompt", "required"),
+    (CHAT, {"messages": "hello"}, 422, "messages", "list of"),
+    (CHAT, {"messages": [{"content": "t05"}]}, 422, "messages[0].role", "required"),
+    (COMPLETIONS, {"prompt": "t05", "n": 2}, 400, "n", "not supported"),
+    (COMPLETIONS, {"prompt": "t05", "logprobs": 3}, 400, "logprobs", "not supported"),
+    (COMPLETIONS, {"prompt": "t05", "best_of": 3}, 400, "best_of", "not supported"),
+    (CHAT, {"messages": OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
+     "not supported"),
+    (CHAT, {"messages": OK_CHAT, "response_format": {"type": "json_object"}}, 400, "response_format",
+     "not supported"),
+    (CHAT, {"messages": OK_CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
+    (COMPLETIONS, {"prompt": "t05", "foo": 1}, 400, "foo", "unrecognized"),
+    (COMPLETIONS, {"prompt": "t05", "max_tokens": 0}, 400, "max_tokens", "at least 1"),
+    (CHAT, {"messages": OK_CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens", "at least 1"),
+    (COMPLETIONS, {"prompt": "t05", "max_tokens": 10 ** 9}, 400, "max_tokens", f"context of {CONTEXT}"),
+    (COMPLETIONS, {"prompt": words([5] * (CONTEXT + 10)), "max_tokens": 1}, 413, "prompt", f"context is {CONTEXT}"),
+    (CHAT, {"messages": [{"role": "user", "content": words([5] * CONTEXT)}]}, 413, "messages", str(CONTEXT)),
+    (COMPLETIONS, {"prompt": "t05", "model": "no-such-model"}, 404, "model", "does not exist"),
+    (CHAT, {"messages": []}, 400, "messages", "empty"),
+    (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", "not supported"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content",
+     "text parts only"),
+    (COMPLETIONS, {"prompt": "t05", "temperature": 5}, 400, "temperature", "between 0 and 2"),
+    (COMPLETIONS, {"prompt": "t05", "top_p": 0}, 400, "top_p", "(0, 1]"),
+    (COMPLETIONS, {"prompt": "t05", "repetition_penalty": 0}, 400, "repetition_penalty", "greater than 0"),
+    (COMPLETIONS, {"prompt": [5, 99]}, 400, "prompt", "outside the vocabulary"),
+    (COMPLETIONS, {"prompt": ["t05", "t06"]}, 400, "prompt", "one prompt per request"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
+    (COMPLETIONS, {"prompt": "t05", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,status,param,says", CASES,
+                         ids=[f"{c[2]}-{c[3] or c[4].split()[0]}" for c in CASES])
+def test_bad_request_gets_an_openai_error(live, endpoint, body, status, param, says):
+    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+        else {"json": body}
+    r = httpx.post(live.url + endpoint, timeout=30, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert says in err["message"] and err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param and param.split(".")[0].split("[")[0] in err["message"]
+
+
+def test_openai_client_raises_the_matching_errors(live):
+    import openai
+
+    client, model = live.client(), live.server.model_id
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="t05", n=2)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4o", prompt="t05")
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.completions.create(model=model, prompt="t05", extra_body={"top_k": "many"})
+
+
+def test_body_over_the_limit_is_413(live):
+    saved = live.server.max_body
+    live.server.max_body = 64
+    try:
+        r = httpx.post(live.url + COMPLETIONS, json={"prompt": words([5] * 40)}, timeout=30)
+    finally:
+        live.server.max_body = saved
+    assert r.status_code == 413 and "64" in r.json()["error"]["message"]
+
+
+def test_unknown_route_and_method_get_error_bodies(live):
+    r = httpx.get(live.url + "/nope", timeout=10)
+    assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    r = httpx.get(live.url + COMPLETIONS, timeout=10)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_full_queue_is_503(live):
+    sched = live.server.scheduler
+    saved = sched.max_queue
+    sched.max_queue = 0
+    try:
+        r = httpx.post(live.url + COMPLETIONS, json={"prompt": "t05", "max_tokens": 2}, timeout=30)
+    finally:
+        sched.max_queue = saved
+    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+
+
+def test_server_survives_and_never_answered_500(live):
+    r = live.client().completions.create(model=live.server.model_id, prompt="t05 t06", max_tokens=3)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    metrics = httpx.get(live.base + "/metrics", timeout=10).text
+    assert 'status="400"' in metrics and 'status="422"' in metrics
+    assert 'status="500"' not in metrics
