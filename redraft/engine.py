@@ -230,8 +230,8 @@ class Engine:
             elif exact:
                 # Rows computed otherwise than plain decoding computes them differ from its rows by rounding: keep
                 # only the tokens decided before the first near-tie and recompute that one (see the docstring).
-                need = self._near_tie_threshold(logits, rows, chooser.shaping.repetition_penalty, bool(tree))
-                tied = [j for j, (r, m) in enumerate(zip(rows, need)) if margins[r] < m]
+                tied = [j for j, bad in enumerate(self._untrusted(chooser, logits, rows, choices, margins, row_pos,
+                                                                  extra, bool(tree))) if bad]
                 if tied:
                     new, rows, settle = new[:tied[0]], rows[:tied[0]], True
                     res.near_ties += 1
@@ -274,14 +274,23 @@ class Engine:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _near_tie_threshold(self, logits, rows: list[int], penalty: float, drafted: bool) -> list[float]:
-        """Per emitted token's row, the top-2 gap (logit units) under which exact mode does not trust it."""
+    def _untrusted(self, chooser: TokenChooser, logits, rows: list[int], choices: list[int], margins,
+                   row_pos: list[int], extra, drafted: bool) -> list[bool]:
+        """Per emitted token's row (``rows`` index ``logits`` [R, V]): True where exact mode does not trust its
+        choice, i.e. the row's top-2 gap is under the near-tie threshold (``exact_margin`` when set)."""
         if self.exact_margin is not None:
-            return [self.exact_margin] * len(rows)
-        safety = EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY
-        # a repetition penalty scales penalised logits, and their rounding differences with them, by up to this
-        scale = max(penalty, 1.0 / penalty)
-        return (near_tie_threshold(logits[rows], self.target.dtype, safety) * scale).tolist()
+            return [float(margins[r]) < self.exact_margin for r in rows]
+        need = near_tie_threshold(logits[rows], self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
+        if not chooser.processors:
+            return [float(margins[r]) < float(m) for r, m in zip(rows, need)]
+        # Logits processors (penalties, biases, masks) reshape each logit monotonically, so a choice holds for every
+        # row within the noise iff it holds for the worst one: its logit lowered by half the threshold, the others
+        # raised by it (a penalty's factor then scales the noise of exactly the logits it scales).
+        chosen = [choices[r] for r in rows]
+        worst = logits[rows].double() + (need.double() / 2).unsqueeze(-1)
+        worst[range(len(rows)), chosen] -= need.double()
+        got, gaps = chooser.choose(worst, [row_pos[r] for r in rows], [extra[r] for r in rows] if extra else None)
+        return [g != c or float(m) <= 0.0 for g, c, m in zip(got, chosen, gaps)]
 
     def _replay_plain(self, res: GenerationResult, buf: np.ndarray, n_ctx: int, prompt: list[int],
                       plain_len: int) -> tuple[list[int], int]:

@@ -523,15 +523,22 @@ def _draft_free_tokens(model, want, **engine_kw) -> tuple[GenerationResult, list
 
 
 @pytest.mark.parametrize("margin", [0.3, 1.0, 3.0])
-def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin):
-    """Every token whose top-2 gap is under exact_margin is settled by a draft-free forward, and only those."""
+def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin, monkeypatch):
+    """Every token whose top-2 gap is under exact_margin is settled by draft-free forwards, and only those.
+
+    Exact mode's payoff pause is off here (it would stop drafting where most rows are near-ties); a settling row
+    still under the margin on a cache drafting wrote is recomputed after replaying the cache, so every draft-free
+    forward is a settling one (but the last token's, with no room left for a draft)."""
+    monkeypatch.setattr("redraft.engine.EXACT_PAY_PAUSE", 0)
     want = references["llama-eager"]
     _, logits = hf_greedy(tiny_llama, PROMPT, N, scores=True)
     tied = [i for i, gap in enumerate(top2_gap(logits).tolist()) if gap < margin]
     assert tied, "no planted near-tie: the test would prove nothing"
     res, settled = _draft_free_tokens(tiny_llama, want, exact_margin=margin)
     assert settled == tied
-    assert res.drafted_per_forward.count(0) == len(tied)  # one extra draft-free forward per near-tie
+    assert res.near_ties >= len(tied)
+    # no draft-free forward but settling ones, and perhaps the last token's (no room left for a draft)
+    assert res.drafted_per_forward.count(0) - res.settle_forwards in (0, 1)
     assert sum(res.accepted_per_forward) > 0
     assert np.allclose(res.margins, top2_gap(logits).numpy(), atol=1e-4)
     off, off_settled = _draft_free_tokens(tiny_llama, want, exact=False)

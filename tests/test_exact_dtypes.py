@@ -20,6 +20,7 @@ from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.defaults import EXACT_PAY_WINDOW
 from redraft.engine import Engine
 from redraft.exactness import measure_row_noise, near_tie_threshold, row_noise
+from redraft.sampling import SamplingParams
 from redraft.loading import DTYPES, LoadedModel, ModelLoadError, load_model
 from redraft.target import HFTarget
 
@@ -180,6 +181,23 @@ def test_planted_ties_with_trees_and_ngram(cast_models, merge, margin):
     assert res.output_ids == want
     assert res.near_ties > 0
     assert margin is None or sum(res.accepted_per_forward) > 0
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_planted_ties_under_a_repetition_penalty(cast_models, name):
+    """A repetition penalty p < 1 multiplies penalised logits, and their rounding differences with them, by 1/p:
+    exact mode must judge the shaped rows, not compare their gaps with a threshold meant for raw logits."""
+    model = cast_models["llama", name]
+    prompt = list(range(VOCAB))[::-1]  # every token is penalised
+    ties = _tie_positions(prompt)
+    target = TieTarget(model, ties)
+    params = SamplingParams(repetition_penalty=0.01)
+    want = Engine(target, []).generate(prompt, N, sampling=params).output_ids
+    assert set(target.planted) == set(ties)
+    res = Engine(target, [SequenceDrafter(prompt + want, vocab=VOCAB)], max_depth=8).generate(
+        prompt, N, sampling=params)
+    assert res.output_ids == want, first_diff(res.output_ids, want)
+    assert res.near_ties > 0
 
 
 # ---- exactness over planted corpora, per dtype -----------------------------------------------------------------------
