@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, build_tiny, ceil_div,
-                      first_diff, generate_tracking, hf_greedy, plain_greedy, top2_gap)
+                      draw_eos, first_diff, generate_tracking, hf_greedy, plain_greedy, top2_gap)
 from redraft.corpus import Corpus
 from redraft.defaults import EXACT_SAFETY
 from redraft.exactness import near_tie_threshold
@@ -78,10 +78,7 @@ def _exactness_property(model, max_examples: int):
         prompt = base + base if data.draw(st.booleans(), label="repeat prompt") else base
         n = data.draw(st.integers(1, 32), label="max_new_tokens")
         full = plain_greedy(model, prompt, n)
-        # EOS: none, or one of the model's own output tokens (so generation really stops, often inside a draft)
-        eos_pos = data.draw(st.none() | st.integers(0, n - 1), label="eos position")
-        eos = () if eos_pos is None else (full[eos_pos],)
-        want = full if eos_pos is None else full[:full.index(eos[0]) + 1]
+        eos, want = draw_eos(data, full, n)
 
         # a corpus planted with the model's own output, perturbed in places
         span = list(prompt + full)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import VOCAB, SequenceDrafter, build_tiny, first_diff
+from conftest import VOCAB, SequenceDrafter, build_tiny, draw_eos, first_diff
 from redraft.corpus import Corpus
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.defaults import EXACT_PAY_WINDOW
@@ -220,9 +220,7 @@ def _exact_in_dtype(model, max_examples: int) -> dict:
         target = TieTarget(model, [len(prompt) + i for i in data.draw(st.lists(st.integers(0, n - 1), max_size=3),
                                                                         label="ties")])
         full = plain(target, prompt, n)
-        eos_pos = data.draw(st.none() | st.integers(0, n - 1), label="eos position")
-        eos = () if eos_pos is None else (full[eos_pos],)
-        want = full if eos_pos is None else full[:full.index(eos[0]) + 1]
+        eos, want = draw_eos(data, full, n)
         span = list(prompt + full)
         for _ in range(data.draw(st.integers(0, 3), label="perturbations")):
             span[data.draw(st.integers(0, len(span) - 1), label="at")] = data.draw(st.integers(0, VOCAB - 1))
