@@ -38,9 +38,21 @@ SUFFIX_MAX_N = 8
 # GliDe draft depth along the greedy spine (the paper's gamma).
 GLIDE_GAMMA = 4
 
-# Exact mode: a verify row whose top-2 logit gap is below this is a near-tie, recomputed draft-free. Verify rows
-# differ from single-token forwards by ~1e-4 here (fp32), so 1e-3 leaves a tenfold margin.
-EXACT_MARGIN = 1e-3
+# Exact mode (redraft.exactness): a row computed with drafts (a verify row, or one token on a cache verify forwards
+# wrote) differs from plain decoding's row by at most this fraction of the row's largest |logit|, per weight dtype.
+# Measured on the default model (8 Spec-Bench questions x 32 tokens, prompts of 40-779 tokens; chains K=1..16,
+# trees, single tokens after drafts): largest 2.5e-6, 5.1e-3 and 4.4e-2 (about 20, 5 and 6 machine epsilons); the
+# bounds are 1.5x that (`redraft oracle --noise` checks them; docs/benchmarks.md, "Exact mode per dtype").
+EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
+# A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
+# Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward. Draft-free rows on
+# a cache drafting wrote: 2; failing it costs a replay of the cache one token per forward.
+EXACT_SAFETY = 4.0
+EXACT_SETTLE_SAFETY = 2.0
+# When settling costs more forwards than the accepted drafts save (judged after EXACT_PAY_WINDOW of either), exact
+# mode stops drafting for EXACT_PAY_PAUSE tokens: in bfloat16 nearly every row is a near-tie.
+EXACT_PAY_WINDOW = 4
+EXACT_PAY_PAUSE = 128
 
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
 # the measured cost curve.

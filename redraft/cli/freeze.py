@@ -44,7 +44,7 @@ def freeze_prompts(args) -> int:
     from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
 
     prompts = prompts_or_exit(args.prompts, "freeze")
-    loaded = load_model_or_exit(args.model)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     binary = None
     if os.path.isfile(args.out):

@@ -1,10 +1,12 @@
-"""``redraft oracle``: measure how often drafting changes the output, and where.
+"""``redraft oracle``: measure how often drafting changes the output, and where, per weight dtype.
 
-Verify rows and single-token forwards differ by ~1e-4 in their logits (different matrix shapes round
-differently), so a near-tie between the top two tokens could flip. The oracle runs N prompts with plain decoding
-(recording each token's top-2 gap), freezes those answers so every draft is right (the hardest case for
-verification: the deepest rows), and replays them with each draft configuration, printing
-``Matching tokens: a/b`` plus the first divergent position and the plain top-2 gap there.
+Rows computed with drafts differ from plain decoding's rows by rounding (~3e-6 of the largest |logit| in float32,
+~5e-3 in float16, ~4e-2 in bfloat16: redraft.exactness), so a near-tie between the top two tokens could flip. The
+oracle runs N prompts with plain decoding (recording each token's top-2 gap), freezes those answers so every draft
+is right (the hardest case for verification: the deepest rows), and replays them with each draft configuration
+(corpus chains at each K, n-gram drafts alone, a token tree), printing identical answers, ``Matching tokens: a/b``,
+the first divergent position with the plain top-2 gap there, tokens per forward and exact mode's settling cost.
+``--dtypes`` repeats all of it per dtype; ``--noise`` also measures the row differences themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from redraft.cli.common import (add_model_args, add_sampling_args, announce_gene
 from redraft.corpus import Corpus
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.drafters import build_drafters
+from redraft.loading import DTYPES
 from redraft.prompts import encode_prompt
 from redraft.runstats import RunSummary
 
@@ -46,70 +49,119 @@ def draft_depths(text: str) -> list[int]:
     return ks
 
 
-def run_oracle(args) -> int:
-    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
+def weight_dtypes(text: str) -> list[str]:
+    """argparse type: comma-separated weight dtypes from DTYPES, e.g. ``float32,bfloat16`` -> list in that order."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in DTYPES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated dtypes from {', '.join(DTYPES)}")
+    return names
 
+
+def run_oracle(args) -> int:
     qs = questions_or_exit(args.offset, args.questions, "oracle")
-    ks = args.k
     if args.tree_budget is not None and not args.tree:
         raise SystemExit("redraft oracle: error: --tree-budget: only used with --tree B > 0")
     if args.compare_exact and not args.exact:
         raise SystemExit("redraft oracle: error: --no-exact: no effect with --compare-exact (which runs both)")
     sampling = sampling_from_args(args)
-    loaded = load_model_or_exit(args.model)
+    report = {"questions": len(qs), "ngen": args.ngen, "dtypes": {}}
+    bad = False
+    for dtype in args.dtypes or [args.dtype]:
+        rep = _run_dtype(args, dtype, qs, sampling)
+        report["dtypes"][dtype] = rep
+        bad |= any(r["matching"] != r["total"] for r in rep["configs"] if r["exact"])
+        bad |= rep.get("noise_over_bound", False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 1 if bad else 0
+
+
+def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
+    """The oracle for one weight dtype: plain references, then every draft configuration (and the row noise)."""
+    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
+
+    ks = args.k
+    loaded = load_model_or_exit(args.model, dtype=dtype)
     announce_generation_config(loaded, args)
     use_gc = not args.no_generation_config
     prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
     plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids, generation_config=use_gc)
     refs = [plain.generate(p, args.ngen, sampling=sampling, record_margins=True)
-            for p in tqdm(prompts, desc="plain", unit="q", file=sys.stderr)]
+            for p in tqdm(prompts, desc=f"{dtype} plain", unit="q", file=sys.stderr)]
     corpus = Corpus.from_spans([r.prompt_ids + r.output_ids for r in refs], vocab_size=loaded.vocab_size)
 
-    configs = [(f"chain K={k}", dict(k=k, tree=0)) for k in ks]
+    configs = [(f"chain K={k}", dict(k=k, tree=0, corpus=True)) for k in ks]
+    configs.append((f"n-gram only K={max(ks)}", dict(k=max(ks), tree=0, corpus=False)))
     budget = args.tree_budget or TREE_BUDGET
     if args.tree:
-        configs.append((f"tree B={args.tree} K={max(ks)} budget={budget}", dict(k=max(ks), tree=args.tree)))
+        configs.append((f"tree B={args.tree} K={max(ks)} budget={budget}",
+                        dict(k=max(ks), tree=args.tree, corpus=True)))
     exact_modes = [True, False] if args.compare_exact else [args.exact]
     plain_run = RunSummary.of(refs)
-    report = {"questions": len(qs), "ngen": args.ngen, "plain_tokens": plain_run.tokens,
-              "plain_seconds": plain_run.seconds, "configs": []}
+    report = {"dtype": dtype, "plain_tokens": plain_run.tokens, "plain_seconds": plain_run.seconds, "configs": []}
     total_plain = report["plain_tokens"]
     for name, cfg in configs:
         for exact in exact_modes:
             engine = Engine(loaded.model,
-                            build_drafters(corpus, k=cfg["k"], ngram=True, tree_branches=cfg["tree"]),
+                            build_drafters(corpus if cfg["corpus"] else None, k=cfg["k"], ngram=True,
+                                           tree_branches=cfg["tree"]),
                             eos_token_ids=loaded.eos_token_ids, max_depth=cfg["k"], merge=cfg["tree"] > 0,
                             # a chain is never cut by the tree budget: K alone sets its depth
                             tree_budget=budget if cfg["tree"] else max(budget, cfg["k"]), exact=exact,
                             generation_config=use_gc)
-            match, first, run = 0, None, RunSummary()
-            for q, p, ref in tqdm(list(zip(qs, prompts, refs)), desc=f"{name} exact={exact}", unit="q",
+            match, identical, first, run, ties, settle = 0, 0, None, RunSummary(), 0, 0
+            for q, p, ref in tqdm(list(zip(qs, prompts, refs)), desc=f"{dtype} {name} exact={exact}", unit="q",
                                   file=sys.stderr):
                 res = engine.generate(p, args.ngen, sampling=sampling)
                 m = common_prefix(ref.output_ids, res.output_ids)
                 same = m == len(ref.output_ids) == len(res.output_ids)
                 match += m if not same else len(ref.output_ids)
+                identical += same
                 run.add(res)
+                ties, settle = ties + res.near_ties, settle + res.settle_forwards
                 if not same and first is None:
                     gap = ref.margins[m] if m < len(ref.margins) else float("nan")
                     first = {"question_id": q["question_id"], "position": m, "plain_top2_gap": gap}
-            row = {"config": name, "exact": exact, "matching": match, "total": total_plain,
-                   "first_divergence": first, "tokens_per_forward": run.tokens_per_forward,
+            row = {"config": name, "exact": exact, "identical": identical, "questions": len(qs), "matching": match,
+                   "total": total_plain, "first_divergence": first, "forwards": run.forwards,
+                   "tokens_per_forward": run.tokens_per_forward, "near_ties": ties, "settle_forwards": settle,
                    "tok_s": run.tokens_per_second}
             report["configs"].append(row)
             where = ("none" if first is None else
                      f"question {first['question_id']} token {first['position']} "
                      f"(plain top-2 gap {first['plain_top2_gap']:.2e})")
-            print(f"{name:<28} exact={'on ' if exact else 'off'} Matching tokens: {match}/{total_plain}  "
-                  f"first divergence: {where}  {row['tokens_per_forward']:.2f} tok/fwd  {row['tok_s']:.1f} tok/s",
-                  flush=True)
+            print(f"{dtype:<8} {name:<28} exact={'on ' if exact else 'off'} identical {identical}/{len(qs)}  "
+                  f"Matching tokens: {match}/{total_plain}  first divergence: {where}  "
+                  f"{row['tokens_per_forward']:.2f} tok/fwd ({run.forwards} forwards, {settle} settling {ties} near-ties)  "
+                  f"{row['tok_s']:.1f} tok/s", flush=True)
     gaps = sorted(g for r in refs for g in r.margins)
     report["smallest_plain_gaps"] = gaps[:5]
-    print(f"plain: {total_plain} tokens, smallest top-2 gaps {', '.join(f'{g:.2e}' for g in gaps[:3])}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    diverged = any(r["matching"] != r["total"] for r in report["configs"] if r["exact"])
-    return 1 if diverged else 0
+    report["plain_exact_ties"] = sum(g == 0 for g in gaps)
+    print(f"{dtype:<8} plain: {total_plain} tokens, {report['plain_exact_ties']} exact ties, smallest top-2 gaps "
+          f"{', '.join(f'{g:.2e}' for g in gaps[:3])}")
+    if args.noise:
+        report.update(_noise(loaded, refs, dtype))
+    return report
+
+
+def _noise(loaded, refs, dtype: str) -> dict:
+    """Row noise measured on each reference answer against the bound exact mode assumes for this dtype."""
+    from redraft.exactness import measure_row_noise, row_noise
+    from redraft.target import HFTarget
+
+    target, worst = HFTarget(loaded.model), {}
+    for r in tqdm(refs, desc=f"{dtype} row noise", unit="q", file=sys.stderr):
+        if len(r.output_ids) < 2:
+            continue
+        for kind, (rel, _) in measure_row_noise(target, r.prompt_ids + r.output_ids, len(r.prompt_ids)).items():
+            worst[kind] = max(worst.get(kind, 0.0), rel)
+    bound = row_noise(target.dtype)
+    over = max(worst.values(), default=0.0) > bound
+    print(f"{dtype:<8} row noise, max |row - plain row| / max|logit|: "
+          f"{', '.join(f'{k} {v:.2e}' for k, v in worst.items())}; exact mode assumes <= {bound:.1e}"
+          + ("  WARNING: over the bound, exact mode is not guaranteed" if over else ""), flush=True)
+    return {"row_noise": worst, "row_noise_bound": bound, "noise_over_bound": over}
 
 
 def register(sub) -> None:
@@ -131,5 +183,10 @@ def register(sub) -> None:
                    help=f"tree node budget of the --tree configuration (default {TREE_BUDGET})")
     p.add_argument("--no-exact", dest="exact", action="store_false", help="run without exact mode")
     p.add_argument("--compare-exact", action="store_true", help="run every configuration with and without exact mode")
+    p.add_argument("--dtypes", type=weight_dtypes, default=None, metavar="LIST",
+                   help=f"run the whole oracle once per weight dtype, e.g. {','.join(DTYPES)} (default: --dtype)")
+    p.add_argument("--noise", action="store_true",
+                   help="also measure how far rows computed with drafts are from plain decoding's rows, against the "
+                        "bound exact mode assumes (exit 1 if over it)")
     p.add_argument("--json", default=None, metavar="PATH", type=output_file, help="write every figure as JSON")
     p.set_defaults(func=run_oracle)

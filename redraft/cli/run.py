@@ -24,7 +24,7 @@ def cmd_run(args) -> int:
     k = clamp_k(k)
     check_draft_args(args, corpus_path, k)  # before the model load, not after
     sampling = sampling_from_args(args)
-    loaded = load_model_or_exit(args.model)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded, args)
     corpus = open_corpus_or_exit(corpus_path, loaded, force=args.force)
     engine = engine_from_args(args, loaded, corpus, k, minacc)

@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-from redraft.cli.common import add_model_arg, add_threads_arg, int_between, load_model_or_exit, percent, positive
+from redraft.cli.common import add_dtype_arg, add_model_arg, add_threads_arg, int_between, load_model_or_exit, percent, positive
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX
 from redraft.loading import DEFAULT_MODEL_FILE
 
@@ -25,6 +25,7 @@ def register(sub) -> None:
                     "answer joins its tenant's corpus and drafts the next requests, so a repeated request comes "
                     "back faster with identical output.")
     add_model_arg(p)
+    add_dtype_arg(p)
     p.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="model id clients send and see (default: the model directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -89,7 +90,7 @@ def build_server(args, loaded=None):
         if not os.path.isfile(path):
             raise _fail(f"--corpus {path}: no such file")
     if loaded is None:
-        loaded = load_model_or_exit(args.model)
+        loaded = load_model_or_exit(args.model, dtype=args.dtype)
     try:
         corpora = TenantCorpora(tenants.names, args.corpus_dir, vocab_size=loaded.vocab_size,
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,

@@ -1,0 +1,145 @@
+"""Exact mode's near-tie test: how far a row computed with drafts may be from plain decoding's row, per dtype.
+
+Plain greedy decoding feeds the prompt in one forward, then one token per forward. A verify forward computes the
+same positions several rows at a time, and every later forward reads KV entries that such wider forwards wrote.
+Kernels round differently by shape (on the CPU a one-row matrix product takes another path than a two-row one;
+attention blocks by query count), so the rows differ. One rounding flip early in the network decorrelates every
+later rounding, so the difference scales with the dtype's precision and the size of the logits:
+:func:`measure_row_noise` measured at most ~2.5e-6 of the row's largest |logit| in float32, ~5e-3 in float16 and
+~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
+that). A row's choice is trusted only when its top-2 gap exceeds twice the bound times a safety factor
+(:func:`near_tie_threshold`); closer rows are recomputed exactly the way plain decoding computes them
+(:class:`redraft.engine.Engine`).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from redraft.defaults import EXACT_ROW_NOISE
+from redraft.target import HFTarget
+from redraft.tree import TokenTree
+from redraft.verify import tree_attention_mask, tree_positions
+
+# dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~21)
+UNMEASURED_NOISE_EPS = 64
+
+
+def row_noise(dtype: torch.dtype) -> float:
+    """Bound on |verify row - plain row| as a fraction of the row's largest |logit|, for weights of ``dtype``.
+
+    Measured values from ``defaults.EXACT_ROW_NOISE``; a dtype it lacks gets UNMEASURED_NOISE_EPS machine epsilons.
+    """
+    name = str(dtype).removeprefix("torch.")
+    if name in EXACT_ROW_NOISE:
+        return EXACT_ROW_NOISE[name]
+    return UNMEASURED_NOISE_EPS * torch.finfo(dtype).eps
+
+
+def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype, safety: float) -> torch.Tensor:
+    """Top-2 gap (logit units) below which each row's choice may differ from plain decoding's.
+
+    If every logit of a row is within d of plain decoding's, a top-2 gap above 2 d picks the same token; d is
+    :func:`row_noise` times the row's largest |logit|.
+
+    Args:
+        logits: FloatTensor [R, V] (any float dtype), the rows whose choices are judged.
+        dtype: the target model's weight dtype.
+        safety: multiple of that 2 d bound (>= 1).
+    Returns:
+        FloatTensor [R] (float32): ``safety * 2 * row_noise(dtype) * max |logits[r]|``.
+    """
+    return logits.float().abs().amax(-1) * (2.0 * safety * row_noise(dtype))
+
+
+def _rows(target: HFTarget, seq: Sequence[int], n_prompt: int, chunks: Sequence[int]) -> torch.Tensor:
+    """Logits (float32, [len(seq) - n_prompt, V]) of the rows choosing positions n_prompt.., fed in these chunks.
+
+    The first chunk is the prompt plus chunks[0] tokens; each later one chunks[i] tokens (the last chunk repeats).
+    """
+    target.reset()
+    first = chunks[0]
+    out = [target.forward(list(seq[:n_prompt + first]), n_logits=first + 1).float()]
+    i, c = n_prompt + first, chunks[-1]
+    while i < len(seq):
+        step = min(c, len(seq) - i)
+        out.append(target.forward(list(seq[i:i + step]), n_logits=step).float())
+        i += step
+    return torch.cat(out)[:len(seq) - n_prompt]
+
+
+def _tree_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int, branches: int) -> torch.Tensor:
+    """Rows of the right path when each verify forward holds the true next ``depth`` tokens plus ``branches``
+    wrong siblings at every depth (a tree mask, as merged drafts give); the accepted path is kept, as the engine
+    keeps it."""
+    target.reset()
+    vocab = target.vocab_size
+    pending, n_ctx, out = list(seq[:n_prompt]), n_prompt, []
+    while n_ctx < len(seq):
+        tree, path, parent = TokenTree(), [], -1
+        for t in seq[n_ctx:n_ctx + depth]:
+            node = tree.add_node(parent, int(t), "true")
+            for b in range(branches):
+                tree.add_node(parent, (int(t) + 1 + b) % vocab, "wrong")
+            path.append(node)
+            parent = node
+        n_past, n_pend = target.length, len(pending)
+        logits = target.forward(pending + tree.tokens, tree_positions(tree, n_past, n_pend),
+                                tree_attention_mask(tree, n_past, n_pend, target.dtype), n_logits=len(tree) + 1)
+        out.append(logits[[0] + [i + 1 for i in path]].float())
+        target.keep(n_past + n_pend, [n_past + n_pend + i for i in path])
+        n_ctx += len(path) + 1
+        pending = [int(seq[n_ctx - 1])] if n_ctx <= len(seq) else []
+    return torch.cat(out)[:len(seq) - n_prompt]
+
+
+def _settle_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int) -> torch.Tensor:
+    """Rows of one token fed alone on a cache that chain verify forwards of ``depth`` drafts wrote (what exact
+    mode's draft-free recompute sees), one per forward; NaN rows where none was computed."""
+    target.reset()
+    out = torch.full((len(seq) - n_prompt, target.vocab_size), float("nan"))
+    target.forward(list(seq[:n_prompt + depth]), n_logits=1)
+    i = n_prompt + depth
+    while i < len(seq):
+        target.crop(target.length - 1)  # the last token again, alone
+        out[i - n_prompt] = target.forward([int(seq[i - 1])], n_logits=1)[0].float()
+        step = min(depth + 1, len(seq) - i)
+        target.forward(list(seq[i:i + step]), n_logits=step)
+        i += step
+    return out
+
+
+def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depths: Sequence[int] = (1, 2, 4, 8, 16),
+                      branches: int = 2) -> dict[str, tuple[float, float]]:
+    """Largest difference between rows computed with drafts and plain decoding's rows, by way of computing.
+
+    Args:
+        target: the target model (its cache is reset).
+        seq: prompt + plain greedy output (token ids), the output at least 2 tokens.
+        n_prompt: prompt length.
+        depths: chain draft depths to try (always-right drafts: every row is a verify row); those not shorter than
+            the output are skipped.
+        branches: wrong siblings per depth in the tree measurement (at the largest depth).
+    Returns:
+        {kind: (relative, absolute)}: max over rows of max |row - plain row|, divided by the plain row's largest
+        |logit| (relative) and in logit units (absolute). Kinds: "chain K=k", "tree", "single after drafts"
+        (one token alone on a cache verify forwards wrote) and "plain again" (plain decoding repeated: 0 unless
+        the kernels are not deterministic).
+    """
+    depths = [k for k in depths if k < len(seq) - n_prompt] or [1]  # a first forward holds the prompt + K drafts
+    plain = _rows(target, seq, n_prompt, [0, 1])
+    scale = plain.abs().amax(-1)
+    found: dict[str, torch.Tensor] = {"plain again": _rows(target, seq, n_prompt, [0, 1])}
+    for k in depths:
+        found[f"chain K={k}"] = _rows(target, seq, n_prompt, [k, k + 1])
+    found["tree"] = _tree_rows(target, seq, n_prompt, max(depths), branches)
+    found["single after drafts"] = _settle_rows(target, seq, n_prompt, min(depths[-1], 4))
+    out = {}
+    for kind, rows in found.items():
+        ok = ~rows.isnan().any(-1)
+        diff = (rows[ok] - plain[ok]).abs().amax(-1)
+        out[kind] = ((diff / scale[ok]).max().item(), diff.max().item()) if ok.any() else (0.0, 0.0)
+    target.reset()
+    return out
