@@ -32,6 +32,8 @@ def _draft(tiny, **kw):
     for layer in draft.layers:  # a zero o_proj would hide the cross-attention from the comparison
         if layer.cross_attn is not None:
             torch.nn.init.normal_(layer.cross_attn.o_proj.weight, std=0.3)
+            if layer.cross_attn.newest is not None:
+                torch.nn.init.normal_(layer.cross_attn.newest.weight, std=0.3)
     return draft.eval()
 
 
@@ -51,8 +53,8 @@ def _propose_hidden(draft, tiny, ids: list[int], root: int) -> torch.Tensor:
     return torch.cat(seen), prop.tokens
 
 
-@pytest.mark.parametrize("kw", [{}, {"cross_recency": True}, {"cross_attention": False}],
-                         ids=["glide", "recency", "vanilla"])
+@pytest.mark.parametrize("kw", [{}, {"cross_recency": True}, {"cross_newest": True}, {"cross_attention": False}],
+                         ids=["glide", "recency", "newest", "vanilla"])
 def test_training_forward_equals_inference_drafting(tiny, kw):
     draft = _draft(tiny, **kw)
     rec = generate_records(tiny, [[5, 6, 7, 8]], [1], max_new_tokens=24)[0]

@@ -94,7 +94,7 @@ def save_draft(out: str | os.PathLike, draft: GlideDraft, target, *, vocab_rank:
 
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()
+    tensors = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()
                if k not in ("embed_weight", "head_weight") and not k.startswith("rotary.")}
     if vocab_rank is not None:
         tensors["vocab_rank"] = vocab_rank.to(torch.long).contiguous()

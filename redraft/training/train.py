@@ -50,6 +50,11 @@ class TrainConfig:
         n_layers, vanilla, init: draft layers; no cross-attention (the baseline); "target" or "random" start.
         cross_recency: GliDe draft with the learned recency bias on its cross-attention (ours, see
             :class:`redraft.glide.network.CrossAttention`).
+        cross_newest: GliDe draft that also reads the newest visible target entry directly (ours, see
+            :func:`redraft.glide.network.newest_entry`).
+        soft_weight: weight of the target's top-k distribution in the loss (0 = greedy labels only; needs
+            records with top-k, see :func:`redraft.training.objective.draft_loss`).
+        device: where the draft trains ("cpu", "cuda", "cuda:1", ...); the records stay in CPU memory.
     """
 
     max_steps: int = 3600
@@ -72,6 +77,9 @@ class TrainConfig:
     vanilla: bool = False
     init: str = "target"
     cross_recency: bool = False
+    cross_newest: bool = False
+    soft_weight: float = 0.0
+    device: str = "cpu"
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -91,8 +99,8 @@ def save_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) ->
     for name, p in draft.named_parameters():
         st = opt.state.get(p)
         if st:
-            t[f"{name}.exp_avg"] = st["exp_avg"].contiguous()
-            t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+            t[f"{name}.exp_avg"] = st["exp_avg"].cpu().contiguous()
+            t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
             t[f"{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
     tmp = path.with_name(path.name + ".tmp")
     save_file(t, str(tmp))
@@ -105,8 +113,9 @@ def load_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) ->
     t = load_file(str(path))
     for name, p in draft.named_parameters():
         if f"{name}.exp_avg" in t:
-            opt.state[p] = {"step": t[f"{name}.step"].reshape(()).clone(), "exp_avg": t[f"{name}.exp_avg"],
-                            "exp_avg_sq": t[f"{name}.exp_avg_sq"]}
+            opt.state[p] = {"step": t[f"{name}.step"].reshape(()).clone(),
+                            "exp_avg": t[f"{name}.exp_avg"].to(p.device),
+                            "exp_avg_sq": t[f"{name}.exp_avg_sq"].to(p.device)}
 
 
 # ---- the trainer ------------------------------------------------------------------------------------------------------
@@ -144,12 +153,15 @@ class Trainer:
         self.vocab_rank = vocab_rank
         self.data_info = data_info or {}
         gcfg = GlideConfig.from_target(target.config, n_layers=cfg.n_layers, cross_attention=not cfg.vanilla,
-                                       block_size=cfg.block, cross_recency=cfg.cross_recency and not cfg.vanilla)
+                                       block_size=cfg.block, cross_recency=cfg.cross_recency and not cfg.vanilla,
+                                       cross_newest=cfg.cross_newest and not cfg.vanilla)
         self.draft = build_draft(target, gcfg)
         if cfg.init == "target":
             init_from_target(self.draft, target)
         elif cfg.init != "random":
             raise ValueError(f"init must be 'target' or 'random', got {cfg.init!r}")
+        self.device = torch.device(cfg.device)
+        self.draft.to(self.device)
         self.opt = torch.optim.AdamW([p for p in self.draft.parameters() if p.requires_grad], lr=cfg.lr,
                                      betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.state = TrainState()
@@ -158,9 +170,10 @@ class Trainer:
             if vocab_rank is None:
                 raise ValueError("train_vocab needs a vocabulary ranking")
             ids = torch.sort(vocab_rank[:cfg.train_vocab]).values
-            self.head = self.draft.head_weight.index_select(0, ids).contiguous()
+            self.head = self.draft.head_weight.index_select(0, ids.to(self.device)).contiguous()
             self.lut = torch.full((self.draft.head_weight.shape[0],), -100, dtype=torch.long)
             self.lut[ids] = torch.arange(len(ids))
+            self.lut = self.lut.to(self.device)
 
     # -- checkpoints --
     def resume(self) -> None:
@@ -175,11 +188,12 @@ class Trainer:
         meta = read_meta(self.out)
         check_target(meta, self.target, self.out)
         saved = GlideConfig.from_dict(meta["config"])
-        if (saved.cross_attention, saved.n_layers, saved.cross_recency) != (
-                self.draft.cfg.cross_attention, self.draft.cfg.n_layers, self.draft.cfg.cross_recency):
+        if (saved.cross_attention, saved.n_layers, saved.cross_recency, saved.cross_newest) != (
+                self.draft.cfg.cross_attention, self.draft.cfg.n_layers, self.draft.cfg.cross_recency,
+                self.draft.cfg.cross_newest):
             raise ValueError(f"{self.out} holds a {'GliDe' if saved.cross_attention else 'vanilla'} draft with "
                              f"{saved.n_layers} layer(s); this run trains another kind")
-        tensors = load_file(str(self.out / "draft.safetensors"))
+        tensors = load_file(str(self.out / "draft.safetensors"), device=str(self.device))
         tensors.pop("vocab_rank", None)
         self.draft.load_state_dict(tensors, strict=False)
         if (self.out / OPTIM_FILE).is_file():
@@ -223,11 +237,11 @@ class Trainer:
     def step(self, records: Sequence[Record], offset: int = 0) -> tuple[float, int]:
         """One optimizer step on ``records``; returns (loss, tokens in the loss)."""
         batch = collate(records, block=self.cfg.block, offset=offset, with_kv=not self.cfg.vanilla,
-                        prompt_weight=self.cfg.prompt_weight)
+                        prompt_weight=self.cfg.prompt_weight).to(self.device)
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.state.step, self.cfg)
         self.opt.zero_grad(set_to_none=True)
-        loss, n = draft_loss(self.draft, batch, head=self.head, lut=self.lut)
+        loss, n = draft_loss(self.draft, batch, head=self.head, lut=self.lut, soft_weight=self.cfg.soft_weight)
         if n:
             torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
             self.opt.step()

@@ -1,0 +1,133 @@
+"""Issue 15 additions on tiny targets: the target's top-k in the records, the top-k distillation loss, the newest-entry
+path of the cross-attention, training on a chosen device (CPU path), and the filters of self-written questions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import build_tiny
+from redraft.glide.config import GlideConfig
+from redraft.glide.network import build_draft, init_from_target, newest_entry
+from redraft.glide.positions import apply_rope, block_mask, prefix_mask
+from redraft.training.data import FeatureStore, generate_records, text_records
+from redraft.training.objective import collate, draft_loss
+from redraft.training.selfprompt import QuestionFilter, clean_question
+from redraft.training.train import TrainConfig, Trainer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny("llama", "sdpa", seed=6)
+
+
+@pytest.fixture(scope="module")
+def recs(tiny):
+    g = generate_records(tiny, [[5, 6, 7], [9, 10, 11, 12]], [1], max_new_tokens=12, qids=[0, 1], topk=4)
+    t = text_records(tiny, torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1)).tolist(), [1],
+                     topk=4)
+    return g + t
+
+
+def test_records_carry_the_targets_top_k(tiny, recs):
+    for r in recs:
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny(input_ids=r.ids[None]).logits[0].float(), -1)  # [N, V]
+        top = logp.topk(4, -1)
+        assert r.top_ids.shape == (len(r), 4) and r.top_logp.dtype == torch.float16
+        assert torch.equal(r.top_ids.long(), top.indices)
+        torch.testing.assert_close(r.top_logp.float(), top.values, atol=2e-2, rtol=2e-3)
+        assert torch.equal(r.top_ids[:, 0].long(), r.labels)  # no ties in these random logits
+
+
+def test_top_k_survives_the_store(tmp_path, recs):
+    store = FeatureStore(tmp_path, {"x": 1})
+    store.append(recs, 1.0)
+    back = store.load()
+    assert all(torch.equal(a.top_ids, b.top_ids) and torch.equal(a.top_logp, b.top_logp) for a, b in zip(recs, back))
+
+
+def _draft(tiny, **kw):
+    torch.manual_seed(0)
+    d = build_draft(tiny, GlideConfig.from_target(tiny.config, **kw))
+    init_from_target(d, tiny)
+    return d
+
+
+def test_soft_loss_is_cross_entropy_against_the_renormalised_top_k(tiny, recs):
+    draft = _draft(tiny)
+    b = collate(recs, block=5)
+    hard, n = draft_loss(draft, b, backward=False)
+    mixed, _ = draft_loss(draft, b, backward=False, soft_weight=0.25)
+    soft, _ = draft_loss(draft, b, backward=False, soft_weight=1.0)
+    with torch.no_grad():
+        logq = torch.log_softmax(draft.logits(draft(b.ids, b.pos, b.kv, b.mask))[b.rows].float(), -1)  # [n, V]
+    p = b.top_p[b.rows]
+    want = -(p * logq.gather(-1, b.top_ids[b.rows])).sum(-1)  # [n]
+    w = b.weights[b.rows]
+    assert soft == pytest.approx(float((want * w).sum() / w.sum()), rel=1e-5)
+    assert mixed == pytest.approx(0.75 * hard + 0.25 * soft, rel=1e-5)
+    assert soft != pytest.approx(hard, rel=1e-3)
+
+
+def test_soft_loss_drops_top_k_tokens_outside_the_head(tiny, recs):
+    draft = _draft(tiny)
+    b = collate(recs, block=5)
+    ids = torch.arange(0, 96, 2)  # a head of the even ids only
+    lut = torch.full((96,), -100, dtype=torch.long)
+    lut[ids] = torch.arange(len(ids))
+    loss, n = draft_loss(draft, b, head=draft.head_weight[ids], lut=lut, backward=False, soft_weight=1.0)
+    assert n == int((b.labels[b.rows] % 2 == 0).sum()) and loss == loss  # finite, only even labels kept
+
+
+def test_newest_entry_is_the_last_visible_key_unrotated(tiny):
+    draft = _draft(tiny, cross_newest=True)
+    B, Hkt, T, D = 1, 2, 9, 8
+    g = torch.Generator().manual_seed(2)
+    raw_k, v = torch.randn(B, Hkt, T, D, generator=g), torch.randn(B, Hkt, T, D, generator=g)
+    cos, sin = draft.rotary(torch.arange(T)[None], torch.float32)
+    k = apply_rope(raw_k, cos, sin)  # as the target caches it: rotated at its own position
+    mask = block_mask(T, T, 5, 2)[None, None]  # visible counts per query: 0,0,0,3,3,3,3,3,8
+    feat = newest_entry(k, v, mask, draft.rotary, T)
+    count = mask[0, 0].sum(-1)
+    for i in range(T):
+        if count[i] == 0:
+            assert feat[0, i].abs().sum() == 0
+        else:
+            j = int(count[i]) - 1
+            want = torch.cat((raw_k[0, :, j], v[0, :, j])).reshape(-1)
+            torch.testing.assert_close(feat[0, i], want, atol=1e-5, rtol=1e-5)
+    # the inference prefix mask and "everything visible" pick the same entries
+    q = torch.tensor([8, 9])  # the query after the last entry sees them all
+    a = newest_entry(k, v, prefix_mask(q, T)[None, None], draft.rotary, 2)
+    torch.testing.assert_close(a[0, 1], newest_entry(k, v, None, draft.rotary, 1)[0, 0])
+
+
+def test_newest_path_starts_at_zero_and_learns(tiny, recs, tmp_path):
+    tr = Trainer(tiny, recs, TrainConfig(max_steps=6, train_vocab=0, cross_newest=True, ckpt_every=100,
+                                         soft_weight=0.5, device="cpu"), tmp_path / "d")
+    w = tr.draft.layers[0].cross_attn.newest.weight
+    assert w.abs().sum() == 0
+    tr.train(progress=False)
+    assert w.abs().sum() > 0 and w.device.type == "cpu"
+    meta = (tmp_path / "d" / "glide.json").read_text()
+    assert '"cross_newest": true' in meta and '"device": "cpu"' in meta and '"soft_weight": 0.5' in meta
+
+
+def test_batch_to_moves_every_tensor(recs):
+    b = collate(recs, block=5).to("cpu")
+    assert b.top_ids is not None and b.kv[0][0].device.type == "cpu"
+    assert b.to(torch.device("cpu")).ids.shape == b.ids.shape
+
+
+def test_question_cleaning_and_filter():
+    assert clean_question('Sure, here is a question:\n"What makes bread rise when it bakes?"') == \
+        "What makes bread rise when it bakes?"
+    assert clean_question("Hi") is None
+    assert clean_question("I'm sorry, I cannot write that for you today.") is None
+    f = QuestionFilter(["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture"])
+    assert f.accept("What is the best way to water houseplants in winter?")
+    assert not f.accept("what is the best way to water  houseplants in winter")  # duplicate after normalising
+    assert not f.accept("Please compose an engaging travel blog post about a recent trip to Japan")  # 6-gram shared
+    assert f.accept("Write a travel blog post about Japan.")
