@@ -131,3 +131,68 @@ def test_question_cleaning_and_filter():
     assert not f.accept("what is the best way to water  houseplants in winter")  # duplicate after normalising
     assert not f.accept("Please compose an engaging travel blog post about a recent trip to Japan")  # 6-gram shared
     assert f.accept("Write a travel blog post about Japan.")
+
+
+def test_run_training_with_self_questions_and_text_windows(tiny, tmp_path, monkeypatch):
+    """`redraft glide train --self-questions N --text-windows M` on the tiny model: the target writes and answers
+    its own questions (top-k kept), text windows are labelled, every store is used, the checkpoint says so."""
+    import io
+    import json
+    from types import SimpleNamespace
+
+    import redraft.prompts
+    from redraft.training.train import run_training
+
+    class Tok:  # the tiny model has 96 ids; map text onto them and back
+        pad_token_id = 0
+        eos_token_id = 1
+
+        def __call__(self, text):
+            return {"input_ids": [3 + ord(c) % 90 for c in text]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(f"w{i}" for i in ids)
+
+    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
+    loaded = SimpleNamespace(model=tiny, tokenizer=Tok(), eos_token_ids=[])
+    cfg = TrainConfig(max_steps=2, batch_tokens=300, ckpt_every=1000, train_vocab=0, soft_weight=0.5)
+    state = run_training(loaded, tmp_path / "out", cfg, data_minutes=0.05, max_new_tokens=4, samples=0,
+                         self_questions=6, text_windows=2, topk=3, data_dir=tmp_path / "data", progress=False,
+                         command="redraft glide train --self-questions 6", log=io.StringIO())
+    assert state.step == 2
+    qs = json.loads((tmp_path / "data" / "self-questions.json").read_text())
+    assert len(qs) == 6 and len(set(qs)) == 6
+    store = FeatureStore(tmp_path / "data" / "self-k3", json.loads((tmp_path / "data" / "self-k3" / "index.json")
+                                                                   .read_text())["meta"])
+    recs = store.load()
+    assert recs and all(r.top_ids.shape == (len(r), 3) for r in recs) and max(r.qid for r in recs) < 6
+    info = json.loads((tmp_path / "out" / "glide.json").read_text())["training"]["data"]
+    assert info["self_questions"] == len(recs) and info["text_windows"] == 2 and info["topk"] == 3
+    assert info["command"] == "redraft glide train --self-questions 6" and "self-k3" in info["per_store"]
+
+
+@pytest.mark.parametrize("argv", [["--soft-weight", "1.5"], ["--soft-weight", "nan"], ["--device", "tpu"],
+                                  ["--topk", "0"], ["--self-questions", "-1"]])
+def test_train_refuses_bad_new_flags(argv, capsys):
+    import argparse
+
+    from redraft.cli import glide
+
+    parser = argparse.ArgumentParser(prog="redraft")
+    glide.register(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["glide", "train", "--out", "x", *argv])
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_train_without_cuda_refuses_device_cuda(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from redraft.cli import glide
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    parser = argparse.ArgumentParser(prog="redraft")
+    glide.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["glide", "train", "--out", str(tmp_path / "o"), "--device", "cuda"])
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        args.func(args)

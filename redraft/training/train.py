@@ -313,13 +313,19 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
                  data_minutes: float = 90.0, max_new_tokens: int = 128, text_windows: int = 0,
                  data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
                  samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
-                 log=sys.stderr) -> TrainState:
+                 self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr) -> TrainState:
     """Build/reuse the training records for ``loaded`` (a LoadedModel), then train a draft into ``out``.
 
     Args:
         data_minutes: wall-clock budget for generating new training answers in this call (cached ones are reused).
         max_new_tokens: answer length of the training generations.
-        text_windows: stdlib text windows (256 tokens) added to the training data.
+        text_windows: stdlib text windows (256 tokens, teacher-forced: one target forward labels a window) added
+            to the training data (store ``text-k<topk>``).
+        self_questions: N > 0 = first have the target write N training questions of its own
+            (:mod:`redraft.training.selfprompt`, saved as ``self-questions.json``) and answer them greedily
+            (store ``self-k<topk>``), within ``data_minutes``, before any Spec-Bench answer.
+        topk: the target's top-k next tokens kept per position in the self-question and text stores (for
+            ``cfg.soft_weight``).
         samples: sampled answer sets (``sample_temperature``, top-40) generated after the greedy answers, each
             for the training questions whose prompt has at most ``sample_max_prompt`` tokens (short prompts decode
             in large batches, so they give the most target-written tokens per second). Stored under
@@ -327,10 +333,11 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
             used for training; labels stay the target's greedy choices.
         data_dir: feature cache (default ``<cache>/glide/data/<target fingerprint>-L<layers>-n<max_new>``).
         threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
+        command: the command line that started the run, recorded in the checkpoint.
     """
     from redraft.glide.checkpoint import target_fingerprint
     from redraft.training.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
-                                    load_questions, stdlib_files, training_order, vocab_ranking)
+                                       is_held_out, load_questions, stdlib_files, training_order, vocab_ranking)
 
     if threads:
         torch.set_num_threads(threads)
@@ -348,6 +355,10 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
     t0 = time.perf_counter()
     build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
                           eos_ids=eos)
+    self_store = FeatureStore(root / f"self-k{topk}", {**meta, "topk": topk, "source": "self-questions"}) \
+        if self_questions else None
+    text_store = FeatureStore(root / f"text-k{topk}", {**meta, "topk": topk, "source": "stdlib"}) \
+        if text_windows else None
     if data_minutes > 0:
         print(f"glide data: generating training answers for up to {data_minutes:g} min into {root} "
               f"(a started batch is finished)", file=log)
@@ -355,8 +366,21 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
 
         bar = tqdm(desc="glide data", unit="tok", file=log, disable=not progress, dynamic_ncols=True)
         budget_end = time.perf_counter() + data_minutes * 60
+        if self_store is not None:
+            from redraft.training.selfprompt import load_or_make
+
+            qs = load_questions()
+            qtexts = load_or_make(root / "self-questions.json", model, tok, self_questions,
+                                  held_out=[q["turns"][0] for i, q in enumerate(qs) if is_held_out(i)], seed=0,
+                                  batch=64, max_new_tokens=64, temperature=0.8)
+            build_generation_data(model, tok, self_store, layers, question_ids=list(range(len(qtexts))),
+                                  max_new_tokens=max_new_tokens, eos_ids=eos, max_batch=64, max_tokens=16384,
+                                  max_prompt=sample_max_prompt, texts=qtexts, topk=topk,
+                                  seconds=max(0.0, budget_end - time.perf_counter()),
+                                  progress=lambda r, n: bar.update(n))
         build_generation_data(model, tok, train_store, layers, question_ids=training_order(load_questions()),
-                              max_new_tokens=max_new_tokens, eos_ids=eos, seconds=data_minutes * 60,
+                              max_new_tokens=max_new_tokens, eos_ids=eos,
+                              seconds=max(0.0, budget_end - time.perf_counter()),
                               progress=lambda r, n: bar.update(n))
         for v in range(1, samples + 1):
             left = budget_end - time.perf_counter()
@@ -370,8 +394,8 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
                                   eos_ids=eos, seconds=left, max_batch=64, max_prompt=sample_max_prompt,
                                   temperature=sample_temperature, seed=v, progress=lambda r, n: bar.update(n))
         bar.close()
-    if text_windows:
-        build_text_data(model, tok, train_store, layers, n_windows=text_windows)
+    if text_store is not None:
+        build_text_data(model, tok, text_store, layers, n_windows=text_windows, batch=8, topk=topk)
     data_seconds = time.perf_counter() - t0
     sample_stores = [FeatureStore(d, json.loads((d / "index.json").read_text())["meta"])
                      for d in sorted(root.glob("train-*")) if (d / "index.json").is_file()]
@@ -381,14 +405,25 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
         recs = st.load()
         n_sampled += len(recs)
         records += recs
+    n_self = n_text = 0
+    if self_store is not None:
+        recs = self_store.load()
+        n_self = len(recs)
+        records += recs
+    if text_store is not None:
+        recs = text_store.load()[:text_windows]
+        n_text = len(recs)
+        records += recs
+    extra_stores = [st for st in (self_store, text_store) if st is not None]
     if not records:
         raise SystemExit("redraft glide train: error: no training data (raise --data-minutes)")
     n_tok = sum(len(r) for r in records)
     n_gen = sum(len(r) - r.gen_start for r in records)
+    gen_seconds = sum(st.index["seconds"] for st in [train_store, *sample_stores, *extra_stores])
     print(f"glide data: {len(records)} records, {n_tok} tokens ({n_gen} generated by the target) from "
-          f"{len(train_store.done_questions)} Spec-Bench questions ({n_sampled} sampled answers) and "
-          f"{train_store.index['text_windows']} stdlib windows; {data_seconds:.0f} s this call, "
-          f"{train_store.index['seconds'] + sum(st.index['seconds'] for st in sample_stores):.0f} s in total", file=log)
+          f"{len(train_store.done_questions)} Spec-Bench questions ({n_sampled} sampled answers), "
+          f"{n_self} self-written questions and {n_text + train_store.index['text_windows']} stdlib windows; "
+          f"{data_seconds:.0f} s this call, {gen_seconds:.0f} s in total", file=log)
 
     # token frequencies: the target's labels (weighted x4) + stdlib docs/sources + the training questions' text
     questions = load_questions()
@@ -396,11 +431,12 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
     texts += [questions[i]["turns"][0] for i in training_order(questions)]
     rank = vocab_ranking(model.config.vocab_size, records, tok, texts)
     info = {"dir": str(root), "records": len(records), "tokens": n_tok, "generated_tokens": n_gen,
-            "questions": len(train_store.done_questions), "text_windows": train_store.index["text_windows"],
+            "questions": len(train_store.done_questions),
+            "text_windows": n_text + train_store.index["text_windows"], "self_questions": n_self, "topk": topk,
             "sampled_answers": n_sampled, "sample_temperature": sample_temperature if sample_stores else None,
-            "heldout_questions": ESTIMATE_IDS,
-            "generation_seconds": round(train_store.index["seconds"] + sum(st.index["seconds"]
-                                                                            for st in sample_stores), 1)}
+            "heldout_questions": ESTIMATE_IDS, "generation_seconds": round(gen_seconds, 1), "command": command,
+            "per_store": {st.root.name: {"tokens": st.index["tokens"], "seconds": round(st.index["seconds"], 1)}
+                          for st in [train_store, *sample_stores, *extra_stores]}}
     trainer = Trainer(model, records, cfg, out, heldout=heldout, vocab_rank=rank, data_info=info)
     if resume:
         if (Path(out).expanduser() / "glide.json").is_file():
