@@ -196,3 +196,43 @@ def test_train_without_cuda_refuses_device_cuda(tmp_path, monkeypatch, capsys):
     args = parser.parse_args(["glide", "train", "--out", str(tmp_path / "o"), "--device", "cuda"])
     with pytest.raises(SystemExit, match="no CUDA device"):
         args.func(args)
+
+
+def test_export_is_compact_and_drafts_like_the_original(tiny, tmp_path):
+    from redraft.glide.checkpoint import export_draft, load_draft, save_draft
+
+    draft = _draft(tiny, cross_newest=True)
+    torch.nn.init.normal_(draft.layers[0].cross_attn.o_proj.weight, std=0.3)
+    save_draft(tmp_path / "full", draft, tiny, vocab_rank=torch.arange(96).flip(0), training={"command": "x"})
+    export_draft(tmp_path / "full", tmp_path / "small", tiny)
+    full, small = (tmp_path / n / "draft.safetensors" for n in ("full", "small"))
+    assert small.stat().st_size < 0.6 * full.stat().st_size
+    a, b = load_draft(tmp_path / "full", tiny), load_draft(tmp_path / "small", tiny, head_vocab=10)
+    assert b.meta["training"]["command"] == "x" and b.cfg.cross_newest
+    assert torch.equal(b.vocab_ids, torch.arange(86, 96)) and b.layers[0].mlp.up_proj.weight.dtype == torch.float32
+    b.set_vocab(None)
+    rec = generate_records(tiny, [[5, 6, 7, 8]], [1], max_new_tokens=10)[0]
+    bt = collate([rec], block=5)
+    with torch.no_grad():
+        la, lb = (d.logits(d(bt.ids, bt.pos, bt.kv, bt.mask)) for d in (a, b))
+    torch.testing.assert_close(la, lb, atol=5e-2, rtol=1e-2)
+
+
+def test_run_uses_the_shipped_draft_by_default(tiny, tmp_path, monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    import redraft.glide.checkpoint as ckpt
+    from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
+
+    p = argparse.ArgumentParser()
+    add_glide_draft_args(p)
+    args = p.parse_args(["--draft", "glide"])
+    monkeypatch.setattr(ckpt, "shipped_draft_dir", lambda: tmp_path / "none")
+    with pytest.raises(SystemExit, match="ships no GliDe draft"):
+        glide_drafter_from_args(args, SimpleNamespace(model=tiny))
+    ckpt.save_draft(tmp_path / "ship", _draft(tiny), tiny, vocab_rank=torch.arange(96), dtype=torch.float16)
+    monkeypatch.setattr(ckpt, "shipped_draft_dir", lambda: tmp_path / "ship")
+    assert glide_drafter_from_args(args, SimpleNamespace(model=tiny)).draft.cfg.cross_attention
+    with pytest.raises(SystemExit, match="shipped GliDe draft is for the default model"):
+        glide_drafter_from_args(args, SimpleNamespace(model=build_tiny("llama", "sdpa", seed=9)))

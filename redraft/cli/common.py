@@ -149,7 +149,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
 def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
     """``--draft glide --draft-model PATH [--cape] [--gamma N] [--draft-vocab N] [--cape-bins SPEC]``."""
     p.add_argument("--draft", choices=("glide",), default=None, help="add a draft model source (glide)")
-    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
+    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out'); "
+                   "default: the draft shipped for the default model, if this install has one")
     p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
     p.add_argument("--cape-bins", type=cape_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
     p.add_argument("--gamma", type=positive, default=4, help="GliDe draft depth (default 4)")
@@ -282,24 +283,35 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     does not pay stops costing its ~20-45 ms per step.
 
     Raises:
-        SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
+        SystemExit: --draft glide without --draft-model when no draft is shipped (or the shipped one is for another
+            target), or a checkpoint that is unreadable or for another target.
     """
     check_glide_draft_args(args)
     if getattr(args, "draft", None) != "glide":
         return None
-    if not args.draft_model:
-        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
     # torch-bound: see the module doc
     from redraft.drafters.glide import load_glide_drafter
-    from redraft.glide.checkpoint import CheckpointError
+    from redraft.glide.checkpoint import CheckpointError, TargetMismatchError, shipped_draft_dir
+
+    path = args.draft_model
+    if not path:  # the draft shipped in the package, trained for the default model
+        path = shipped_draft_dir()
+        if not (path / "glide.json").is_file():
+            raise SystemExit("redraft: error: --draft glide needs --draft-model PATH: this install ships no GliDe "
+                             "draft (train one with 'redraft glide train')")
 
     bins = (args.cape_bins or CapeBins()) if args.cape else None
     # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
     # corpus's 50% would switch off a draft that still pays
     guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
     try:
-        return load_glide_drafter(args.draft_model, loaded.model, gamma=args.gamma, cape=bins,
+        return load_glide_drafter(path, loaded.model, gamma=args.gamma, cape=bins,
                                   head_vocab=args.draft_vocab or None, guard=guard)
+    except TargetMismatchError as e:
+        if args.draft_model:
+            raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit("redraft: error: the shipped GliDe draft is for the default model; with --model give "
+                         "--draft-model PATH (train one with 'redraft glide train')")
     except CheckpointError as e:
         raise SystemExit(f"redraft: error: {e}")
 

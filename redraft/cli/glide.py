@@ -144,6 +144,20 @@ def cmd_eval(args) -> int:
     return 0 if all(r.identical == r.questions for r in results) else 1
 
 
+def cmd_export(args) -> int:
+    # torch-bound: imported when the command runs, not at registration
+    from redraft.glide.checkpoint import CheckpointError, export_draft
+
+    loaded = load_model_or_exit(args.model)
+    try:
+        out = export_draft(args.src, args.dst, loaded.model)
+    except CheckpointError as e:
+        raise SystemExit(f"redraft glide export: error: {e}")
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"wrote {out}: {size / 1e6:.1f} MB (fp16 weights)", file=sys.stderr)
+    return 0
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser.
 
@@ -223,4 +237,13 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "size)")
     e.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
+
+    x = sub.add_parser("export", help="write a compact copy of a checkpoint (fp16 weights, no optimizer state)",
+                       description="Copy a trained checkpoint as fp16 weights + glide.json (training summary kept), "
+                                   "e.g. into redraft/data/glide/smollm2-135m-instruct, the draft 'redraft run "
+                                   "--draft glide' uses when no --draft-model is given.")
+    add_model_arg(x)
+    x.add_argument("src", help="checkpoint directory ('redraft glide train --out')")
+    x.add_argument("dst", help="directory to write")
+    x.set_defaults(func=cmd_export)
     return p
