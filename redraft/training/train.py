@@ -27,6 +27,7 @@ from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft, init_from_target
 from redraft.training.data import Record, batches_by_length
 from redraft.training.objective import collate, draft_loss, estimate_acceptance
+from redraft.training.recipe import build_training_data
 
 OPTIM_FILE = "optimizer.safetensors"
 STATE_FILE = "train_state.json"
@@ -303,12 +304,6 @@ def _est_line(state: TrainState, est: dict) -> str:
 
 # ---- the command ---------------------------------------------------------------------------------------------------
 
-def default_glide_dir() -> Path:
-    from redraft.loading import cache_dir
-
-    return cache_dir() / "glide"
-
-
 def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bool = False,
                  data_minutes: float = 90.0, max_new_tokens: int = 128, text_windows: int = 0,
                  data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
@@ -335,108 +330,14 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
         threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
         command: the command line that started the run, recorded in the checkpoint.
     """
-    from redraft.glide.checkpoint import target_fingerprint
-    from redraft.training.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
-                                       is_held_out, load_questions, stdlib_files, training_order, vocab_ranking)
-
     if threads:
         torch.set_num_threads(threads)
-    model, tok = loaded.model, loaded.tokenizer
-    gcfg = GlideConfig.from_target(model.config, n_layers=cfg.n_layers)
-    layers = gcfg.target_layers
-    fp = target_fingerprint(model)
-    root = Path(data_dir).expanduser() if data_dir else default_glide_dir() / "data" / (
-        f"{fp}-L{'_'.join(map(str, layers))}-n{max_new_tokens}")
-    meta = {"fingerprint": fp, "layers": layers, "max_new_tokens": max_new_tokens}
-    train_store = FeatureStore(root / "train", meta)
-    held_store = FeatureStore(root / "heldout", meta)
-    eos = loaded.eos_token_ids
-
-    t0 = time.perf_counter()
-    build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
-                          eos_ids=eos)
-    self_store = FeatureStore(root / f"self-k{topk}", {**meta, "topk": topk, "source": "self-questions"}) \
-        if self_questions else None
-    text_store = FeatureStore(root / f"text-k{topk}", {**meta, "topk": topk, "source": "stdlib"}) \
-        if text_windows else None
-    if data_minutes > 0:
-        print(f"glide data: generating training answers for up to {data_minutes:g} min into {root} "
-              f"(a started batch is finished)", file=log)
-        from tqdm import tqdm
-
-        bar = tqdm(desc="glide data", unit="tok", file=log, disable=not progress, dynamic_ncols=True)
-        budget_end = time.perf_counter() + data_minutes * 60
-        if self_store is not None:
-            from redraft.training.selfprompt import load_or_make
-
-            qs = load_questions()
-            qtexts = load_or_make(root / "self-questions.json", model, tok, self_questions,
-                                  held_out=[q["turns"][0] for i, q in enumerate(qs) if is_held_out(i)], seed=0,
-                                  batch=64, max_new_tokens=64, temperature=0.8)
-            build_generation_data(model, tok, self_store, layers, question_ids=list(range(len(qtexts))),
-                                  max_new_tokens=max_new_tokens, eos_ids=eos, max_batch=64, max_tokens=16384,
-                                  max_prompt=sample_max_prompt, texts=qtexts, topk=topk,
-                                  seconds=max(0.0, budget_end - time.perf_counter()),
-                                  progress=lambda r, n: bar.update(n))
-        build_generation_data(model, tok, train_store, layers, question_ids=training_order(load_questions()),
-                              max_new_tokens=max_new_tokens, eos_ids=eos,
-                              seconds=max(0.0, budget_end - time.perf_counter()),
-                              progress=lambda r, n: bar.update(n))
-        for v in range(1, samples + 1):
-            left = budget_end - time.perf_counter()
-            if left <= 0:
-                break
-            # one directory per (temperature, set): another temperature starts new sets, never clashes
-            name = f"train-s{v}" if sample_temperature == 0.7 else f"train-t{sample_temperature:g}-s{v}"
-            build_generation_data(model, tok, FeatureStore(root / name, {**meta, "temperature":
-                                  sample_temperature, "sample": v}), layers,
-                                  question_ids=training_order(load_questions()), max_new_tokens=max_new_tokens,
-                                  eos_ids=eos, seconds=left, max_batch=64, max_prompt=sample_max_prompt,
-                                  temperature=sample_temperature, seed=v, progress=lambda r, n: bar.update(n))
-        bar.close()
-    if text_store is not None:
-        build_text_data(model, tok, text_store, layers, n_windows=text_windows, batch=8, topk=topk)
-    data_seconds = time.perf_counter() - t0
-    sample_stores = [FeatureStore(d, json.loads((d / "index.json").read_text())["meta"])
-                     for d in sorted(root.glob("train-*")) if (d / "index.json").is_file()]
-    records, heldout = train_store.load(), held_store.load()
-    n_sampled = 0
-    for st in sample_stores:
-        recs = st.load()
-        n_sampled += len(recs)
-        records += recs
-    n_self = n_text = 0
-    if self_store is not None:
-        recs = self_store.load()
-        n_self = len(recs)
-        records += recs
-    if text_store is not None:
-        recs = text_store.load()[:text_windows]
-        n_text = len(recs)
-        records += recs
-    extra_stores = [st for st in (self_store, text_store) if st is not None]
-    if not records:
-        raise SystemExit("redraft glide train: error: no training data (raise --data-minutes)")
-    n_tok = sum(len(r) for r in records)
-    n_gen = sum(len(r) - r.gen_start for r in records)
-    gen_seconds = sum(st.index["seconds"] for st in [train_store, *sample_stores, *extra_stores])
-    print(f"glide data: {len(records)} records, {n_tok} tokens ({n_gen} generated by the target) from "
-          f"{len(train_store.done_questions)} Spec-Bench questions ({n_sampled} sampled answers), "
-          f"{n_self} self-written questions and {n_text + train_store.index['text_windows']} stdlib windows; "
-          f"{data_seconds:.0f} s this call, {gen_seconds:.0f} s in total", file=log)
-
-    # token frequencies: the target's labels (weighted x4) + stdlib docs/sources + the training questions' text
-    questions = load_questions()
-    texts = [f.read_text(errors="replace") for f in stdlib_files()[:80]]
-    texts += [questions[i]["turns"][0] for i in training_order(questions)]
-    rank = vocab_ranking(model.config.vocab_size, records, tok, texts)
-    info = {"dir": str(root), "records": len(records), "tokens": n_tok, "generated_tokens": n_gen,
-            "questions": len(train_store.done_questions),
-            "text_windows": n_text + train_store.index["text_windows"], "self_questions": n_self, "topk": topk,
-            "sampled_answers": n_sampled, "sample_temperature": sample_temperature if sample_stores else None,
-            "heldout_questions": ESTIMATE_IDS, "generation_seconds": round(gen_seconds, 1), "command": command,
-            "per_store": {st.root.name: {"tokens": st.index["tokens"], "seconds": round(st.index["seconds"], 1)}
-                          for st in [train_store, *sample_stores, *extra_stores]}}
+    records, heldout, rank, info = build_training_data(
+        loaded, n_layers=cfg.n_layers, data_minutes=data_minutes, max_new_tokens=max_new_tokens,
+        text_windows=text_windows, data_dir=data_dir, progress=progress, samples=samples,
+        sample_temperature=sample_temperature, sample_max_prompt=sample_max_prompt, self_questions=self_questions,
+        topk=topk, command=command, log=log)
+    model, layers = loaded.model, info["layers"]
     trainer = Trainer(model, records, cfg, out, heldout=heldout, vocab_rank=rank, data_info=info)
     if resume:
         if (Path(out).expanduser() / "glide.json").is_file():
