@@ -169,6 +169,7 @@ def test_run_training_with_self_questions_and_text_windows(tiny, tmp_path, monke
     info = json.loads((tmp_path / "out" / "glide.json").read_text())["training"]["data"]
     assert info["self_questions"] == len(recs) and info["text_windows"] == 2 and info["topk"] == 3
     assert info["command"] == "redraft glide train --self-questions 6" and "self-k3" in info["per_store"]
+    assert info["per_store"]["self-k3"]["cpu_seconds"] > 0 and info["per_store"]["text-k3"]["cpu_seconds"] > 0
 
 
 @pytest.mark.parametrize("argv", [["--soft-weight", "1.5"], ["--soft-weight", "nan"], ["--device", "tpu"],

@@ -283,8 +283,10 @@ class FeatureStore:
     def done_questions(self) -> set[int]:
         return set(self.index["questions"])
 
-    def append(self, records: Sequence[Record], seconds: float, *, text_windows: int = 0) -> None:
-        """Write ``records`` as one new shard and record them in the index."""
+    def append(self, records: Sequence[Record], seconds: float, *, text_windows: int = 0,
+               cpu_seconds: float | None = None) -> None:
+        """Write ``records`` as one new shard and record them in the index (``seconds`` of wall-clock and, when
+        given, ``cpu_seconds`` of this process's CPU time: tokens per core-minute on a shared machine)."""
         from safetensors.torch import save_file
 
         if not records:
@@ -307,6 +309,8 @@ class FeatureStore:
         self.index["questions"] += [r.qid for r in records if r.qid >= 0]
         self.index["text_windows"] += text_windows
         self.index["seconds"] += seconds
+        if cpu_seconds is not None:
+            self.index["cpu_seconds"] = self.index.get("cpu_seconds", 0.0) + cpu_seconds
         self.index["tokens"] += int(lens.sum())
         tmp = self.index_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.index, indent=1))
@@ -380,11 +384,11 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
     for batch in batches_by_length(todo, lengths, max_tokens, max_batch):
         if seconds is not None and time.perf_counter() - t0 >= seconds:
             break
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         recs = generate_records(model, [prompts[i] for i in batch], layers, max_new_tokens=max_new_tokens,
                                 eos_ids=eos_ids, qids=batch, pad_id=pad, temperature=temperature,
                                 seed=seed * 100_003 + batch[0], topk=topk)
-        store.append(recs, time.perf_counter() - t1)
+        store.append(recs, time.perf_counter() - t1, cpu_seconds=time.process_time() - c1)
         added += len(recs)
         if progress is not None:
             progress(len(recs), sum(len(r) for r in recs))
@@ -404,8 +408,9 @@ def build_text_data(model, tokenizer, store: FeatureStore, layers: Sequence[int]
     for s in range(0, len(windows), batch):
         if seconds is not None and time.perf_counter() - t0 >= seconds:
             break
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         chunk = windows[s:s + batch]
-        store.append(text_records(model, chunk, layers, topk), time.perf_counter() - t1, text_windows=len(chunk))
+        store.append(text_records(model, chunk, layers, topk), time.perf_counter() - t1, text_windows=len(chunk),
+                     cpu_seconds=time.process_time() - c1)
         added += len(chunk)
     return added
