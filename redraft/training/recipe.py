@@ -140,6 +140,6 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
             "sampled_answers": n_sampled, "sample_temperature": sample_temperature if sample_stores else None,
             "heldout_questions": ESTIMATE_IDS, "generation_seconds": round(gen_seconds, 1), "command": command,
             "per_store": {st.root.name: {"tokens": st.index["tokens"], "seconds": round(st.index["seconds"], 1),
-                                         "cpu_seconds": round(st.index.get("cpu_seconds", 0.0), 1)}
+                                         "cpu_seconds": round(st.index.get("cpu_seconds", 0.0), 3)}
                           for st in [train_store, *sample_stores, *extra_stores]}, "layers": layers}
     return records, heldout, rank, info
