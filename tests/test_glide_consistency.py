@@ -34,6 +34,8 @@ def _draft(tiny, **kw):
             torch.nn.init.normal_(layer.cross_attn.o_proj.weight, std=0.3)
             if layer.cross_attn.newest is not None:
                 torch.nn.init.normal_(layer.cross_attn.newest.weight, std=0.3)
+            if layer.cross_attn.gate is not None:
+                torch.nn.init.normal_(layer.cross_attn.gate.weight, std=0.3)
     return draft.eval()
 
 
@@ -53,8 +55,9 @@ def _propose_hidden(draft, tiny, ids: list[int], root: int) -> torch.Tensor:
     return torch.cat(seen), prop.tokens
 
 
-@pytest.mark.parametrize("kw", [{}, {"cross_recency": True}, {"cross_newest": True}, {"cross_attention": False}],
-                         ids=["glide", "recency", "newest", "vanilla"])
+@pytest.mark.parametrize("kw", [{}, {"cross_recency": True}, {"cross_newest": True},
+                                {"cross_newest": True, "cross_gate": True}, {"cross_attention": False}],
+                         ids=["glide", "recency", "newest", "gated-newest", "vanilla"])
 def test_training_forward_equals_inference_drafting(tiny, kw):
     draft = _draft(tiny, **kw)
     rec = generate_records(tiny, [[5, 6, 7, 8]], [1], max_new_tokens=24)[0]

@@ -237,3 +237,21 @@ def test_run_uses_the_shipped_draft_by_default(tiny, tmp_path, monkeypatch):
     assert glide_drafter_from_args(args, SimpleNamespace(model=tiny)).draft.cfg.cross_attention
     with pytest.raises(SystemExit, match="shipped GliDe draft is for the default model"):
         glide_drafter_from_args(args, SimpleNamespace(model=build_tiny("llama", "sdpa", seed=9)))
+
+
+def test_gated_cross_attention_starts_closed_and_bounds_its_size(tiny, recs):
+    """cross_gate: at init the draft equals its vanilla twin (zero gain) although o_proj is the target's; the
+    branch's output size is then exactly its gain (RMSNorm), whatever the scale of the target's values."""
+    gated, plain = _draft(tiny, cross_gate=True, cross_newest=True), _draft(tiny, cross_attention=False)
+    ca = gated.layers[0].cross_attn
+    assert ca.gate.weight.abs().sum() == 0 and ca.o_proj.weight.abs().sum() > 0
+    b = collate(recs[:1], block=5)
+    with torch.no_grad():
+        torch.testing.assert_close(gated(b.ids, b.pos, b.kv, b.mask), plain(b.ids, b.pos, b.kv, b.mask))
+        ca.gate.weight.fill_(0.05)
+        x = torch.randn(1, b.ids.shape[1], gated.cfg.hidden_size)
+        cos, sin = gated.rotary(b.pos, torch.float32)
+        k, v = b.kv[0]
+        out = ca(x, cos, sin, 100 * k, 100 * v, b.mask, b.pos)  # huge target values
+    rms = out[0][b.mask[0, 0].any(-1)].pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms, torch.full_like(rms, 0.05), atol=1e-4, rtol=1e-3)

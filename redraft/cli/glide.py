@@ -75,7 +75,8 @@ def cmd_train(args) -> int:
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
                       n_layers=args.layers, vanilla=args.vanilla, seed=args.seed, init=args.init,
                       warmup=args.warmup, prompt_weight=args.prompt_weight, cross_recency=args.cross_recency,
-                      cross_newest=args.cross_newest, soft_weight=args.soft_weight, device=device)
+                      cross_newest=args.cross_newest, cross_gate=args.cross_gate, soft_weight=args.soft_weight,
+                      device=device)
     try:
         state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
                              max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
@@ -210,6 +211,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="weight of the target's top-k distribution in the loss, 0..1 (default 0: greedy labels only)")
     t.add_argument("--cross-newest", action="store_true",
                    help="also read the newest visible target K/V entry directly (ours, not in the paper)")
+    t.add_argument("--cross-gate", action="store_true",
+                   help="learned, zero-initialised size of the cross-attention output (ours, not in the paper)")
     t.add_argument("--device", default="cpu", type=device_name,
                    help="where the draft trains: cpu (default), cuda, cuda:N")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")

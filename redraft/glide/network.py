@@ -111,6 +111,13 @@ class CrossAttention(nn.Module):
     2022, initialised with ALiBi's geometric slopes). Why: the newest visible target entry carries the freshest
     information, but which entry is newest depends on the draft depth (the block mask hides the last d entries
     from depth d), and rotary scores alone cannot express "the newest visible key" for every depth at once.
+
+    With ``cfg.cross_gate`` (ours, issue 15) the output goes through an RMSNorm whose per-channel gain starts at
+    zero, so its size is a learned parameter in the residual stream's units (Flamingo's zero-initialised tanh gate,
+    Alayrac et al. 2022, per channel). Why: without it, a draft trained from a zero o_proj ends with a
+    cross-attention output ~20x the residual stream it is added to (measured, docs/glide.md): Adam moves every
+    o_proj weight by ~lr per step whatever the scale of its input, and the target's last-layer values are >10x
+    the draft's embeddings, so the branch swamps the token embedding it should refine.
     """
 
     def __init__(self, cfg: GlideConfig) -> None:
@@ -120,6 +127,11 @@ class CrossAttention(nn.Module):
         self.o_proj = nn.Linear(self.n * self.d, cfg.hidden_size, bias=False)
         # cross_newest: [newest K | newest V] (2 x Hkt x D) -> H, added to the output (see newest_entry)
         self.newest = nn.Linear(2 * self.nk * self.d, cfg.hidden_size, bias=False) if cfg.cross_newest else None
+        # cross_gate: output = g * rmsnorm(output), g zero at the start (see the class docstring)
+        self.gate = None
+        if cfg.cross_gate:
+            self.gate = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            nn.init.zeros_(self.gate.weight)
         self.recency = None
         if cfg.cross_recency:
             slopes = 2.0 ** (-8.0 * torch.arange(1, self.n + 1) / self.n)  # ALiBi's slopes
@@ -159,6 +171,8 @@ class CrossAttention(nn.Module):
         out = self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
         if self.newest is not None and newest is not None:
             out = out + self.newest(newest)
+        if self.gate is not None:
+            out = self.gate(out)
         return out
 
 
@@ -343,7 +357,10 @@ def init_from_target(draft: GlideDraft, target) -> None:
             if dst.cross_attn is not None:
                 read = layers[li]
                 dst.cross_attn.q_proj.weight.copy_(read.self_attn.q_proj.weight)
-                dst.cross_attn.o_proj.weight.zero_()
+                if dst.cross_attn.gate is not None:  # the zero gain gates the branch: o_proj may start as the target's
+                    dst.cross_attn.o_proj.weight.copy_(read.self_attn.o_proj.weight)
+                else:
+                    dst.cross_attn.o_proj.weight.zero_()
                 if dst.cross_attn.newest is not None:
                     dst.cross_attn.newest.weight.zero_()
                 dst.cross_layernorm.weight.copy_(read.input_layernorm.weight)
@@ -358,7 +375,8 @@ def build_draft(target, cfg: GlideConfig, vocab_ids: torch.Tensor | None = None)
     """
     tcfg = target.config
     want = GlideConfig.from_target(tcfg, n_layers=cfg.n_layers, cross_attention=cfg.cross_attention,
-                                   cross_recency=cfg.cross_recency, cross_newest=cfg.cross_newest)
+                                   cross_recency=cfg.cross_recency, cross_newest=cfg.cross_newest,
+                                   cross_gate=cfg.cross_gate)
     for f in ("hidden_size", "head_dim", "target_n_layers", "target_n_heads", "target_n_kv_heads", "vocab_size"):
         if getattr(cfg, f) != getattr(want, f):
             raise ValueError(f"draft {f}={getattr(cfg, f)} does not fit the target ({getattr(want, f)})")

@@ -53,6 +53,8 @@ class TrainConfig:
             :class:`redraft.glide.network.CrossAttention`).
         cross_newest: GliDe draft that also reads the newest visible target entry directly (ours, see
             :func:`redraft.glide.network.newest_entry`).
+        cross_gate: GliDe draft whose cross-attention output has a learned, zero-initialised size (ours, see
+            :class:`redraft.glide.network.CrossAttention`).
         soft_weight: weight of the target's top-k distribution in the loss (0 = greedy labels only; needs
             records with top-k, see :func:`redraft.training.objective.draft_loss`).
         device: where the draft trains ("cpu", "cuda", "cuda:1", ...); the records stay in CPU memory.
@@ -79,6 +81,7 @@ class TrainConfig:
     init: str = "target"
     cross_recency: bool = False
     cross_newest: bool = False
+    cross_gate: bool = False
     soft_weight: float = 0.0
     device: str = "cpu"
 
@@ -155,7 +158,8 @@ class Trainer:
         self.data_info = data_info or {}
         gcfg = GlideConfig.from_target(target.config, n_layers=cfg.n_layers, cross_attention=not cfg.vanilla,
                                        block_size=cfg.block, cross_recency=cfg.cross_recency and not cfg.vanilla,
-                                       cross_newest=cfg.cross_newest and not cfg.vanilla)
+                                       cross_newest=cfg.cross_newest and not cfg.vanilla,
+                                       cross_gate=cfg.cross_gate and not cfg.vanilla)
         self.draft = build_draft(target, gcfg)
         if cfg.init == "target":
             init_from_target(self.draft, target)
@@ -189,9 +193,8 @@ class Trainer:
         meta = read_meta(self.out)
         check_target(meta, self.target, self.out)
         saved = GlideConfig.from_dict(meta["config"])
-        if (saved.cross_attention, saved.n_layers, saved.cross_recency, saved.cross_newest) != (
-                self.draft.cfg.cross_attention, self.draft.cfg.n_layers, self.draft.cfg.cross_recency,
-                self.draft.cfg.cross_newest):
+        kind = ("cross_attention", "n_layers", "cross_recency", "cross_newest", "cross_gate")
+        if [getattr(saved, k) for k in kind] != [getattr(self.draft.cfg, k) for k in kind]:
             raise ValueError(f"{self.out} holds a {'GliDe' if saved.cross_attention else 'vanilla'} draft with "
                              f"{saved.n_layers} layer(s); this run trains another kind")
         tensors = load_file(str(self.out / "draft.safetensors"), device=str(self.device))
