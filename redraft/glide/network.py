@@ -161,7 +161,8 @@ class CrossAttention(nn.Module):
         attn_mask = mask
         if self.recency is not None:
             T = k.shape[2]
-            dist = (q_pos[:, None, :, None] - torch.arange(T)[None, None, None, :]).clamp(min=0).to(q.dtype)
+            dist = (q_pos[:, None, :, None] - torch.arange(T, device=q.device)[None, None, None, :]).clamp(min=0)
+            dist = dist.to(q.dtype)
             bias = -F.softplus(self.recency)[None, :, None, None] * dist  # [B, Ht, S, T]
             # finite fill: a row with no visible key must not turn into NaN (it is zeroed below)
             attn_mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
@@ -196,7 +197,7 @@ def newest_entry(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, ro
     """
     B, Hkt, T, D = k.shape
     if mask is None:
-        count = torch.full((B, n_queries), T, dtype=torch.long)
+        count = torch.full((B, n_queries), T, dtype=torch.long, device=k.device)
     else:
         count = mask.expand(-1, -1, n_queries, T)[:, 0].sum(-1).expand(B, n_queries)  # [B, S]
     idx = (count - 1).clamp(min=0)  # [B, S]
