@@ -255,3 +255,17 @@ def test_gated_cross_attention_starts_closed_and_bounds_its_size(tiny, recs):
         out = ca(x, cos, sin, 100 * k, 100 * v, b.mask, b.pos)  # huge target values
     rms = out[0][b.mask[0, 0].any(-1)].pow(2).mean(-1).sqrt()
     torch.testing.assert_close(rms, torch.full_like(rms, 0.05), atol=1e-4, rtol=1e-3)
+
+
+def test_training_gates_the_cross_attention_by_default(tiny, recs, tmp_path):
+    import argparse
+
+    from redraft.cli import glide
+
+    parser = argparse.ArgumentParser(prog="redraft")
+    glide.register(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["glide", "train", "--out", "x"]).cross_gate
+    assert not parser.parse_args(["glide", "train", "--out", "x", "--no-cross-gate"]).cross_gate
+    assert Trainer(tiny, recs, TrainConfig(train_vocab=0), tmp_path / "a").draft.layers[0].cross_attn.gate is not None
+    ungated = Trainer(tiny, recs, TrainConfig(train_vocab=0, cross_gate=False), tmp_path / "b").draft
+    assert ungated.layers[0].cross_attn.gate is None and not ungated.layers[0].cross_attn.o_proj.weight.any()

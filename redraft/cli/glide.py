@@ -211,8 +211,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="weight of the target's top-k distribution in the loss, 0..1 (default 0: greedy labels only)")
     t.add_argument("--cross-newest", action="store_true",
                    help="also read the newest visible target K/V entry directly (ours, not in the paper)")
-    t.add_argument("--cross-gate", action="store_true",
-                   help="learned, zero-initialised size of the cross-attention output (ours, not in the paper)")
+    t.add_argument("--cross-gate", action=argparse.BooleanOptionalAction, default=True,
+                   help="learned, zero-initialised size of the cross-attention output (ours, not in the paper; "
+                        "default on; --no-cross-gate trains the paper's ungated cross-attention)")
     t.add_argument("--device", default="cpu", type=device_name,
                    help="where the draft trains: cpu (default), cuda, cuda:N")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")

@@ -54,7 +54,7 @@ class TrainConfig:
         cross_newest: GliDe draft that also reads the newest visible target entry directly (ours, see
             :func:`redraft.glide.network.newest_entry`).
         cross_gate: GliDe draft whose cross-attention output has a learned, zero-initialised size (ours, see
-            :class:`redraft.glide.network.CrossAttention`).
+            :class:`redraft.glide.network.CrossAttention`); on by default since issue 15 (False = issue 5's drafts).
         soft_weight: weight of the target's top-k distribution in the loss (0 = greedy labels only; needs
             records with top-k, see :func:`redraft.training.objective.draft_loss`).
         device: where the draft trains ("cpu", "cuda", "cuda:1", ...); the records stay in CPU memory.
@@ -81,7 +81,7 @@ class TrainConfig:
     init: str = "target"
     cross_recency: bool = False
     cross_newest: bool = False
-    cross_gate: bool = False
+    cross_gate: bool = True
     soft_weight: float = 0.0
     device: str = "cpu"
 
