@@ -6,6 +6,8 @@ Figures are from measurements on the 2-core development CPU (see docs/benchmarks
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # Draft depth (tokens along one path). Colibri's COLI_CORPUS_K default and cap.
 CORPUS_K_DEFAULT = 8
 MAX_DRAFT_DEPTH = 48
@@ -76,3 +78,6 @@ PROBE_MAX = 4
 # to this long (one suffix-array search whatever the length), the n-gram source from 2 tokens like HF prompt lookup.
 POLICY_SUFFIX_MAX_N = 64
 POLICY_NGRAM_MIN_N = 2
+
+# The GliDe draft shipped inside the package for the default target (absent until one earns its place: docs/glide.md).
+SHIPPED_GLIDE_DIR = Path(__file__).resolve().parent / "data" / "glide" / "smollm2-135m-instruct"

@@ -15,7 +15,7 @@ import sys
 
 from redraft.corpus import CorpusError, tokenizer_fingerprint
 from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_GAMMA, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
-                              TREE_BUDGET)
+                              SHIPPED_GLIDE_DIR, TREE_BUDGET)
 from redraft.drafters import build_drafters
 from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins
@@ -175,7 +175,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
 def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
     """``--draft glide --draft-model PATH [--cape] [--gamma N] [--draft-vocab N] [--cape-bins SPEC]``."""
     p.add_argument("--draft", choices=("glide",), default=None, help="add a draft model source (glide)")
-    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out')")
+    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out'); "
+                   "default: the draft shipped for the default model, if this install has one")
     p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
     p.add_argument("--cape-bins", type=cape_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
     p.add_argument("--gamma", type=positive, default=None, help=f"GliDe draft depth (default {GLIDE_GAMMA})")
@@ -367,8 +368,10 @@ def check_glide_draft_args(args) -> None:
     stray = [flag for flag, value in given if value]
     if getattr(args, "draft", None) != "glide" and stray:
         raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
-    if getattr(args, "draft", None) == "glide" and not getattr(args, "draft_model", None):
-        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH (train one with 'redraft glide train')")
+    if (getattr(args, "draft", None) == "glide" and not getattr(args, "draft_model", None)
+            and not (SHIPPED_GLIDE_DIR / "glide.json").is_file()):
+        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH: this install ships no GliDe "
+                         "draft (train one with 'redraft glide train')")
     if getattr(args, "cape_bins", None) is not None and not getattr(args, "cape", False):
         raise SystemExit("redraft: error: --cape-bins: only used with --cape")
 
@@ -418,14 +421,22 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     does not pay stops costing its ~20-45 ms per step.
 
     Raises:
-        SystemExit: --draft glide without --draft-model, or a checkpoint that is unreadable or for another target.
+        SystemExit: --draft glide without --draft-model when no draft is shipped (or the shipped one is for another
+            target), or a checkpoint that is unreadable or for another target.
     """
     check_glide_draft_args(args)
     if getattr(args, "draft", None) != "glide":
         return None
     # torch-bound: see the module doc
     from redraft.drafters.glide import load_glide_drafter
-    from redraft.glide.checkpoint import CheckpointError
+    from redraft.glide.checkpoint import CheckpointError, TargetMismatchError
+
+    path = args.draft_model
+    if not path:  # the draft shipped in the package, trained for the default model
+        path = SHIPPED_GLIDE_DIR
+        if not (path / "glide.json").is_file():
+            raise SystemExit("redraft: error: --draft glide needs --draft-model PATH: this install ships no GliDe "
+                             "draft (train one with 'redraft glide train')")
 
     bins = (args.cape_bins or CapeBins()) if args.cape else None
     gamma = args.gamma if args.gamma is not None else GLIDE_GAMMA
@@ -433,8 +444,13 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     # corpus's 50% would switch off a draft that still pays
     guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
     try:
-        return load_glide_drafter(args.draft_model, loaded.model, gamma=gamma, cape=bins,
+        return load_glide_drafter(path, loaded.model, gamma=gamma, cape=bins,
                                   head_vocab=args.draft_vocab or None, guard=guard)
+    except TargetMismatchError as e:
+        if args.draft_model:
+            raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit("redraft: error: the shipped GliDe draft is for the default model; with --model give "
+                         "--draft-model PATH (train one with 'redraft glide train')")
     except CheckpointError as e:
         raise SystemExit(f"redraft: error: {e}")
 

@@ -27,6 +27,26 @@ def _directory(text: str, what: str):
     return p
 
 
+def float_in_unit(text: str) -> float:
+    """argparse type: a float in [0, 1]."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return x
+
+
+def device_name(text: str) -> str:
+    """argparse type: cpu, cuda or cuda:N."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 def cmd_train(args) -> int:
     # torch-bound: imported when the command runs, not at registration
     import torch
@@ -47,16 +67,22 @@ def cmd_train(args) -> int:
             config_of(read_meta(out), out)
         except CheckpointError as e:
             raise SystemExit(f"redraft glide train: error: {e}")
+    device = args.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"redraft glide train: error: --device {device}: no CUDA device is available here")
     loaded = load_model_or_exit(args.model)
     cfg = TrainConfig(max_steps=args.max_steps, max_minutes=args.max_minutes, lr=args.lr,
                       batch_tokens=args.batch_tokens, train_vocab=args.train_vocab, ckpt_every=args.ckpt_every,
                       n_layers=args.layers, vanilla=args.vanilla, seed=args.seed, init=args.init,
-                      warmup=args.warmup, prompt_weight=args.prompt_weight, cross_recency=args.cross_recency)
+                      warmup=args.warmup, prompt_weight=args.prompt_weight, cross_recency=args.cross_recency,
+                      cross_newest=args.cross_newest, cross_gate=args.cross_gate, soft_weight=args.soft_weight,
+                      device=device)
     try:
         state = run_training(loaded, args.out, cfg, resume=args.resume, data_minutes=args.data_minutes,
                              max_new_tokens=args.max_new_tokens, text_windows=args.text_windows,
                              data_dir=args.data_dir, threads=threads, samples=args.samples,
-                             sample_temperature=args.sample_temperature)
+                             sample_temperature=args.sample_temperature, self_questions=args.self_questions,
+                             topk=args.topk, command=" ".join(["redraft", *sys.argv[1:]]))
     except (CheckpointError, ValueError, OSError) as e:
         raise SystemExit(f"redraft glide train: error: {e}")
     print(f"wrote {args.out}: {state.step} steps, {state.tokens} tokens, {state.seconds / 60:.1f} min of training",
@@ -119,6 +145,20 @@ def cmd_eval(args) -> int:
     return 0 if all(r.identical == r.questions for r in results) else 1
 
 
+def cmd_export(args) -> int:
+    # torch-bound: imported when the command runs, not at registration
+    from redraft.glide.checkpoint import CheckpointError, export_draft
+
+    loaded = load_model_or_exit(args.model)
+    try:
+        out = export_draft(args.src, args.dst, loaded.model)
+    except CheckpointError as e:
+        raise SystemExit(f"redraft glide export: error: {e}")
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"wrote {out}: {size / 1e6:.1f} MB (fp16 weights)", file=sys.stderr)
+    return 0
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser.
 
@@ -159,7 +199,23 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="after the greedy answers, generate up to N sampled answer sets for the short training "
                         "questions (more target-written text per minute; labels stay greedy; default 8)")
     t.add_argument("--sample-temperature", type=float_above(0, strict=True), default=0.7, help="temperature of --samples (default 0.7)")
-    t.add_argument("--text-windows", type=int_at_least(0), default=0, help="add N 256-token stdlib text windows (default 0)")
+    t.add_argument("--text-windows", type=int_at_least(0), default=0,
+                   help="add N 256-token stdlib text windows, labelled by the target in one forward each (default 0)")
+    t.add_argument("--self-questions", type=int_at_least(0), default=0,
+                   help="have the target write N training questions over many topics and task types, and answer "
+                        "them first (default 0; never overlaps the held-out questions)")
+    t.add_argument("--topk", type=int_at_least(1), default=8,
+                   help="keep the target's top-k next tokens per position in the self-question and text data "
+                        "(default 8)")
+    t.add_argument("--soft-weight", type=float_in_unit, default=0.0,
+                   help="weight of the target's top-k distribution in the loss, 0..1 (default 0: greedy labels only)")
+    t.add_argument("--cross-newest", action="store_true",
+                   help="also read the newest visible target K/V entry directly (ours, not in the paper)")
+    t.add_argument("--cross-gate", action=argparse.BooleanOptionalAction, default=True,
+                   help="learned, zero-initialised size of the cross-attention output (ours, not in the paper; "
+                        "default on; --no-cross-gate trains the paper's ungated cross-attention)")
+    t.add_argument("--device", default="cpu", type=device_name,
+                   help="where the draft trains: cpu (default), cuda, cuda:N")
     t.add_argument("--data-dir", default=None, help="feature cache directory (default under ~/.cache/redraft/glide)")
     t.add_argument("--init", choices=("target", "random"), default="target",
                    help="initialise from the target's last layer(s) (default) or at random")
@@ -185,4 +241,13 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "size)")
     e.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the figures as JSON")
     e.set_defaults(func=cmd_eval)
+
+    x = sub.add_parser("export", help="write a compact copy of a checkpoint (fp16 weights, no optimizer state)",
+                       description="Copy a trained checkpoint as fp16 weights + glide.json (training summary kept), "
+                                   "e.g. into redraft/data/glide/smollm2-135m-instruct, the draft 'redraft run "
+                                   "--draft glide' uses when no --draft-model is given.")
+    add_model_arg(x)
+    x.add_argument("src", help="checkpoint directory ('redraft glide train --out')")
+    x.add_argument("dst", help="directory to write")
+    x.set_defaults(func=cmd_export)
     return p

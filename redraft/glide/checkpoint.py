@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from redraft.defaults import SHIPPED_GLIDE_DIR
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft
 
@@ -79,7 +80,7 @@ def target_description(model) -> str:
 
 
 def save_draft(out: str | os.PathLike, draft: GlideDraft, target, *, vocab_rank: torch.Tensor | None = None,
-               training: dict | None = None) -> Path:
+               training: dict | None = None, dtype: torch.dtype | None = None) -> Path:
     """Write ``glide.json`` + ``draft.safetensors`` into ``out`` (created if needed), atomically per file.
 
     Args:
@@ -87,6 +88,8 @@ def save_draft(out: str | os.PathLike, draft: GlideDraft, target, *, vocab_rank:
         target: the transformers target model it was trained for (its fingerprint goes into the config).
         vocab_rank: LongTensor [vocab] token ids by descending frequency, or None.
         training: JSON-able training summary (steps, tokens, loss, held-out acceptance, seconds, data).
+        dtype: store the weights in this float dtype (e.g. torch.float16 for a compact shipped checkpoint; they
+            are cast back to the target's dtype at load) and the ranking as int32; None = as they are.
     Returns:
         the directory.
     """
@@ -94,10 +97,12 @@ def save_draft(out: str | os.PathLike, draft: GlideDraft, target, *, vocab_rank:
 
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in draft.state_dict().items()
+    tensors = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()
                if k not in ("embed_weight", "head_weight") and not k.startswith("rotary.")}
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     if vocab_rank is not None:
-        tensors["vocab_rank"] = vocab_rank.to(torch.long).contiguous()
+        tensors["vocab_rank"] = vocab_rank.to(torch.long if dtype is None else torch.int32).contiguous()
     cfg = draft.cfg.to_dict()
     cfg["head_vocab"] = 0  # the head size is chosen at load time from vocab_rank
     meta = {"format": FORMAT, "version": VERSION, "config": cfg,
@@ -186,6 +191,7 @@ def load_draft(path: str | os.PathLike, target, *, head_vocab: int | None = None
     except Exception as e:  # safetensors raises several types for a bad file
         raise CheckpointError(f"{path}: cannot read {WEIGHTS_FILE} ({type(e).__name__}: {e})") from e
     rank = tensors.pop("vocab_rank", None)
+    rank = None if rank is None else rank.long()
     draft = build_draft(target, cfg)
     missing, unexpected = draft.load_state_dict(tensors, strict=False)
     missing = [k for k in missing if k not in ("embed_weight", "head_weight") and not k.startswith("rotary.")]
@@ -200,3 +206,22 @@ def load_draft(path: str | os.PathLike, target, *, head_vocab: int | None = None
     draft.vocab_rank = rank
     draft.meta = meta
     return draft.eval()
+
+
+def shipped_draft_dir() -> Path:
+    """Where the GliDe draft shipped inside the package for the default target lives (it may be absent)."""
+    return SHIPPED_GLIDE_DIR
+
+
+def export_draft(src: str | os.PathLike, dst: str | os.PathLike, target) -> Path:
+    """Copy the checkpoint in ``src`` into ``dst`` as a compact one (fp16 weights, int32 ranking, no optimizer).
+
+    ``glide.json`` keeps the training summary (command, data recipe, minutes) and records the export.
+    Raises:
+        CheckpointError / TargetMismatchError: as :func:`load_draft`.
+    """
+    draft = load_draft(src, target)
+    meta = draft.meta
+    training = dict(meta.get("training") or {})
+    training["exported_from"] = str(src)
+    return save_draft(dst, draft, target, vocab_rank=draft.vocab_rank, training=training, dtype=torch.float16)

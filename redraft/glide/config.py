@@ -31,6 +31,10 @@ class GlideConfig:
         block_size: training block size of the cross-attention mask (5 in the paper).
         cross_recency: add a learned per-head recency bias to the cross-attention scores (ours, not in the
             paper; see :class:`redraft.glide.network.CrossAttention`). False = the paper's cross-attention.
+        cross_newest: also feed the newest visible target K/V entry (rotary removed) through a linear map into
+            the cross-attention's output (ours, not in the paper; see :func:`redraft.glide.network.newest_entry`).
+        cross_gate: scale the cross-attention's output to a learned per-channel size, zero at the start (RMSNorm
+            with a zero-initialised gain; ours, see :class:`redraft.glide.network.CrossAttention`).
     """
 
     hidden_size: int
@@ -50,6 +54,8 @@ class GlideConfig:
     head_vocab: int = 0
     block_size: int = 5
     cross_recency: bool = False
+    cross_newest: bool = False
+    cross_gate: bool = False
 
     @property
     def target_layers(self) -> list[int]:
@@ -67,7 +73,8 @@ class GlideConfig:
     @classmethod
     def from_target(cls, tcfg, *, n_layers: int = 1, cross_attention: bool = True, head_vocab: int = 0,
                     intermediate_size: int | None = None, block_size: int = 5,
-                    cross_recency: bool = False) -> "GlideConfig":
+                    cross_recency: bool = False, cross_newest: bool = False,
+                    cross_gate: bool = False) -> "GlideConfig":
         """Draft geometry mirroring a Llama-style target config (heads, head_dim, norm eps, rope).
 
         Raises:
@@ -86,4 +93,4 @@ class GlideConfig:
                    target_n_heads=heads, target_n_kv_heads=kv, vocab_size=int(tcfg.vocab_size),
                    rms_norm_eps=float(getattr(tcfg, "rms_norm_eps", 1e-5)), rope_theta=theta, rope_type=rtype,
                    cross_attention=cross_attention, head_vocab=int(head_vocab), block_size=block_size,
-                   cross_recency=cross_recency)
+                   cross_recency=cross_recency, cross_newest=cross_newest, cross_gate=cross_gate)

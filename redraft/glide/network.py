@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from redraft.glide.config import GlideConfig
-from redraft.glide.positions import Rotary, apply_rope, target_rope
+from redraft.glide.positions import Rotary, apply_rope, rotate_half, target_rope
 
 
 # ---- layers ---------------------------------------------------------------------------------------------------------
@@ -111,6 +111,13 @@ class CrossAttention(nn.Module):
     2022, initialised with ALiBi's geometric slopes). Why: the newest visible target entry carries the freshest
     information, but which entry is newest depends on the draft depth (the block mask hides the last d entries
     from depth d), and rotary scores alone cannot express "the newest visible key" for every depth at once.
+
+    With ``cfg.cross_gate`` (ours, issue 15) the output goes through an RMSNorm whose per-channel gain starts at
+    zero, so its size is a learned parameter in the residual stream's units (Flamingo's zero-initialised tanh gate,
+    Alayrac et al. 2022, per channel). Why: without it, a draft trained from a zero o_proj ends with a
+    cross-attention output ~20x the residual stream it is added to (measured, docs/glide.md): Adam moves every
+    o_proj weight by ~lr per step whatever the scale of its input, and the target's last-layer values are >10x
+    the draft's embeddings, so the branch swamps the token embedding it should refine.
     """
 
     def __init__(self, cfg: GlideConfig) -> None:
@@ -118,13 +125,21 @@ class CrossAttention(nn.Module):
         self.n, self.nk, self.d = cfg.target_n_heads, cfg.target_n_kv_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, self.n * self.d, bias=False)
         self.o_proj = nn.Linear(self.n * self.d, cfg.hidden_size, bias=False)
+        # cross_newest: [newest K | newest V] (2 x Hkt x D) -> H, added to the output (see newest_entry)
+        self.newest = nn.Linear(2 * self.nk * self.d, cfg.hidden_size, bias=False) if cfg.cross_newest else None
+        # cross_gate: output = g * rmsnorm(output), g zero at the start (see the class docstring)
+        self.gate = None
+        if cfg.cross_gate:
+            self.gate = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            nn.init.zeros_(self.gate.weight)
         self.recency = None
         if cfg.cross_recency:
             slopes = 2.0 ** (-8.0 * torch.arange(1, self.n + 1) / self.n)  # ALiBi's slopes
             self.recency = nn.Parameter(torch.log(torch.expm1(slopes)))  # softplus^-1: softplus(param) = slope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None, q_pos: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, q_pos: torch.Tensor | None = None,
+                newest: torch.Tensor | None = None) -> torch.Tensor:
         """Cross-attend.
 
         Args:
@@ -134,6 +149,8 @@ class CrossAttention(nn.Module):
                 entry j is the target's position j.
             mask: BoolTensor broadcastable to [B, 1, S, T], True = attend; None = every query sees all T.
             q_pos: LongTensor [B, S] absolute query positions (needed only with the recency bias).
+            newest: [B, S, 2*Hkt*D] each query's newest visible entry (:func:`newest_entry`), used with
+                ``cfg.cross_newest``.
         Returns:
             [B, S, H]; a query that sees no key at all gets a zero output (no NaN).
         """
@@ -144,14 +161,53 @@ class CrossAttention(nn.Module):
         attn_mask = mask
         if self.recency is not None:
             T = k.shape[2]
-            dist = (q_pos[:, None, :, None] - torch.arange(T)[None, None, None, :]).clamp(min=0).to(q.dtype)
+            dist = (q_pos[:, None, :, None] - torch.arange(T, device=q.device)[None, None, None, :]).clamp(min=0)
+            dist = dist.to(q.dtype)
             bias = -F.softplus(self.recency)[None, :, None, None] * dist  # [B, Ht, S, T]
             # finite fill: a row with no visible key must not turn into NaN (it is zeroed below)
             attn_mask = bias if mask is None else bias.masked_fill(~mask, torch.finfo(q.dtype).min)
         o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=attn_mask, enable_gqa=True)
         if mask is not None:
             o = o * mask.any(-1, keepdim=True).to(o.dtype)  # [B, 1, S, 1]: rows with no visible key -> 0
-        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
+        out = self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
+        if self.newest is not None and newest is not None:
+            out = out + self.newest(newest)
+        if self.gate is not None:
+            out = self.gate(out)
+        return out
+
+
+def newest_entry(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, rotary: Rotary,
+                 n_queries: int) -> torch.Tensor:
+    """Each query's newest visible target entry: [K | V] with K's rotary undone, zero where nothing is visible.
+
+    Why (ours, issue 15): a linear probe on the target's last-layer K/V at the position just before the root
+    predicts the token after the root 7 points better than the root's embedding alone, but softmax attention with
+    rotary scores cannot single out "the newest visible key" (which one it is depends on the draft depth). Every
+    visible set here is a prefix (block mask, prefix mask, or everything), so the newest entry is at index
+    (visible count - 1). K is stored rotated at its own position; rotating back makes the feature position-free.
+
+    Args:
+        k, v: [B, Hkt, T, D] the target cache of the layer read.
+        mask: BoolTensor broadcastable to [B, 1, S, T] of prefix rows, or None (every query sees all T).
+        rotary: the draft's (= the target's) rotary tables.
+        n_queries: S.
+    Returns:
+        [B, S, 2*Hkt*D] in k's dtype.
+    """
+    B, Hkt, T, D = k.shape
+    if mask is None:
+        count = torch.full((B, n_queries), T, dtype=torch.long, device=k.device)
+    else:
+        count = mask.expand(-1, -1, n_queries, T)[:, 0].sum(-1).expand(B, n_queries)  # [B, S]
+    idx = (count - 1).clamp(min=0)  # [B, S]
+    gather = idx[:, None, :, None].expand(B, Hkt, n_queries, D)
+    kn, vn = k.gather(2, gather), v.gather(2, gather)  # [B, Hkt, S, D]
+    cos, sin = rotary(idx, kn.dtype)  # [B, 1, S, D]
+    s2 = rotary.scaling ** 2
+    kn = (kn * cos - rotate_half(kn) * sin) / s2  # inverse rotation (cos^2 + sin^2 = scaling^2)
+    feat = torch.cat((kn, vn), 1).transpose(1, 2).reshape(B, n_queries, 2 * Hkt * D)
+    return feat * (count > 0)[..., None].to(feat.dtype)
 
 
 class MLP(nn.Module):
@@ -181,11 +237,11 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, target_kv=None, cross_mask=None, cache=None, layer=0, pos=None):
+    def forward(self, x, cos, sin, target_kv=None, cross_mask=None, cache=None, layer=0, pos=None, newest=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer)
         if self.cross_attn is not None and target_kv is not None:  # no target cache visible: contributes 0
             k, v = target_kv
-            x = x + self.cross_attn(self.cross_layernorm(x), cos, sin, k, v, cross_mask, pos)
+            x = x + self.cross_attn(self.cross_layernorm(x), cos, sin, k, v, cross_mask, pos, newest)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -252,7 +308,10 @@ class GlideDraft(nn.Module):
         cos, sin = self.rotary(pos, x.dtype)
         for i, layer in enumerate(self.layers):
             kv = target_kv[i] if (target_kv is not None and self.cfg.cross_attention) else None
-            x = layer(x, cos, sin, kv, cross_mask, cache, i, pos)
+            newest = None
+            if kv is not None and self.cfg.cross_newest and kv[0].shape[2] > 0:
+                newest = newest_entry(kv[0].to(x.dtype), kv[1].to(x.dtype), cross_mask, self.rotary, ids.shape[1])
+            x = layer(x, cos, sin, kv, cross_mask, cache, i, pos, newest)
         if cache is not None:
             cache.length += ids.shape[1]
         return self.norm(x)
@@ -299,7 +358,12 @@ def init_from_target(draft: GlideDraft, target) -> None:
             if dst.cross_attn is not None:
                 read = layers[li]
                 dst.cross_attn.q_proj.weight.copy_(read.self_attn.q_proj.weight)
-                dst.cross_attn.o_proj.weight.zero_()
+                if dst.cross_attn.gate is not None:  # the zero gain gates the branch: o_proj may start as the target's
+                    dst.cross_attn.o_proj.weight.copy_(read.self_attn.o_proj.weight)
+                else:
+                    dst.cross_attn.o_proj.weight.zero_()
+                if dst.cross_attn.newest is not None:
+                    dst.cross_attn.newest.weight.zero_()
                 dst.cross_layernorm.weight.copy_(read.input_layernorm.weight)
         draft.norm.weight.copy_(target.base_model.norm.weight)
 
@@ -312,7 +376,8 @@ def build_draft(target, cfg: GlideConfig, vocab_ids: torch.Tensor | None = None)
     """
     tcfg = target.config
     want = GlideConfig.from_target(tcfg, n_layers=cfg.n_layers, cross_attention=cfg.cross_attention,
-                                   cross_recency=cfg.cross_recency)
+                                   cross_recency=cfg.cross_recency, cross_newest=cfg.cross_newest,
+                                   cross_gate=cfg.cross_gate)
     for f in ("hidden_size", "head_dim", "target_n_layers", "target_n_heads", "target_n_kv_heads", "vocab_size"):
         if getattr(cfg, f) != getattr(want, f):
             raise ValueError(f"draft {f}={getattr(cfg, f)} does not fit the target ({getattr(want, f)})")
@@ -323,5 +388,5 @@ def build_draft(target, cfg: GlideConfig, vocab_ids: torch.Tensor | None = None)
     return draft.to(embed.dtype)
 
 
-__all__ = ["GlideDraft", "DraftCache", "CrossAttention", "SelfAttention", "DraftLayer", "init_from_target",
+__all__ = ["GlideDraft", "DraftCache", "CrossAttention", "newest_entry", "SelfAttention", "DraftLayer", "init_from_target",
            "build_draft"]

@@ -6,7 +6,9 @@ token sequence run through the frozen target once, keeping
 - ``ids`` [N]: the input tokens,
 - ``labels`` [N]: the target's greedy choice after each position (what the draft must predict),
 - ``k``, ``v`` [L_D, Hkt, N, D] (fp16): the target's cached keys/values of the layers the draft reads,
-- ``gen_start``: the first position whose token the target generated itself (N for plain text records).
+- ``gen_start``: the first position whose token the target generated itself (N for plain text records);
+- optionally ``top_ids`` [N, k] (int32) and ``top_logp`` [N, k] (fp16): the target's k most likely next tokens
+  at each position and their log-probabilities (full-vocabulary softmax), for distilling its distribution.
 
 Sources, all available offline:
 
@@ -75,23 +77,35 @@ class Record:
     k: torch.Tensor | None
     v: torch.Tensor | None
     qid: int = -1
+    top_ids: torch.Tensor | None = None
+    top_logp: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
 
-def _chunked_argmax(hidden: torch.Tensor, head: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    """argmax over the vocabulary of hidden [B, S, H] @ head.T, S in chunks (full logits would take GBs)."""
-    out = []
-    for s in range(0, hidden.shape[1], chunk):
-        out.append((hidden[:, s:s + chunk] @ head.T).argmax(-1))
-    return torch.cat(out, 1)
+def _top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """logits [..., V] -> (argmax [...], top-k ids int32 [..., k] and log-probabilities fp16 [..., k], or Nones)."""
+    if k <= 0:
+        return logits.argmax(-1), None, None
+    logp = torch.log_softmax(logits.float(), -1)
+    top = torch.topk(logp, k, dim=-1)
+    # argmax, not top.indices[..., 0]: ties must resolve exactly as greedy decoding resolves them
+    return logits.argmax(-1), top.indices.int(), top.values.half()
+
+
+def _chunked_top(hidden: torch.Tensor, head: torch.Tensor, k: int = 0, chunk: int = 64):
+    """:func:`_top` of hidden [B, S, H] @ head.T, S in chunks (full logits would take GBs)."""
+    parts = [_top(hidden[:, s:s + chunk] @ head.T, k) for s in range(0, hidden.shape[1], chunk)]
+    if k <= 0:
+        return torch.cat([p[0] for p in parts], 1), None, None
+    return tuple(torch.cat([p[i] for p in parts], 1) for i in range(3))
 
 
 @torch.inference_mode()
 def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[int], *, max_new_tokens: int = 128,
                      eos_ids: Iterable[int] = (), qids: Sequence[int] | None = None, pad_id: int = 0,
-                     temperature: float = 0.0, top_k: int = 40, seed: int = 0) -> list[Record]:
+                     temperature: float = 0.0, top_k: int = 40, seed: int = 0, topk: int = 0) -> list[Record]:
     """Answers of the target for a batch of prompts, with its greedy labels and the chosen layers' KV cache.
 
     The prompts are left-padded into one batch; the prefill computes the target's choice at every prompt
@@ -106,6 +120,7 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
         prompts: B prompt id lists.
         layers: target layer indices whose KV to keep.
         max_new_tokens: most generated tokens per row.
+        topk: also keep the target's ``topk`` most likely tokens and log-probabilities per position (0 = no).
     Returns:
         B :class:`Record` objects (ids = prompt + generated inputs; k/v fp16 [len(layers), Hkt, N, D]).
     """
@@ -122,7 +137,7 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     h = base(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
-    prompt_labels = _chunked_argmax(h, head)  # [B, P]
+    prompt_labels, prompt_ti, prompt_tl = _chunked_top(h, head, topk)  # [B, P], [B, P, k]
     gen_rng = torch.Generator().manual_seed(seed)
 
     def choose(h_last: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
@@ -138,7 +153,7 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     done = [False] * B
     for b in range(B):
         done[b] = int(nxt[b]) in eos or max_new_tokens <= 1
-    step_labels = []
+    step_labels, step_ti, step_tl = [], [], []
     for t in range(max_new_tokens - 1):
         if all(done):
             break
@@ -149,8 +164,10 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
         pos = pos[:, -1:] + 1
         h = base(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, cache=cache,
                  use_cache=True).last_hidden_state
-        greedy = (h[:, -1] @ head.T).argmax(-1)
+        greedy, ti, tl = _top(h[:, -1] @ head.T, topk)
         step_labels.append(greedy)
+        step_ti.append(ti)
+        step_tl.append(tl)
         nxt = choose(h[:, -1], greedy)
         for b in range(B):
             if not done[b] and (int(nxt[b]) in eos or len(gen[b]) >= max_new_tokens - 1):
@@ -164,25 +181,34 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
         cols = torch.cat((torch.arange(P - len(p), P), torch.arange(P, P + n_gen)))  # this row's cache columns
         k = torch.stack([cache.layers[i].keys[b][:, cols] for i in layers]).half()  # [Ld, Hkt, N, D]
         v = torch.stack([cache.layers[i].values[b][:, cols] for i in layers]).half()
-        records.append(Record(torch.tensor(seq), torch.tensor(labels), len(p), k, v,
-                              -1 if qids is None else int(qids[b])))
+        rec = Record(torch.tensor(seq), torch.tensor(labels), len(p), k, v, -1 if qids is None else int(qids[b]))
+        if topk > 0:
+            rec.top_ids = torch.cat([prompt_ti[b, P - len(p):]] + [step_ti[t][b:b + 1] for t in range(n_gen)])
+            rec.top_logp = torch.cat([prompt_tl[b, P - len(p):]] + [step_tl[t][b:b + 1] for t in range(n_gen)])
+        records.append(rec)
     return records
 
 
 @torch.inference_mode()
-def text_records(model, windows: Sequence[Sequence[int]], layers: Sequence[int]) -> list[Record]:
-    """Target labels and KV for plain-text windows of equal length (one batched forward, no generation)."""
+def text_records(model, windows: Sequence[Sequence[int]], layers: Sequence[int], topk: int = 0) -> list[Record]:
+    """Target labels and KV for plain-text windows of equal length (one batched forward, no generation).
+
+    Teacher forcing: the inputs are the text, the labels the target's greedy choice after each position, so one
+    forward labels a whole window (a generated answer costs one forward per token). ``topk`` as in
+    :func:`generate_records`.
+    """
     from transformers import DynamicCache
 
     ids = torch.tensor([list(w) for w in windows], dtype=torch.long)
     cache = DynamicCache(config=model.config)
     h = model.base_model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state
-    labels = _chunked_argmax(h, model.get_output_embeddings().weight)
+    labels, ti, tl = _chunked_top(h, model.get_output_embeddings().weight, topk)
     out = []
     for b in range(ids.shape[0]):
         k = torch.stack([cache.layers[i].keys[b] for i in layers]).half()
         v = torch.stack([cache.layers[i].values[b] for i in layers]).half()
-        out.append(Record(ids[b], labels[b], ids.shape[1], k, v))
+        out.append(Record(ids[b], labels[b], ids.shape[1], k, v, top_ids=None if ti is None else ti[b],
+                          top_logp=None if tl is None else tl[b]))
     return out
 
 
@@ -257,8 +283,10 @@ class FeatureStore:
     def done_questions(self) -> set[int]:
         return set(self.index["questions"])
 
-    def append(self, records: Sequence[Record], seconds: float, *, text_windows: int = 0) -> None:
-        """Write ``records`` as one new shard and record them in the index."""
+    def append(self, records: Sequence[Record], seconds: float, *, text_windows: int = 0,
+               cpu_seconds: float | None = None) -> None:
+        """Write ``records`` as one new shard and record them in the index (``seconds`` of wall-clock and, when
+        given, ``cpu_seconds`` of this process's CPU time: tokens per core-minute on a shared machine)."""
         from safetensors.torch import save_file
 
         if not records:
@@ -270,6 +298,9 @@ class FeatureStore:
         if records[0].k is not None:
             t["k"] = torch.cat([r.k for r in records], 2).contiguous()
             t["v"] = torch.cat([r.v for r in records], 2).contiguous()
+        if records[0].top_ids is not None:
+            t["top_ids"] = torch.cat([r.top_ids for r in records]).contiguous()
+            t["top_logp"] = torch.cat([r.top_logp for r in records]).contiguous()
         name = f"shard-{len(self.index['shards']):05d}.safetensors"
         tmp = self.root / (name + ".tmp")
         save_file(t, str(tmp))
@@ -278,6 +309,8 @@ class FeatureStore:
         self.index["questions"] += [r.qid for r in records if r.qid >= 0]
         self.index["text_windows"] += text_windows
         self.index["seconds"] += seconds
+        if cpu_seconds is not None:
+            self.index["cpu_seconds"] = self.index.get("cpu_seconds", 0.0) + cpu_seconds
         self.index["tokens"] += int(lens.sum())
         tmp = self.index_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.index, indent=1))
@@ -295,7 +328,8 @@ class FeatureStore:
                 a, b = off[r], off[r + 1]
                 out.append(Record(t["ids"][a:b].long(), t["labels"][a:b].long(), int(t["gen_start"][r]),
                                   t["k"][:, :, a:b] if "k" in t else None, t["v"][:, :, a:b] if "v" in t else None,
-                                  int(t["qid"][r])))
+                                  int(t["qid"][r]), t["top_ids"][a:b] if "top_ids" in t else None,
+                                  t["top_logp"][a:b] if "top_logp" in t else None))
         return out
 
 
@@ -322,7 +356,8 @@ def batches_by_length(order: Sequence[int], lengths: Sequence[int], max_tokens: 
 def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequence[int], *, question_ids: Sequence[int],
                           max_new_tokens: int, eos_ids: Iterable[int], seconds: float | None = None,
                           max_batch: int = 32, max_tokens: int = 8192, max_prompt: int = 1024, progress=None,
-                          temperature: float = 0.0, seed: int = 0) -> int:
+                          temperature: float = 0.0, seed: int = 0, texts: Sequence[str] | None = None,
+                          topk: int = 0) -> int:
     """Generate answers for ``question_ids`` not yet in ``store`` (in the given order), until ``seconds`` run out.
 
     Args:
@@ -331,14 +366,17 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
         temperature, seed: 0 = greedy answers; above 0, sampled answers (see :func:`generate_records`); the
             seed of each batch is ``seed`` plus its first question id, so a resumed store stays reproducible.
         progress: optional callable(n_records, n_tokens) after each batch.
+        texts: the questions as plain strings (``question_ids`` index them); None = Spec-Bench's first turns.
+        topk: keep the target's top-k next tokens per position (see :func:`generate_records`).
     Returns:
         number of records added.
     """
     from redraft.prompts import encode_prompt
 
-    questions = load_questions()
+    if texts is None:
+        texts = [q["turns"][0] for q in load_questions()]
     todo = [i for i in question_ids if i not in store.done_questions]
-    prompts = {i: encode_prompt(tokenizer, questions[i]["turns"][0]) for i in todo}
+    prompts = {i: encode_prompt(tokenizer, texts[i]) for i in todo}
     todo = [i for i in todo if len(prompts[i]) <= max_prompt]
     lengths = {i: len(prompts[i]) + max_new_tokens for i in todo}
     t0, added = time.perf_counter(), 0
@@ -346,11 +384,11 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
     for batch in batches_by_length(todo, lengths, max_tokens, max_batch):
         if seconds is not None and time.perf_counter() - t0 >= seconds:
             break
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         recs = generate_records(model, [prompts[i] for i in batch], layers, max_new_tokens=max_new_tokens,
                                 eos_ids=eos_ids, qids=batch, pad_id=pad, temperature=temperature,
-                                seed=seed * 100_003 + batch[0])
-        store.append(recs, time.perf_counter() - t1)
+                                seed=seed * 100_003 + batch[0], topk=topk)
+        store.append(recs, time.perf_counter() - t1, cpu_seconds=time.process_time() - c1)
         added += len(recs)
         if progress is not None:
             progress(len(recs), sum(len(r) for r in recs))
@@ -358,14 +396,21 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
 
 
 def build_text_data(model, tokenizer, store: FeatureStore, layers: Sequence[int], *, n_windows: int,
-                    length: int = 256, batch: int = 4) -> int:
-    """Add stdlib text windows up to ``n_windows`` in total (the store remembers how many it has)."""
+                    length: int = 256, batch: int = 4, files: Sequence[Path] | None = None, topk: int = 0,
+                    seconds: float | None = None) -> int:
+    """Add text windows (default: the stdlib's, see :func:`stdlib_files`) up to ``n_windows`` in total (the store
+    remembers how many it has), until ``seconds`` run out; returns the number of windows added."""
     have = store.index["text_windows"]
     if have >= n_windows:
         return 0
-    windows = text_windows(tokenizer, n_windows, length)[have:]
+    windows = text_windows(tokenizer, n_windows, length, files)[have:]
+    t0, added = time.perf_counter(), 0
     for s in range(0, len(windows), batch):
-        t1 = time.perf_counter()
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
+        t1, c1 = time.perf_counter(), time.process_time()
         chunk = windows[s:s + batch]
-        store.append(text_records(model, chunk, layers), time.perf_counter() - t1, text_windows=len(chunk))
-    return len(windows)
+        store.append(text_records(model, chunk, layers, topk), time.perf_counter() - t1, text_windows=len(chunk),
+                     cpu_seconds=time.process_time() - c1)
+        added += len(chunk)
+    return added

@@ -39,6 +39,9 @@ class Batch:
             non-zero weight).
         weights: FloatTensor [B, S] loss weight per position (1 on generated positions, ``prompt_weight`` on
             the others).
+        top_ids: LongTensor [B, S, k] the target's k most likely next tokens (-1 at padding), or None when the
+            records carry none.
+        top_p: FloatTensor [B, S, k] their probabilities renormalised over the k, or None.
     """
 
     ids: torch.Tensor
@@ -48,10 +51,21 @@ class Batch:
     mask: torch.Tensor
     rows: torch.Tensor
     weights: torch.Tensor
+    top_ids: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.rows.sum())
+
+    def to(self, device) -> "Batch":
+        """This batch with every tensor on ``device`` (a torch device or its name)."""
+        def mv(t):
+            return None if t is None else t.to(device)
+
+        kv = None if self.kv is None else [(mv(k), mv(v)) for k, v in self.kv]
+        return Batch(mv(self.ids), mv(self.labels), mv(self.pos), kv, mv(self.mask), mv(self.rows),
+                     mv(self.weights), mv(self.top_ids), mv(self.top_p))
 
 
 def collate(records: Sequence[Record], *, block: int = 5, offset: int = 0, with_kv: bool = True,
@@ -84,20 +98,35 @@ def collate(records: Sequence[Record], *, block: int = 5, offset: int = 0, with_
                 k[b, :, :len(r)] = r.k[layer].to(dtype)
                 v[b, :, :len(r)] = r.v[layer].to(dtype)
             kv.append((k, v))
+    top_ids = top_p = None
+    if all(r.top_ids is not None for r in records):
+        k = records[0].top_ids.shape[1]
+        top_ids = torch.full((B, S, k), -1, dtype=torch.long)
+        top_p = torch.zeros(B, S, k)
+        for b, r in enumerate(records):
+            top_ids[b, :len(r)] = r.top_ids.long()
+            top_p[b, :len(r)] = torch.softmax(r.top_logp.float(), -1)
     mask = block_mask(S, S, block, offset)
     rows = (labels != -100) & mask.any(-1)[None, :] & (weights > 0)
     pos = torch.arange(S)[None].expand(B, S)
-    return Batch(ids, labels, pos, kv, mask[None, None], rows, weights)
+    return Batch(ids, labels, pos, kv, mask[None, None], rows, weights, top_ids, top_p)
 
 
 def draft_loss(draft: GlideDraft, batch: Batch, *, head: torch.Tensor | None = None,
-               lut: torch.Tensor | None = None, chunk: int = 1024, backward: bool = True) -> tuple[float, int]:
+               lut: torch.Tensor | None = None, chunk: int = 1024, backward: bool = True,
+               soft_weight: float = 0.0) -> tuple[float, int]:
     """Weighted mean next-token cross-entropy over ``batch.rows``; with ``backward`` also accumulates gradients.
+
+    With ``soft_weight`` w > 0 and top-k targets in the batch, each position's loss is
+    ``(1 - w) * CE(greedy label) + w * CE(target's top-k distribution)``: the second term is the cross-entropy
+    against the target's probabilities renormalised over its k most likely tokens (those outside ``head`` are
+    dropped), i.e. distillation of the target's distribution (Hinton et al. 2015) truncated to its top k.
 
     Args:
         head: [N, H] rows of the LM head used by the loss (default: the draft's own head, full or reduced).
         lut: LongTensor [vocab] token id -> row of ``head`` (-100 = not in it: the position is skipped).
         chunk: rows per vocabulary projection.
+        soft_weight: weight of the top-k distillation term in [0, 1] (ignored when the batch has no top-k).
     Returns:
         (weighted mean loss in nats, number of positions it averages over).
     """
@@ -117,10 +146,22 @@ def draft_loss(draft: GlideDraft, batch: Batch, *, head: torch.Tensor | None = N
     y = y[keep]
     w = batch.weights[batch.rows][keep]  # [n]
     w_sum = float(w.sum())
+    soft = soft_weight > 0 and batch.top_ids is not None
+    if soft:
+        t_ids = batch.top_ids[batch.rows][keep]  # [n, k] token ids
+        t_p = batch.top_p[batch.rows][keep]  # [n, k]
+        if lut is not None:
+            t_ids = torch.where(t_ids >= 0, lut[t_ids.clamp(min=0)], torch.full_like(t_ids, -100))
+        t_p = torch.where(t_ids >= 0, t_p, torch.zeros_like(t_p))
+        t_p = t_p / t_p.sum(-1, keepdim=True).clamp(min=1e-12)  # renormalise over the tokens the head has
+        t_ids = t_ids.clamp(min=0)
     total = 0.0
     for s in range(0, n, chunk):
         logits = x_all[s:s + chunk] @ head.T  # [c, N]
         ce = F.cross_entropy(logits.float(), y[s:s + chunk], reduction="none")  # [c]
+        if soft:
+            logq = torch.log_softmax(logits.float(), -1).gather(-1, t_ids[s:s + chunk])  # [c, k]
+            ce = (1 - soft_weight) * ce - soft_weight * (t_p[s:s + chunk] * logq).sum(-1)
         loss = (ce * w[s:s + chunk]).sum() / w_sum
         if backward:
             loss.backward(retain_graph=s + chunk < n)
@@ -143,18 +184,21 @@ def estimate_acceptance(draft: GlideDraft, records: Sequence[Record], *, gamma: 
 
     Returns:
         {"acceptance": accepted / (gamma x blocks), "tokens_per_forward": 1 + mean accepted, "blocks": n,
-         "top1": per-position agreement over the same positions}.
+         "top1": per-position agreement over the same positions, "top1_by_depth": [gamma] agreement at draft
+         depth 0 (the token after the root) .. gamma-1}.
     """
     was = draft.training
     draft.eval()
+    device = draft.head_weight.device
     acc = blocks = agree = seen = 0
+    by_depth = [0] * gamma
     size = gamma + 1
     for r in records:
         n = len(r)
         for phase in range(size):
-            b = collate([r], block=size, offset=phase)
+            b = collate([r], block=size, offset=phase).to(device)
             h = draft(b.ids, b.pos, b.kv, b.mask)[0]  # [N, H]
-            pred = draft.to_token_ids(draft.logits(h).argmax(-1))  # [N]
+            pred = draft.to_token_ids(draft.logits(h).argmax(-1)).cpu()  # [N]
             start = max(r.gen_start - 1, size)
             # roots are the block starts: positions s with (s + phase) % size == 0
             first = start + (-(start + phase)) % size
@@ -169,7 +213,10 @@ def estimate_acceptance(draft: GlideDraft, records: Sequence[Record], *, gamma: 
                 blocks += 1
                 agree += sum(ok)
                 seen += gamma
+                for d in range(gamma):
+                    by_depth[d] += ok[d]
     draft.train(was)
     return {"acceptance": acc / (gamma * blocks) if blocks else 0.0,
             "tokens_per_forward": 1 + acc / blocks if blocks else 1.0,
-            "blocks": blocks, "top1": agree / seen if seen else 0.0}
+            "blocks": blocks, "top1": agree / seen if seen else 0.0,
+            "top1_by_depth": [round(x / blocks, 4) if blocks else 0.0 for x in by_depth]}

@@ -27,6 +27,7 @@ from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft, init_from_target
 from redraft.training.data import Record, batches_by_length
 from redraft.training.objective import collate, draft_loss, estimate_acceptance
+from redraft.training.recipe import build_training_data
 
 OPTIM_FILE = "optimizer.safetensors"
 STATE_FILE = "train_state.json"
@@ -50,6 +51,13 @@ class TrainConfig:
         n_layers, vanilla, init: draft layers; no cross-attention (the baseline); "target" or "random" start.
         cross_recency: GliDe draft with the learned recency bias on its cross-attention (ours, see
             :class:`redraft.glide.network.CrossAttention`).
+        cross_newest: GliDe draft that also reads the newest visible target entry directly (ours, see
+            :func:`redraft.glide.network.newest_entry`).
+        cross_gate: GliDe draft whose cross-attention output has a learned, zero-initialised size (ours, see
+            :class:`redraft.glide.network.CrossAttention`); on by default since issue 15 (False = issue 5's drafts).
+        soft_weight: weight of the target's top-k distribution in the loss (0 = greedy labels only; needs
+            records with top-k, see :func:`redraft.training.objective.draft_loss`).
+        device: where the draft trains ("cpu", "cuda", "cuda:1", ...); the records stay in CPU memory.
     """
 
     max_steps: int = 3600
@@ -72,6 +80,10 @@ class TrainConfig:
     vanilla: bool = False
     init: str = "target"
     cross_recency: bool = False
+    cross_newest: bool = False
+    cross_gate: bool = True
+    soft_weight: float = 0.0
+    device: str = "cpu"
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -91,8 +103,8 @@ def save_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) ->
     for name, p in draft.named_parameters():
         st = opt.state.get(p)
         if st:
-            t[f"{name}.exp_avg"] = st["exp_avg"].contiguous()
-            t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+            t[f"{name}.exp_avg"] = st["exp_avg"].cpu().contiguous()
+            t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
             t[f"{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
     tmp = path.with_name(path.name + ".tmp")
     save_file(t, str(tmp))
@@ -105,8 +117,9 @@ def load_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) ->
     t = load_file(str(path))
     for name, p in draft.named_parameters():
         if f"{name}.exp_avg" in t:
-            opt.state[p] = {"step": t[f"{name}.step"].reshape(()).clone(), "exp_avg": t[f"{name}.exp_avg"],
-                            "exp_avg_sq": t[f"{name}.exp_avg_sq"]}
+            opt.state[p] = {"step": t[f"{name}.step"].reshape(()).clone(),
+                            "exp_avg": t[f"{name}.exp_avg"].to(p.device),
+                            "exp_avg_sq": t[f"{name}.exp_avg_sq"].to(p.device)}
 
 
 # ---- the trainer ------------------------------------------------------------------------------------------------------
@@ -144,12 +157,16 @@ class Trainer:
         self.vocab_rank = vocab_rank
         self.data_info = data_info or {}
         gcfg = GlideConfig.from_target(target.config, n_layers=cfg.n_layers, cross_attention=not cfg.vanilla,
-                                       block_size=cfg.block, cross_recency=cfg.cross_recency and not cfg.vanilla)
+                                       block_size=cfg.block, cross_recency=cfg.cross_recency and not cfg.vanilla,
+                                       cross_newest=cfg.cross_newest and not cfg.vanilla,
+                                       cross_gate=cfg.cross_gate and not cfg.vanilla)
         self.draft = build_draft(target, gcfg)
         if cfg.init == "target":
             init_from_target(self.draft, target)
         elif cfg.init != "random":
             raise ValueError(f"init must be 'target' or 'random', got {cfg.init!r}")
+        self.device = torch.device(cfg.device)
+        self.draft.to(self.device)
         self.opt = torch.optim.AdamW([p for p in self.draft.parameters() if p.requires_grad], lr=cfg.lr,
                                      betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.state = TrainState()
@@ -158,9 +175,10 @@ class Trainer:
             if vocab_rank is None:
                 raise ValueError("train_vocab needs a vocabulary ranking")
             ids = torch.sort(vocab_rank[:cfg.train_vocab]).values
-            self.head = self.draft.head_weight.index_select(0, ids).contiguous()
+            self.head = self.draft.head_weight.index_select(0, ids.to(self.device)).contiguous()
             self.lut = torch.full((self.draft.head_weight.shape[0],), -100, dtype=torch.long)
             self.lut[ids] = torch.arange(len(ids))
+            self.lut = self.lut.to(self.device)
 
     # -- checkpoints --
     def resume(self) -> None:
@@ -175,11 +193,11 @@ class Trainer:
         meta = read_meta(self.out)
         check_target(meta, self.target, self.out)
         saved = GlideConfig.from_dict(meta["config"])
-        if (saved.cross_attention, saved.n_layers, saved.cross_recency) != (
-                self.draft.cfg.cross_attention, self.draft.cfg.n_layers, self.draft.cfg.cross_recency):
+        kind = ("cross_attention", "n_layers", "cross_recency", "cross_newest", "cross_gate")
+        if [getattr(saved, k) for k in kind] != [getattr(self.draft.cfg, k) for k in kind]:
             raise ValueError(f"{self.out} holds a {'GliDe' if saved.cross_attention else 'vanilla'} draft with "
                              f"{saved.n_layers} layer(s); this run trains another kind")
-        tensors = load_file(str(self.out / "draft.safetensors"))
+        tensors = load_file(str(self.out / "draft.safetensors"), device=str(self.device))
         tensors.pop("vocab_rank", None)
         self.draft.load_state_dict(tensors, strict=False)
         if (self.out / OPTIM_FILE).is_file():
@@ -223,11 +241,11 @@ class Trainer:
     def step(self, records: Sequence[Record], offset: int = 0) -> tuple[float, int]:
         """One optimizer step on ``records``; returns (loss, tokens in the loss)."""
         batch = collate(records, block=self.cfg.block, offset=offset, with_kv=not self.cfg.vanilla,
-                        prompt_weight=self.cfg.prompt_weight)
+                        prompt_weight=self.cfg.prompt_weight).to(self.device)
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.state.step, self.cfg)
         self.opt.zero_grad(set_to_none=True)
-        loss, n = draft_loss(self.draft, batch, head=self.head, lut=self.lut)
+        loss, n = draft_loss(self.draft, batch, head=self.head, lut=self.lut, soft_weight=self.cfg.soft_weight)
         if n:
             torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.grad_clip)
             self.opt.step()
@@ -289,23 +307,23 @@ def _est_line(state: TrainState, est: dict) -> str:
 
 # ---- the command ---------------------------------------------------------------------------------------------------
 
-def default_glide_dir() -> Path:
-    from redraft.loading import cache_dir
-
-    return cache_dir() / "glide"
-
-
 def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bool = False,
                  data_minutes: float = 90.0, max_new_tokens: int = 128, text_windows: int = 0,
                  data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
                  samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
-                 log=sys.stderr) -> TrainState:
+                 self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr) -> TrainState:
     """Build/reuse the training records for ``loaded`` (a LoadedModel), then train a draft into ``out``.
 
     Args:
         data_minutes: wall-clock budget for generating new training answers in this call (cached ones are reused).
         max_new_tokens: answer length of the training generations.
-        text_windows: stdlib text windows (256 tokens) added to the training data.
+        text_windows: stdlib text windows (256 tokens, teacher-forced: one target forward labels a window) added
+            to the training data (store ``text-k<topk>``).
+        self_questions: N > 0 = first have the target write N training questions of its own
+            (:mod:`redraft.training.selfprompt`, saved as ``self-questions.json``) and answer them greedily
+            (store ``self-k<topk>``), within ``data_minutes``, before any Spec-Bench answer.
+        topk: the target's top-k next tokens kept per position in the self-question and text stores (for
+            ``cfg.soft_weight``).
         samples: sampled answer sets (``sample_temperature``, top-40) generated after the greedy answers, each
             for the training questions whose prompt has at most ``sample_max_prompt`` tokens (short prompts decode
             in large batches, so they give the most target-written tokens per second). Stored under
@@ -313,80 +331,16 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
             used for training; labels stay the target's greedy choices.
         data_dir: feature cache (default ``<cache>/glide/data/<target fingerprint>-L<layers>-n<max_new>``).
         threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
+        command: the command line that started the run, recorded in the checkpoint.
     """
-    from redraft.glide.checkpoint import target_fingerprint
-    from redraft.training.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
-                                    load_questions, stdlib_files, training_order, vocab_ranking)
-
     if threads:
         torch.set_num_threads(threads)
-    model, tok = loaded.model, loaded.tokenizer
-    gcfg = GlideConfig.from_target(model.config, n_layers=cfg.n_layers)
-    layers = gcfg.target_layers
-    fp = target_fingerprint(model)
-    root = Path(data_dir).expanduser() if data_dir else default_glide_dir() / "data" / (
-        f"{fp}-L{'_'.join(map(str, layers))}-n{max_new_tokens}")
-    meta = {"fingerprint": fp, "layers": layers, "max_new_tokens": max_new_tokens}
-    train_store = FeatureStore(root / "train", meta)
-    held_store = FeatureStore(root / "heldout", meta)
-    eos = loaded.eos_token_ids
-
-    t0 = time.perf_counter()
-    build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
-                          eos_ids=eos)
-    if data_minutes > 0:
-        print(f"glide data: generating training answers for up to {data_minutes:g} min into {root} "
-              f"(a started batch is finished)", file=log)
-        from tqdm import tqdm
-
-        bar = tqdm(desc="glide data", unit="tok", file=log, disable=not progress, dynamic_ncols=True)
-        budget_end = time.perf_counter() + data_minutes * 60
-        build_generation_data(model, tok, train_store, layers, question_ids=training_order(load_questions()),
-                              max_new_tokens=max_new_tokens, eos_ids=eos, seconds=data_minutes * 60,
-                              progress=lambda r, n: bar.update(n))
-        for v in range(1, samples + 1):
-            left = budget_end - time.perf_counter()
-            if left <= 0:
-                break
-            # one directory per (temperature, set): another temperature starts new sets, never clashes
-            name = f"train-s{v}" if sample_temperature == 0.7 else f"train-t{sample_temperature:g}-s{v}"
-            build_generation_data(model, tok, FeatureStore(root / name, {**meta, "temperature":
-                                  sample_temperature, "sample": v}), layers,
-                                  question_ids=training_order(load_questions()), max_new_tokens=max_new_tokens,
-                                  eos_ids=eos, seconds=left, max_batch=64, max_prompt=sample_max_prompt,
-                                  temperature=sample_temperature, seed=v, progress=lambda r, n: bar.update(n))
-        bar.close()
-    if text_windows:
-        build_text_data(model, tok, train_store, layers, n_windows=text_windows)
-    data_seconds = time.perf_counter() - t0
-    sample_stores = [FeatureStore(d, json.loads((d / "index.json").read_text())["meta"])
-                     for d in sorted(root.glob("train-*")) if (d / "index.json").is_file()]
-    records, heldout = train_store.load(), held_store.load()
-    n_sampled = 0
-    for st in sample_stores:
-        recs = st.load()
-        n_sampled += len(recs)
-        records += recs
-    if not records:
-        raise SystemExit("redraft glide train: error: no training data (raise --data-minutes)")
-    n_tok = sum(len(r) for r in records)
-    n_gen = sum(len(r) - r.gen_start for r in records)
-    print(f"glide data: {len(records)} records, {n_tok} tokens ({n_gen} generated by the target) from "
-          f"{len(train_store.done_questions)} Spec-Bench questions ({n_sampled} sampled answers) and "
-          f"{train_store.index['text_windows']} stdlib windows; {data_seconds:.0f} s this call, "
-          f"{train_store.index['seconds'] + sum(st.index['seconds'] for st in sample_stores):.0f} s in total", file=log)
-
-    # token frequencies: the target's labels (weighted x4) + stdlib docs/sources + the training questions' text
-    questions = load_questions()
-    texts = [f.read_text(errors="replace") for f in stdlib_files()[:80]]
-    texts += [questions[i]["turns"][0] for i in training_order(questions)]
-    rank = vocab_ranking(model.config.vocab_size, records, tok, texts)
-    info = {"dir": str(root), "records": len(records), "tokens": n_tok, "generated_tokens": n_gen,
-            "questions": len(train_store.done_questions), "text_windows": train_store.index["text_windows"],
-            "sampled_answers": n_sampled, "sample_temperature": sample_temperature if sample_stores else None,
-            "heldout_questions": ESTIMATE_IDS,
-            "generation_seconds": round(train_store.index["seconds"] + sum(st.index["seconds"]
-                                                                            for st in sample_stores), 1)}
+    records, heldout, rank, info = build_training_data(
+        loaded, n_layers=cfg.n_layers, data_minutes=data_minutes, max_new_tokens=max_new_tokens,
+        text_windows=text_windows, data_dir=data_dir, progress=progress, samples=samples,
+        sample_temperature=sample_temperature, sample_max_prompt=sample_max_prompt, self_questions=self_questions,
+        topk=topk, command=command, log=log)
+    model, layers = loaded.model, info["layers"]
     trainer = Trainer(model, records, cfg, out, heldout=heldout, vocab_rank=rank, data_info=info)
     if resume:
         if (Path(out).expanduser() / "glide.json").is_file():
