@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from redraft.atomic import write_json, write_text
 from redraft.bench import corpus_bench
 from redraft.bench import cost as cost_module
 from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
@@ -121,8 +121,8 @@ def cmd_bench_cost(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.json").write_text(json.dumps(cost, indent=1))
-        (out / "cost.md").write_text(text + "\n")
+        write_json(out / "cost.json", cost, indent=1)
+        write_text(out / "cost.md", text + "\n")
         plot_cost(cost, out / "cost_curve.png")
         print(f"wrote {out / 'cost.json'}, {out / 'cost.md'}, {out / 'cost_curve.png'}", file=sys.stderr)
     return 0
@@ -131,7 +131,7 @@ def cmd_bench_cost(args) -> int:
 def cmd_bench_corpus(args) -> int:
     result = run_corpus_bench(args.sizes, lookups=args.lookups, k=args.k, workdir=args.workdir)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
+        write_json(args.json_out, result)
     return 0
 
 

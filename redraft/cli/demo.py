@@ -8,17 +8,18 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
+from redraft.atomic import write_json
 from redraft.cli.common import (add_model_args, announce_generation_config, load_model_or_exit, nonneg,
                                 open_corpus_or_exit, output_file, positive, questions_or_exit)
+from redraft.corpus import CorpusError
+from redraft.corpus.format import write_text
 from redraft.drafters import build_drafters
 from redraft.drafters.frozen_corpus import clamp_k
-from redraft.freeze import append_spans
 from redraft.loading import cache_dir
 from redraft.prompts import encode_prompt
 from redraft.runstats import RunSummary
@@ -87,8 +88,10 @@ def run_demo(args) -> int:
 
     corpus_path = Path(args.corpus_out) if args.corpus_out else cache_dir() / "demo" / "corpus.txt"
     corpus_path.parent.mkdir(parents=True, exist_ok=True)
-    corpus_path.unlink(missing_ok=True)
-    append_spans(corpus_path, [r.prompt_ids + r.output_ids for r in base])
+    try:  # replaces the file at once (temporary file + rename): an interrupted demo never leaves half a corpus
+        write_text(corpus_path, [r.prompt_ids + r.output_ids for r in base])
+    except CorpusError as e:
+        raise SystemExit(f"redraft demo: error: {e}")
     corpus = open_corpus_or_exit(str(corpus_path), loaded)
     print(f"froze {len(base)} answers into {corpus_path} ({corpus.n_tokens} ids)", file=sys.stderr)
 
@@ -118,7 +121,7 @@ def run_demo(args) -> int:
         print()
         print(format_table(f"Other questions: {len(other_rows)} not in the corpus", other_rows, other_total))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
     ok = all(r["identical"] for r in replay_rows + other_rows)
     if not ok:

@@ -10,12 +10,11 @@ verification: the deepest rows), and replays them with each draft configuration,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
+from redraft.atomic import write_json
 from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, load_model_or_exit,
                                 nonneg, output_file, positive, questions_or_exit, sampling_from_args)
 from redraft.corpus import Corpus
@@ -107,7 +106,7 @@ def run_oracle(args) -> int:
     report["smallest_plain_gaps"] = gaps[:5]
     print(f"plain: {total_plain} tokens, smallest top-2 gaps {', '.join(f'{g:.2e}' for g in gaps[:3])}")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
     diverged = any(r["matching"] != r["total"] for r in report["configs"] if r["exact"])
     return 1 if diverged else 0
 
