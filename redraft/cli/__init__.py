@@ -53,3 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:
+        sampling = sys.modules.get("redraft.sampling")  # torch-bound: loaded only by the commands that run a model
+        if sampling is not None and isinstance(e, sampling.NonFiniteLogitsError):
+            # the model's weights or dtype overflowed: one line, not a traceback (the message names the position)
+            print(f"redraft: error: {e}", file=sys.stderr)
+            return 1
+        raise

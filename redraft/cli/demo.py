@@ -14,12 +14,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from redraft.atomic import write_json
-from redraft.cli.common import (add_model_args, announce_generation_config, load_model_or_exit, nonneg,
-                                open_corpus_or_exit, output_file, positive, questions_or_exit)
+from redraft.cli.common import (add_model_args, announce_generation_config, check_model_or_exit, draft_depth,
+                                load_model_or_exit, nonneg, open_corpus_or_exit, output_file, positive,
+                                questions_or_exit)
 from redraft.corpus import CorpusError
 from redraft.corpus.format import write_text
 from redraft.drafters import build_drafters
-from redraft.drafters.frozen_corpus import clamp_k
 from redraft.loading import cache_dir
 from redraft.prompts import encode_prompt
 from redraft.runstats import RunSummary
@@ -68,11 +68,13 @@ def format_table(title: str, rows: list[dict], total: dict) -> str:
 
 
 def run_demo(args) -> int:
-    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
-
     qs = questions_or_exit(0, args.questions + args.other, "demo")
     replay_q, other_q = qs[:args.questions], qs[args.questions:]
-    k = clamp_k(args.k)
+    k = args.k
+    check_model_or_exit(args.model)
+
+    from redraft.engine import Engine  # torch-bound: imported once the arguments are checked
+
     loaded = load_model_or_exit(args.model)
     announce_generation_config(loaded)
     chat = False if args.no_chat else None
@@ -138,7 +140,7 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--questions", type=positive, default=20, help="questions to freeze and replay (default 20)")
     p.add_argument("--other", type=nonneg, default=10, help="other questions run against the same corpus (default 10)")
-    p.add_argument("--k", type=int, default=8, help="corpus draft depth 1..48 (default 8)")
+    p.add_argument("--k", type=draft_depth, default=8, help="corpus draft depth 1..48 (default 8)")
     p.add_argument("--no-ngram", action="store_true", help="corpus drafts only")
     p.add_argument("--corpus-out", default=None, type=output_file,
                    help="where to write the frozen corpus, replacing that file (default: <cache>/demo/corpus.txt)")

@@ -15,8 +15,9 @@ import sys
 from tqdm import tqdm
 
 from redraft.atomic import write_json
-from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, load_model_or_exit,
-                                nonneg, output_file, positive, questions_or_exit, sampling_from_args)
+from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, check_model_or_exit,
+                                load_model_or_exit, nonneg, output_file, positive, questions_or_exit,
+                                sampling_from_args)
 from redraft.corpus import Corpus
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.drafters import build_drafters
@@ -46,14 +47,16 @@ def draft_depths(text: str) -> list[int]:
 
 
 def run_oracle(args) -> int:
-    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
-
     qs = questions_or_exit(args.offset, args.questions, "oracle")
     ks = args.k
     if args.tree_budget is not None and not args.tree:
         raise SystemExit("redraft oracle: error: --tree-budget: only used with --tree B > 0")
     if args.compare_exact and not args.exact:
         raise SystemExit("redraft oracle: error: --no-exact: no effect with --compare-exact (which runs both)")
+    check_model_or_exit(args.model)
+
+    from redraft.engine import Engine  # torch-bound: imported once the arguments are checked
+
     sampling = sampling_from_args(args)
     loaded = load_model_or_exit(args.model)
     announce_generation_config(loaded, args)
@@ -121,7 +124,7 @@ def register(sub) -> None:
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--questions", type=positive, default=80, help="questions (default 80)")
-    p.add_argument("--offset", type=int, default=0, help="first question index (default 0)")
+    p.add_argument("--offset", type=nonneg, default=0, help="first question index (default 0)")
     p.add_argument("--k", type=draft_depths, default=[1, 2, 5, 8, 16, 32],
                    help="comma-separated draft depths in 1..48 (default 1,2,5,8,16,32)")
     p.add_argument("--tree", type=nonneg, default=4, metavar="B",

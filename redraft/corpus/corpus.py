@@ -126,6 +126,12 @@ class Corpus:
     def n_spans(self) -> int:
         return sum(s.n_spans for s in self._segments)
 
+    @property
+    def max_id(self) -> int:
+        """The largest token id held (-1 when empty): a corpus loaded without a vocabulary fits a model whose
+        vocabulary size is above it."""
+        return max((s.max_id for s in self._segments), default=-1)
+
     def __len__(self) -> int:
         return self.n_tokens
 
