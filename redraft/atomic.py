@@ -40,7 +40,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             fig.savefig(tmp)
 
     Raises:
-        OSError: the temporary file could not be written, synced or renamed (``path`` is then unchanged).
+        OSError: the temporary file could not be written, synced or renamed (``path`` is then unchanged); its
+            ``filename`` is ``path``, not the temporary name, so a message names the file the user asked for.
     """
     tmp = temporary_name(path)
     try:
@@ -51,8 +52,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename in (str(tmp), tmp):
+            raise OSError(e.errno, e.strerror, os.fspath(path)) from e
         raise
 
 

@@ -49,6 +49,14 @@ def test_write_json_failing_midway_keeps_the_old_file(tmp_path, monkeypatch):
         atomic.write_json(target, {"new": list(range(1000))})
     assert json.loads(target.read_text()) == {"old": 1}
     assert leftovers(tmp_path) == []
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    with pytest.raises(OSError) as e:
+        atomic.write_json(target, {})
+    assert e.value.filename == str(target)  # the error names the file asked for, not the temporary one
     with pytest.raises(OSError):
         atomic.write_text(tmp_path / "new.md", "x" * 100)
     assert not (tmp_path / "new.md").exists() and leftovers(tmp_path) == []

@@ -77,17 +77,20 @@ def freeze_prompts(args) -> int:
     engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
     total = done = 0
     try:
-        for ids in tqdm(encoded, desc="freeze", unit="prompt", file=sys.stderr):
-            res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
-            if binary is not None:
-                binary.append(ids + res.output_ids)
-            else:
-                append_spans(args.out, [ids + res.output_ids])  # written as we go: an interruption keeps them
-            total += len(ids) + len(res.output_ids)
-            done += 1
-    finally:
-        if binary is not None and done:
-            binary.save(args.out, fmt="binary")
+        try:
+            for ids in tqdm(encoded, desc="freeze", unit="prompt", file=sys.stderr):
+                res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
+                if binary is not None:
+                    binary.append(ids + res.output_ids)
+                else:
+                    append_spans(args.out, [ids + res.output_ids])  # written as we go: an interruption keeps them
+                total += len(ids) + len(res.output_ids)
+                done += 1
+        finally:
+            if binary is not None and done:
+                binary.save(args.out, fmt="binary")  # atomic: a failed write leaves the corpus as it was
+    except CorpusError as e:  # a full disk or a read-only file: one line, not a traceback
+        raise SystemExit(f"redraft freeze: error: {e}")
     print(f"froze {done} spans ({total} ids) into {args.out}", file=sys.stderr)
     return 0
 
