@@ -1,6 +1,6 @@
 """Corpus: frozen token spans from earlier outputs, with suffix lookups for drafting.
 
-Lookup contract after Colibri's COLI_DRAFT_CORPUS (see DESIGN.md, "Frozen-corpus drafts: the contract"): for
+Lookup contract after Colibri's COLI_DRAFT_CORPUS (docs/architecture.md, "The corpus contract"): for
 n = max_n down to min_n, find the context's last n ids; the longest n with an occurrence that has a non-empty
 continuation wins; among its occurrences the most recent (highest corpus position) is proposed, up to k ids,
 never across a -1 separator or the corpus end. Where that yields fewer than k ids (a self-overlapping suffix
