@@ -370,3 +370,38 @@ def test_refusals_need_no_torch(tiny_model_dir, tmp_path):
         assert rc not in (0, None), argv
         assert not torch_loaded, f"{argv} imported torch before refusing"
     assert "Traceback" not in proc.stderr
+
+
+# ---- help text -------------------------------------------------------------------------------------------------------
+
+def _subparsers(parser, path=("redraft",)):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subparsers(sub, path + (name,))
+
+
+def test_every_argument_has_help_and_no_internal_references(capsys):
+    """Each positional and option says what it is; help and descriptions carry no issue numbers or Sphinx roles;
+    --threads is documented once, on `redraft` itself."""
+    import argparse
+
+    from redraft.cli import build_parser
+
+    for path, parser in _subparsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+                continue
+            if action.dest == "threads" and len(path) > 1:
+                assert action.help == argparse.SUPPRESS, path  # accepted after the sub-command, not repeated
+                continue
+            assert action.help and action.help != argparse.SUPPRESS, (" ".join(path), action.option_strings
+                                                                      or action.dest)
+        text = parser.format_help()
+        assert "issue #" not in text and ":func:" not in text and ":mod:" not in text, " ".join(path)
+    usage = {" ".join(path): parser.format_help() for path, parser in _subparsers(build_parser())}
+    assert [name for name, text in usage.items() if "--threads" in text] == ["redraft"]
+    assert "greedy reply" not in usage["redraft run"]
