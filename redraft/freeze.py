@@ -27,8 +27,8 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
     (:func:`redraft.prompts.encode_prompt` drops it the same way for every command), so lines come back stripped.
 
     Raises:
-        PromptFileError: unreadable file, invalid JSON on a line that starts with ``{``, or an object with
-            neither field.
+        PromptFileError: unreadable file, invalid JSON on a line that starts with ``{``, an object with
+            neither field, or an empty one.
     """
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -45,11 +45,14 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
             except json.JSONDecodeError as e:
                 raise PromptFileError(f"{path}:{no}: invalid JSON ({e.msg})") from e
             if isinstance(obj.get("prompt"), str):
-                prompts.append(obj["prompt"])
+                text = obj["prompt"]
             elif isinstance(obj.get("turns"), list) and obj["turns"] and isinstance(obj["turns"][0], str):
-                prompts.append(obj["turns"][0])
+                text = obj["turns"][0]
             else:
                 raise PromptFileError(f"{path}:{no}: expected a 'prompt' string or a non-empty 'turns' list")
+            if not text.strip():  # an empty prompt has nothing to answer (surrounding whitespace is dropped)
+                raise PromptFileError(f"{path}:{no}: the prompt is empty")
+            prompts.append(text)
         else:
             prompts.append(s)
     return prompts

@@ -172,26 +172,48 @@ class LoadedModel:
         return getattr(self.model.config, "max_position_embeddings", None)
 
 
+def check_model_spec(spec: str | os.PathLike | None) -> None:
+    """The checks of :func:`resolve_model_dir` that need neither torch nor a conversion, so a command can refuse a
+    bad ``--model`` in milliseconds, before importing torch: the default model's package is installed, a file is a
+    GGUF (by its magic), a directory has a ``config.json``.
+
+    Raises:
+        ModelLoadError: the path does not exist or is neither a model directory nor a GGUF file (names the path).
+    """
+    if spec is None or str(spec) in ("", "default"):
+        default_model_path()
+        return
+    path = Path(spec).expanduser()
+    if path.is_file():
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise ModelLoadError(f"{path}: cannot read ({e.strerror or e})") from e
+        if magic != b"GGUF":
+            raise ModelLoadError(f"{path}: not a GGUF file (expected magic b'GGUF', found {magic!r})")
+    elif path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
+    else:
+        raise ModelLoadError(f"--model {spec}: no such file or directory (expected a HF model directory or a .gguf "
+                             f"file)")
+
+
 def resolve_model_dir(spec: str | os.PathLike | None, *, quiet: bool = False) -> tuple[str, Path]:
     """Turn ``--model`` into a loadable HF directory: None -> bundled default; ``*.gguf`` -> converted cache copy.
 
     Raises:
-        ModelLoadError: the path does not exist or is neither a model directory nor a GGUF file.
+        ModelLoadError: the path does not exist or is neither a model directory nor a GGUF file
+            (:func:`check_model_spec`).
     """
+    check_model_spec(spec)
     if spec is None or str(spec) in ("", "default"):
         return "default", convert_gguf(default_model_path(), quiet=quiet)
     path = Path(spec).expanduser()
     if path.is_file():
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if magic != b"GGUF":
-            raise ModelLoadError(f"{path}: not a GGUF file (expected magic b'GGUF', found {magic!r})")
         return str(spec), convert_gguf(path.resolve(), quiet=quiet)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
-        return str(spec), path
-    raise ModelLoadError(f"--model {spec}: no such file or directory (expected a HF model directory or a .gguf file)")
+    return str(spec), path
 
 
 def load_model(spec: str | os.PathLike | None = None, *, dtype: str = "float32", attn: str = "sdpa",

@@ -176,6 +176,21 @@ def test_write_outputs(results, tmp_path):
     assert "redraft bench run --test" in (tmp_path / "out" / "results.md").read_text()
 
 
+def test_write_outputs_failing_midway_leaves_no_partial_file(results, tmp_path, monkeypatch):
+    """results.json, results.md and the plots are each written whole or not at all: a full disk midway leaves the
+    earlier run's files as they were and no temporary file."""
+    from test_atomic import fail_midway, leftovers
+
+    results = dict(results, command="redraft bench run --test", model={"name": "tiny", "dtype": "float32"})
+    out = tmp_path / "out"
+    write_outputs(results, out, str(tmp_path / "r.json"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    fail_midway(monkeypatch)
+    with pytest.raises(OSError):
+        write_outputs(dict(results, command="redraft bench run --second"), out, None)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and leftovers(out) == []
+
+
 def test_pretokenized_workloads_and_summary(model):
     """Workloads built directly from id lists run without any tokenizer."""
     from redraft.bench.methods import build_methods

@@ -98,7 +98,7 @@ def test_run_flags():
     (["run", "--ngen", "x", "p"], "not an integer"),
     (["run", "--minacc", "101", "p"], "outside 0..100"),
     (["run", "--minacc", "abc", "p"], "not a number"),
-    (["run", "--k", "eight", "p"], "invalid int"),
+    (["run", "--k", "eight", "p"], "argument --k: 'eight' is not an integer"),
     ([], "required"),
     (["freeze"], "--out"),
 ])
@@ -473,11 +473,15 @@ def test_run_with_the_policy_replays_and_caches_its_cost_curve(tiny_model_dir, c
     assert len(list((tmp_path / "cache" / "cost-curves").glob("*.json"))) == 1
 
 
-def test_run_k_out_of_range_warns(tiny_model_dir, capsys):
+def test_run_k_from_the_environment_out_of_range_warns(tiny_model_dir, capsys, monkeypatch):
+    """--k 99 is refused by the parser (test_cli_badinput.py); a K from the environment cannot be, so it is clamped
+    as Colibri does, with one warning naming the variable."""
     d, _ = tiny_model_dir
-    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "3", "--k", "99", words(PROMPT))
+    monkeypatch.setenv("COLI_CORPUS_K", "99")
+    rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "3", words(PROMPT))
     assert rc == 0
-    assert sum("K=99" in line and "using 48" in line for line in err) == 1
+    assert [line for line in err if "warning" in line] == [
+        "redraft: warning: REDRAFT_CORPUS_K/COLI_CORPUS_K=99 is outside 1..48; using 48"]
 
 
 def test_run_malformed_corpus_is_refused(tiny_model_dir, capsys, tmp_path):

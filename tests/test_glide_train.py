@@ -191,6 +191,34 @@ def test_checkpoint_round_trip_and_head_size(tiny, records, tmp_path):
     assert torch.equal(small.vocab_ids, torch.sort(rank[:10]).values)
 
 
+def test_checkpoint_write_failing_midway_keeps_the_old_checkpoint(tiny, tmp_path, monkeypatch):
+    """A checkpoint file is replaced whole or not at all (temporary file + rename): a full disk while writing the
+    weights or glide.json leaves the previous checkpoint loadable and no temporary file behind."""
+    import safetensors.torch
+
+    from test_atomic import disk_full, fail_midway, leftovers
+
+    draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
+    save_draft(tmp_path, draft, tiny, training={"steps": 1})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def half_save(tensors, filename, *args, **kwargs):
+        with open(filename, "wb") as f:
+            f.write(b"\x00" * 100)
+        raise disk_full()
+
+    with monkeypatch.context() as m:
+        m.setattr(safetensors.torch, "save_file", half_save)
+        with pytest.raises(OSError):
+            save_draft(tmp_path, draft, tiny, training={"steps": 2})
+    with monkeypatch.context() as m:
+        fail_midway(m)
+        with pytest.raises(OSError):
+            save_draft(tmp_path, draft, tiny, training={"steps": 3})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before and leftovers(tmp_path) == []
+    load_draft(tmp_path, tiny)
+
+
 def test_wrong_target_checkpoint_is_refused(tiny, tmp_path):
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
     save_draft(tmp_path, draft, tiny)

@@ -1,4 +1,4 @@
-"""`redraft bench corpus`: build / open / lookup figures of redraft.corpus at growing sizes (issue #3).
+"""`redraft bench corpus`: build / open / lookup figures of redraft.corpus at growing sizes.
 
 Token streams: Python's own stdlib sources tokenised by a deterministic word -> id map (vocab 49152, the default
 model's size), stretched to the requested size with synthetic Zipf text and planted repeats of earlier real

@@ -14,7 +14,6 @@ Everything raw goes to results.json (schema ``redraft-bench/1``); results.md and
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
@@ -27,6 +26,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from redraft.atomic import write_json, write_text
 from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, build_methods
 from redraft.bench.report import BASELINE, differing, markdown, summarize, write_plots
 from redraft.bench.workloads import Encoder, Workload, build_workloads, item_for, replay_questions
@@ -251,10 +251,10 @@ def write_outputs(results: dict, out: Path | None, json_path: str | None) -> lis
     written = []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-        (out / "results.md").write_text(markdown(results) + "\n")
+        write_json(out / "results.json", results, indent=1)
+        write_text(out / "results.md", markdown(results) + "\n")
         written += [out / "results.json", out / "results.md"] + write_plots(results, out)
     if json_path:
-        Path(json_path).write_text(json.dumps(results, indent=1))
+        write_json(json_path, results, indent=1)
         written.append(Path(json_path))
     return written

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from redraft.atomic import atomic_path
 from redraft.runstats import RunSummary
 
 BASELINE = "plain"
@@ -214,7 +215,8 @@ def plot_speedup(results: dict, path: Path) -> None:
     ax.set_title(f"{results['model'].get('name')} — ratio of median tok/s (hatched: output differs)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 
@@ -255,7 +257,8 @@ def plot_tokens_per_forward(results: dict, path: Path) -> None:
     axes[0][0].set_ylabel("share of forwards")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 
@@ -305,7 +308,8 @@ def plot_acceptance_by_position(results: dict, path: Path) -> None:
     axes[0][0].set_ylabel("P(d-th draft token accepted)" if conditional else "forwards accepting ≥ d")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 
@@ -325,7 +329,8 @@ def plot_cost(cost: dict, path: Path) -> None:
                  f"{1000 * cost['t1_s']:.1f} ms", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
 
 

@@ -53,3 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a file that could not be written or read (full disk, permissions, removed meanwhile): the flags naming
+        # files were checked up front, so this is the machine's state, worth one line naming the file
+        print(f"redraft: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        sampling = sys.modules.get("redraft.sampling")  # torch-bound: loaded only by the commands that run a model
+        if sampling is not None and isinstance(e, sampling.NonFiniteLogitsError):
+            # the model's weights or dtype overflowed: one line, not a traceback (the message names the position)
+            print(f"redraft: error: {e}", file=sys.stderr)
+            return 1
+        raise

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -11,6 +10,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from redraft.atomic import write_json, write_text
 from redraft.bench import corpus_bench
 from redraft.bench import cost as cost_module
 from redraft.bench import serve_bench
@@ -21,8 +21,9 @@ from redraft.bench.methods import ALL_METHODS, MethodConfig, parse_methods
 from redraft.bench.report import plot_cost, text_table
 from redraft.bench.workloads import WORKLOADS, ChatEncoder, parse_workloads
 from redraft.cli.common import (add_model_arg, add_model_args, add_threads_arg, announce_generation_config,
-                                float_above, load_model_or_exit, percent, positive)
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
+                                float_above, check_model_or_exit, draft_depth, existing_dir, load_model_or_exit,
+                                output_dir, output_file, percent, positive)
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.loading import ModelLoadError, default_model_path
 from redraft.questions import load_questions
 
@@ -80,6 +81,7 @@ def cmd_bench_run(args) -> int:
     if "minacc" in given:
         given["minacc"] /= 100.0
     cfg = MethodConfig(**given, gguf=gguf)  # MethodConfig holds the defaults of the flags not given
+    check_model_or_exit(args.model)
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     encoder = ChatEncoder(loaded.tokenizer, chat=False if args.no_chat else None)
@@ -106,6 +108,7 @@ def cmd_bench_run(args) -> int:
 
 
 def cmd_bench_cost(args) -> int:
+    check_model_or_exit(args.model)
     loaded = load_model_or_exit(args.model)
     prefix_ids = None
     if not args.random_prefix:
@@ -123,8 +126,8 @@ def cmd_bench_cost(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.json").write_text(json.dumps(cost, indent=1))
-        (out / "cost.md").write_text(text + "\n")
+        write_json(out / "cost.json", cost, indent=1)
+        write_text(out / "cost.md", text + "\n")
         plot_cost(cost, out / "cost_curve.png")
         print(f"wrote {out / 'cost.json'}, {out / 'cost.md'}, {out / 'cost_curve.png'}", file=sys.stderr)
     return 0
@@ -133,7 +136,7 @@ def cmd_bench_cost(args) -> int:
 def cmd_bench_corpus(args) -> int:
     result = run_corpus_bench(args.sizes, lookups=args.lookups, k=args.k, workdir=args.workdir)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
+        write_json(args.json_out, result)
     return 0
 
 
@@ -171,6 +174,15 @@ def corpus_sizes(text: str) -> list[int]:
     return sizes
 
 
+COST_DESCRIPTION = (
+    "Measure the verify cost curve c(S) = time(S tokens) / time(1 token) on the chosen model: with a prefix "
+    "(--prefix tokens of Spec-Bench text) in the KV cache, one forward over S tokens is timed for S = 1..--max-s, "
+    "with logits for every row, as a verify forward over the root and S-1 drafted tokens computes them; the cache "
+    "is cropped back after each. Repeats sweep S up and down alternately so drift on a shared machine hits every S "
+    "alike, and each S reports the median. A draft of d tokens pays only when it yields more than c(d+1) tokens "
+    "per forward, so the curve says how deep drafts may go; the speculation policy measures its cost curve the "
+    "same way.")
+
 RUN_EPILOG = """workloads (--workloads, comma-separated; NAME:N overrides --questions for one workload; 'all'):
   replay     frozen questions (MT-Bench categories, round-robin): their plain answers are in the corpus
   novel      translation / qa / math_reasoning questions: unrelated to the corpus
@@ -204,14 +216,17 @@ def register(sub) -> None:
     bsub = bp.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.required = True
 
-    p = bsub.add_parser("corpus", help="corpus index build/open/lookup benchmark (issue #3)",
+    p = bsub.add_parser("corpus", help="corpus index build/open/lookup benchmark",
                         description=corpus_bench.__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=corpus_sizes, default=list(DEFAULT_SIZES),
                    help="comma-separated corpus sizes in tokens, e.g. 1e4,1e6,1e7,1e8 (default)")
-    p.add_argument("--lookups", type=int, default=20000, help="propose() calls per size (default 20000)")
-    p.add_argument("-k", type=int, default=8, help="draft length (default 8)")
-    p.add_argument("--workdir", default=None, help="where the temporary corpus files go (default: system tmp)")
-    p.add_argument("--json", dest="json_out", default=None, help="also write the figures to this JSON file")
+    p.add_argument("--lookups", type=positive, default=20000, help="propose() calls per size (default 20000)")
+    p.add_argument("-k", type=draft_depth, default=CORPUS_K_DEFAULT,
+                   help=f"draft length 1..{MAX_DRAFT_DEPTH} (default {CORPUS_K_DEFAULT})")
+    p.add_argument("--workdir", type=existing_dir, default=None,
+                   help="existing directory where the temporary corpus files go (default: system tmp)")
+    p.add_argument("--json", dest="json_out", type=output_file, default=None,
+                   help="also write the figures to this JSON file")
     p.set_defaults(func=cmd_bench_corpus)
 
     p = bsub.add_parser("run", help="workloads x methods benchmark against HF generate / prompt lookup / llama.cpp",
@@ -228,8 +243,8 @@ def register(sub) -> None:
     p.add_argument("--methods", default=None, help=f"comma-separated subset of {', '.join(ALL_METHODS)} (default all)")
     p.add_argument("--freeze", type=positive, default=None,
                    help="questions frozen into the corpus (default: the replay count)")
-    p.add_argument("--k", type=int, default=None,
-                   help=f"draft depth of the redraft methods (default {CORPUS_K_DEFAULT})")
+    p.add_argument("--k", type=draft_depth, default=None,
+                   help=f"draft depth of the redraft methods, 1..{MAX_DRAFT_DEPTH} (default {CORPUS_K_DEFAULT})")
     p.add_argument("--minacc", type=percent, default=None,
                    help=f"acceptance guard threshold in %% (default {100 * CORPUS_MINACC:g})")
     p.add_argument("--tree-branches", type=positive, default=None,
@@ -241,14 +256,15 @@ def register(sub) -> None:
     p.add_argument("--gguf", default=None, help="GGUF for the llama.cpp methods (default: the default model's)")
     p.add_argument("--max-prompt-tokens", type=positive, default=None,
                    help="keep only the last N prompt ids (models with a short context)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write results.json, results.md and PNG plots here")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the results JSON here")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="write results.json, results.md and PNG plots here (created if missing)")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the results JSON here")
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_run)
 
     p = bsub.add_parser("cost", help="verify cost curve c(S) = time(S tokens) / time(1 token)",
-                        description=cost_module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description=COST_DESCRIPTION)
     add_model_arg(p)
     p.add_argument("--max-s", type=positive, default=64, help="largest S (default 64)")
     p.add_argument("--prefix", type=positive, default=200, help="tokens in the KV cache before each forward (default 200)")
@@ -256,7 +272,8 @@ def register(sub) -> None:
     p.add_argument("--tree-mask", action="store_true",
                    help="also time each S with the explicit 4D tree mask + position ids of tree verification")
     p.add_argument("--random-prefix", action="store_true", help="random prefix ids instead of Spec-Bench text")
-    p.add_argument("--out", default=None, metavar="DIR", help="write cost.json, cost.md and cost_curve.png here")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="write cost.json, cost.md and cost_curve.png here (created if missing)")
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_cost)

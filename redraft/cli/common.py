@@ -3,6 +3,8 @@
 A leaf of :mod:`redraft.cli`: it imports no command module. Loaders turn bad input into a one-line error and a
 non-zero exit (``SystemExit`` with the message), never a traceback.
 
+The argument types live in :mod:`redraft.argtypes` and are re-exported here.
+
 Parser registration imports this module on every start, so it stays free of torch: the modules that need torch
 (engine, sampling, the GliDe drafter) are imported inside the functions that build an engine.
 """
@@ -13,6 +15,9 @@ import argparse
 import os
 import sys
 
+# the argument types, re-exported for the command modules (which import only this module of redraft.cli)
+from redraft.argtypes import (cape_bins, draft_depth, existing_dir, float_above, int_at_least,  # noqa: F401
+                              int_between, nonneg, output_dir, output_file, percent, positive, probability, stop_string)
 from redraft.corpus import CorpusError, tokenizer_fingerprint
 from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_GAMMA, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
                               SHIPPED_GLIDE_DIR, TREE_BUDGET)
@@ -21,8 +26,9 @@ from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins
 from redraft.drafters.frozen_corpus import clamp_k, open_corpus
 from redraft.freeze import PromptFileError, read_prompts
-from redraft.loading import DTYPES, LoadedModel, ModelLoadError, load_model
+from redraft.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
 from redraft.policy.apply import policy_for
+from redraft.prompts import normalize_prompt
 from redraft.questions import load_questions
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
@@ -31,97 +37,14 @@ ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
 NGEN_DEFAULT = 128
 
 
-# ---- argument types: each raises argparse.ArgumentTypeError with a one-line reason --------------------------------
-
-def percent(text: str) -> float:
-    """argparse type: a percentage in 0..100 (float)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (expected a percentage 0..100)")
-    if not 0 <= v <= 100:
-        raise argparse.ArgumentTypeError(f"{text} is outside 0..100 (a percentage)")
-    return v
-
-
-def finite(text: str) -> float:
-    """argparse type: a finite float (no nan, no inf)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
-    if v != v or v in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
-    return v
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
-
-
-def int_at_least(lo: int):
-    """argparse type factory: an integer >= lo."""
-    def parse(text: str) -> int:
-        v = _integer(text)
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"{v} must be at least {lo}")
-        return v
-    return parse
-
-
-def int_between(lo: int, hi: int):
-    """argparse type factory: an integer in lo..hi (both included)."""
-    def parse(text: str) -> int:
-        v = _integer(text)
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{v} is outside {lo}..{hi}")
-        return v
-    return parse
-
-
-nonneg = int_at_least(0)
-positive = int_at_least(1)
-
-
-def float_above(lo: float, *, strict: bool):
-    """argparse type factory: a finite number > lo (``strict``) or >= lo."""
-    def parse(text: str) -> float:
-        v = finite(text)
-        if v < lo or (strict and v == lo):
-            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {lo:g}")
-        return v
-    return parse
-
-
-def output_file(text: str) -> str:
-    """argparse type for a file we will write: refuse a directory or a missing parent up front, not after a run."""
-    p = os.path.abspath(os.path.expanduser(text))
-    if os.path.isdir(p):
-        raise argparse.ArgumentTypeError(f"{text} is a directory (expected a file path)")
-    parent = os.path.dirname(p)
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist")
-    return text
-
-
-def cape_bins(text: str) -> CapeBins:
-    """argparse type: CaPE bins, e.g. ``0.3,0.6,0.8:7,5,3,1`` (see :meth:`CapeBins.parse`)."""
-    try:
-        return CapeBins.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
 # ---- flag groups --------------------------------------------------------------------------------------------------
 
 def add_threads_arg(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
-    """``--threads N`` (torch CPU threads). On a sub-command the flag leaves the top-level ``redraft --threads N``
-    alone when not given (argparse would otherwise overwrite it with the sub-command's default)."""
+    """``--threads N`` (torch CPU threads), documented once, on ``redraft`` itself. A sub-command that adds it
+    only accepts it after its name too (``redraft bench run --threads 2``), hidden from its help; when not given
+    it leaves the top-level value alone (argparse would otherwise overwrite it with the sub-command's default)."""
     p.add_argument("--threads", type=positive, default=None if top_level else argparse.SUPPRESS,
-                   help="torch CPU threads (default: torch's choice, one per core)")
+                   help="torch CPU threads (default: torch's choice, one per core)" if top_level else argparse.SUPPRESS)
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -149,7 +72,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     """Flags that choose the draft sources: corpus, n-gram, token trees and a GliDe draft model."""
     p.add_argument("--corpus", default=None,
                    help="frozen corpus file (text or binary); env REDRAFT_DRAFT_CORPUS or COLI_DRAFT_CORPUS")
-    p.add_argument("--k", type=int, default=None, help="fixed corpus draft depth 1..48 (default 8 with --no-policy; "
+    p.add_argument("--k", type=draft_depth, default=None, help="fixed corpus draft depth 1..48 (default 8 with --no-policy; "
                    "given, no policy); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
     p.add_argument("--minacc", type=percent, default=None,
                    help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three drafts "
@@ -157,7 +80,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                         "GliDe draft min(PCT, 25) per draft level; env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
     p.add_argument("--no-policy", action="store_true", help="fixed depth and guard (Colibri's), no cost-aware policy")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
-    p.add_argument("--k-max", type=int, default=None, metavar="K",
+    p.add_argument("--k-max", type=draft_depth, default=None, metavar="K",
                    help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "
                         "default off (always --k); given, no policy")
     p.add_argument("--force", action="store_true",
@@ -197,13 +120,14 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     The shaping flags default to None (= the model's generation_config value), the sampling-only ones to None so
     that :func:`sampling_from_args` can tell a flag that was given from its default.
     """
-    p.add_argument("--temperature", type=finite, default=0.0,
+    p.add_argument("--temperature", type=float_above(0, strict=False), default=0.0,
                    help="0 = greedy (default, also when the model's generation_config sets do_sample or a "
                         "temperature); > 0 samples")
-    p.add_argument("--top-k", type=int, default=None,
+    p.add_argument("--top-k", type=nonneg, default=None,
                    help="sample from the k most likely tokens (0 = off; sampling only)")
-    p.add_argument("--top-p", type=finite, default=None, help="nucleus sampling threshold (1.0 = off; sampling only)")
-    p.add_argument("--repetition-penalty", type=finite, default=None,
+    p.add_argument("--top-p", type=probability, default=None,
+                   help="nucleus sampling threshold in (0, 1] (1.0 = off; sampling only)")
+    p.add_argument("--repetition-penalty", type=float_above(0, strict=True), default=None,
                    help="HF/CTRL repetition penalty (1.0 = off; default: the model's generation_config)")
     p.add_argument("--no-repeat-ngram-size", type=nonneg, default=None, metavar="N",
                    help="never repeat an N-gram of the context (0 = off; default: the model's generation_config)")
@@ -213,7 +137,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="sampling seed (default 0; sampling only); the same seed gives the same output with or "
                         "without drafts")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+    p.add_argument("--stop", type=stop_string, action="append", default=[], metavar="TEXT",
                    help="stop string (repeatable); the output ends before it")
 
 
@@ -246,9 +170,19 @@ def use_policy(args) -> bool:
 
 
 def resolve_draft_args(args) -> tuple[str | None, int, float]:
-    """Corpus path, K and MINACC (a fraction) from flags, then the environment, then the defaults."""
+    """Corpus path, K (1..48) and MINACC (a fraction) from flags, then the environment, then the defaults.
+
+    ``--k`` is range-checked by the parser; a K from the environment outside 1..48 is clamped, as Colibri does,
+    with one warning naming the variable.
+    """
     corpus = args.corpus if args.corpus is not None else env(ENV_CORPUS)
-    k = args.k if args.k is not None else int_env(ENV_K, CORPUS_K_DEFAULT)
+    k = args.k
+    if k is None:
+        k = int_env(ENV_K, CORPUS_K_DEFAULT)
+        if clamp_k(k, warn=False) != k:
+            print(f"redraft: warning: {ENV_K[0]}/{ENV_K[1]}={k} is outside 1..{MAX_DRAFT_DEPTH}; using "
+                  f"{clamp_k(k, warn=False)}", file=sys.stderr)
+            k = clamp_k(k, warn=False)
     if args.minacc is not None:
         minacc = args.minacc
     else:
@@ -262,6 +196,15 @@ def resolve_draft_args(args) -> tuple[str | None, int, float]:
 
 # ---- loaders: a value, or a one-line error and exit ------------------------------------------------------------------
 
+def check_model_or_exit(spec: str | None) -> None:
+    """Refuse a ``--model`` that cannot be loaded, in milliseconds and without torch
+    (:func:`redraft.loading.check_model_spec`): call it once the flags are checked, before anything slow."""
+    try:
+        check_model_spec(spec)
+    except ModelLoadError as e:
+        raise SystemExit(f"redraft: error: {e}")
+
+
 def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
     """:func:`redraft.loading.load_model`; a :class:`ModelLoadError` becomes ``redraft: error: ...`` and exit 1."""
     try:
@@ -270,16 +213,69 @@ def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool 
         raise SystemExit(f"redraft: error: {e}")
 
 
-def open_corpus_or_exit(path: str | None, loaded: LoadedModel, force: bool = False):
-    """The corpus at ``path`` checked against the model's vocabulary and tokenizer, or None (no path, or a missing
-    file, which only warns). A malformed corpus exits with ``redraft: error: corpus refused: ...``."""
+def open_corpus_or_exit(path: str | None, loaded: LoadedModel | None = None, force: bool = False):
+    """The corpus at ``path``, or None (no path, or a missing file, which only warns).
+
+    With ``loaded`` None (before the model loads) the file's format and every token are checked; with a model
+    its ids are checked against the vocabulary and a binary corpus's tokenizer fingerprint against the model's
+    too (:func:`corpus_fits_model_or_exit` does only that second part for a corpus opened earlier).
+
+    Raises:
+        SystemExit: ``redraft: error: corpus refused: ...`` naming the file (and line) for a malformed corpus.
+    """
     if path is None:
         return None
     try:
+        if loaded is None:
+            return open_corpus(path, vocab_size=None)
         return open_corpus(path, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer),
                            force=force)
     except CorpusError as e:
         raise SystemExit(f"redraft: error: corpus refused: {e}")
+
+
+def corpus_fits_model_or_exit(corpus, loaded: LoadedModel, force: bool = False):
+    """``corpus`` (opened before the model loaded, or None) once its ids are known to fit the model's vocabulary
+    and its tokenizer fingerprint (binary corpora) to match the model's unless ``force``.
+
+    Raises:
+        SystemExit: as :func:`open_corpus_or_exit` (the file is read again to name the first bad id's line).
+    """
+    if corpus is None:
+        return None
+    fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+    if corpus.max_id >= loaded.vocab_size or (corpus.fingerprint not in (None, fingerprint) and not force):
+        open_corpus_or_exit(corpus.path, loaded, force)  # raises with the file, line and id
+    return corpus
+
+
+def prompt_text_or_exit(text: str, command: str) -> str:
+    """``text`` (a PROMPT argument, or stdin for ``-``) unless it is empty once its surrounding whitespace is
+    dropped, as every prompt is (:func:`redraft.prompts.normalize_prompt`): an empty prompt has nothing to answer.
+
+    Raises:
+        SystemExit: ``redraft COMMAND: error: PROMPT is empty``.
+    """
+    if not normalize_prompt(text):
+        raise SystemExit(f"redraft {command}: error: PROMPT is empty")
+    return text
+
+
+def prompt_fits_or_exit(ids: list[int], loaded: LoadedModel, what: str, command: str) -> list[int]:
+    """The prompt ids, unless there are none or they fill the model's context (``max_position_embeddings``):
+    generation needs at least one prompt token and one free position.
+
+    Args:
+        what: names the prompt in the message (``PROMPT``, ``prompts.txt:3``).
+    Raises:
+        SystemExit: one line naming ``what``, its token count and the context length.
+    """
+    if not ids:
+        raise SystemExit(f"redraft {command}: error: {what} encodes to no tokens")
+    if loaded.max_length is not None and len(ids) >= loaded.max_length:
+        raise SystemExit(f"redraft {command}: error: {what} is {len(ids)} tokens; the model's context holds "
+                         f"{loaded.max_length}, prompt and answer together")
+    return ids
 
 
 def prompts_or_exit(path: str, command: str) -> list[str]:
@@ -360,7 +356,9 @@ def check_glide_draft_args(args) -> None:
 
     Raises:
         SystemExit: ``--draft-model``, ``--cape``, ``--cape-bins``, ``--gamma`` or ``--draft-vocab`` without
-            ``--draft glide``; ``--draft glide`` without ``--draft-model``; ``--cape-bins`` without ``--cape``.
+            ``--draft glide``; ``--draft glide`` without ``--draft-model``; ``--cape-bins`` without ``--cape``;
+            a ``--draft-model`` directory without a checkpoint's ``glide.json`` (its content is checked when the
+            draft loads, against the target).
     """
     given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
              ("--cape-bins", getattr(args, "cape_bins", None)), ("--gamma", getattr(args, "gamma", None)),
@@ -374,6 +372,11 @@ def check_glide_draft_args(args) -> None:
                          "draft (train one with 'redraft glide train')")
     if getattr(args, "cape_bins", None) is not None and not getattr(args, "cape", False):
         raise SystemExit("redraft: error: --cape-bins: only used with --cape")
+    path = getattr(args, "draft_model", None)
+    if path and not os.path.isfile(os.path.join(os.path.expanduser(path), "glide.json")):
+        why = "no such directory" if not os.path.exists(os.path.expanduser(path)) else "no glide.json in it"
+        raise SystemExit(f"redraft: error: --draft-model {path}: not a GliDe draft checkpoint ({why}; train one with "
+                         f"'redraft glide train --out DIR')")
 
 
 def check_draft_args(args, corpus_path: str | None, k: int) -> None:
@@ -393,7 +396,7 @@ def check_draft_args(args, corpus_path: str | None, k: int) -> None:
                                       ("--force", args.force)) if value]
     if corpus_path is None and stray:
         raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with {corpus}")
-    if args.k_max is not None and clamp_k(args.k_max) <= k:
+    if args.k_max is not None and args.k_max <= k:
         raise SystemExit(f"redraft: error: --k-max {args.k_max}: no effect unless above the draft depth --k {k}")
     if args.tree_budget is not None and not (args.tree or args.cape):
         raise SystemExit("redraft: error: --tree-budget: only used with --tree B or --cape (a single draft chain "

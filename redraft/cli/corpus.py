@@ -7,29 +7,71 @@ Each sub-command wraps a function of :mod:`redraft.corpus.tools` and sets ``func
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager, nullcontext
 
+from redraft.cli.common import nonneg, output_file, positive
 from redraft.corpus import Corpus, CorpusError
 from redraft.corpus.tools import (append_to_corpus, build_corpus, compact_corpus, convert_corpus, corpus_stats,
                                   merge_corpora, verify_corpus)
 
 
 def _common(p: argparse.ArgumentParser, fingerprint: bool = True) -> None:
-    p.add_argument("--vocab-size", type=int, default=None, help="refuse ids >= this vocabulary size")
+    p.add_argument("--vocab-size", type=positive, default=None,
+                   help="refuse ids >= this vocabulary size (default: no check)")
     if fingerprint:
         p.add_argument("--fingerprint", default=None,
-                       help="tokenizer fingerprint to record / check (see redraft.corpus.tokenizer_fingerprint)")
+                       help="tokenizer fingerprint to record / check (see redraft.corpus.tokenizer_fingerprint; "
+                            "default: none)")
         p.add_argument("--force", action="store_true", help="accept a tokenizer fingerprint mismatch")
 
 
+INPUT_HELP = ("text or binary corpus, JSONL records with a 'tokens' list (and 'prompt_tokens'), or a log of "
+              "'redraft run --tokens'; the kind is detected by content; '-' reads stdin (a pipe is read once)")
+
+
+@contextmanager
+def _regular_files(paths: list[str]):
+    """``paths`` as regular files: ``-`` (stdin) and pipes or devices (``/dev/stdin``, ``<(cmd)``) are copied once
+    into a temporary file, because the readers detect a file's kind from its head and then read it again, which a
+    pipe does not survive (it would give an empty corpus). Yields (paths, {copy: the name to show in messages})."""
+    with tempfile.TemporaryDirectory(prefix="redraft-corpus-") as tmp:
+        out, names = [], {}
+        for i, path in enumerate(paths):
+            if path != "-" and (os.path.isfile(path) or not os.path.exists(path) or os.path.isdir(path)):
+                out.append(path)  # the readers report a missing file or a directory themselves
+                continue
+            copy = os.path.join(tmp, f"input{i}")
+            names[copy] = "stdin" if path == "-" else path
+            try:
+                with (nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")) as src, \
+                        open(copy, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except OSError as e:
+                raise CorpusError(f"{names[copy]}: cannot read ({e.strerror or e})") from e
+            out.append(copy)
+        yield out, names
+
+
 def _guard(fn):
-    """Turn CorpusError into a one-line message and exit code 2."""
+    """Run a sub-command with its INPUTs as regular files (:func:`_regular_files`); turn CorpusError into a
+    one-line message (naming the input as given) and exit code 2."""
 
     def run(args) -> int:
+        names = {}
         try:
-            return fn(args) or 0
+            with _regular_files(getattr(args, "inputs", None) or []) as (inputs, names):
+                if names:
+                    args.inputs = inputs
+                return fn(args) or 0
         except CorpusError as e:
-            print(f"redraft corpus: error: {e}", file=sys.stderr)
+            msg = str(e)
+            for copy, name in names.items():
+                msg = msg.replace(copy, name)
+            print(f"redraft corpus: error: {msg}", file=sys.stderr)
             return 2
 
     return run
@@ -111,53 +153,57 @@ def register(subparsers) -> argparse.ArgumentParser:
     """
     corpus = subparsers.add_parser("corpus", help="build and inspect frozen-corpus files",
                                    description="Corpus file tools (no model loading): build, append, merge, stats, "
-                                               "convert, compact.")
+                                               "convert, compact, verify.")
     sub = corpus.add_subparsers(dest="corpus_command", metavar="COMMAND")
-    corpus.set_defaults(func=lambda args: (corpus.print_help(), 2)[1])
+    sub.required = True
 
     p = sub.add_parser("build", help="build a corpus from text/binary corpora, JSONL token records or run logs")
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
-    p.add_argument("--out", "-o", required=True, metavar="CORPUS")
-    p.add_argument("--format", choices=("binary", "text"), default="binary")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help=INPUT_HELP)
+    p.add_argument("--out", "-o", required=True, metavar="CORPUS", type=output_file,
+                   help="corpus file to write (replaced atomically if it exists)")
+    p.add_argument("--format", choices=("binary", "text"), default="binary",
+                   help="binary (indexed, mmap-able; default) or text (whitespace-separated ids, -1 between spans)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     _common(p)
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("append", help="append the spans of INPUT(s) to CORPUS (a text corpus grows in place, a "
                                       "binary one is rebuilt)")
-    p.add_argument("corpus", metavar="CORPUS")
-    p.add_argument("inputs", nargs="+", metavar="INPUT")
-    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("corpus", metavar="CORPUS", help="existing corpus file to extend (its format is kept)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help=INPUT_HELP)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     _common(p)
     p.set_defaults(func=_cmd_append)
 
     p = sub.add_parser("merge", help="merge corpora (later ones are newer)")
-    p.add_argument("inputs", nargs="+", metavar="CORPUS")
-    p.add_argument("--out", "-o", required=True)
-    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("inputs", nargs="+", metavar="CORPUS", help="corpora to merge, oldest first (later ones win ties)")
+    p.add_argument("--out", "-o", required=True, metavar="CORPUS", type=output_file,
+                   help="binary corpus file to write (replaced atomically if it exists)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     _common(p)
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("stats", help="tokens, spans, distinct n-grams, repeated spans, bytes/token, fingerprint")
-    p.add_argument("corpus", metavar="CORPUS")
-    p.add_argument("--top", type=int, default=5, help="how many repeated spans to list")
+    p.add_argument("corpus", metavar="CORPUS", help="corpus file (text or binary)")
+    p.add_argument("--top", type=nonneg, default=5, help="how many repeated spans to list (default 5)")
     _common(p, fingerprint=False)
     p.set_defaults(func=_cmd_stats)
 
     p = sub.add_parser("convert", help="convert between text and binary (lossless)")
-    p.add_argument("input", metavar="IN")
-    p.add_argument("--out", "-o", required=True, metavar="OUT")
-    p.add_argument("--to", choices=("text", "binary"), required=True)
+    p.add_argument("input", metavar="IN", help="corpus file to read (text or binary)")
+    p.add_argument("--out", "-o", required=True, metavar="OUT", type=output_file,
+                   help="corpus file to write (replaced atomically if it exists)")
+    p.add_argument("--to", choices=("text", "binary"), required=True, help="format of OUT")
     _common(p)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("compact", help="rebuild CORPUS with one fresh index")
-    p.add_argument("corpus", metavar="CORPUS")
+    p.add_argument("corpus", metavar="CORPUS", help="corpus file to rewrite in place, atomically (format kept)")
     _common(p)
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser("verify", help="check CORPUS fully: checksums, and the index rebuilt from the token stream")
-    p.add_argument("corpus", metavar="CORPUS")
+    p.add_argument("corpus", metavar="CORPUS", help="corpus file (text or binary)")
     _common(p, fingerprint=False)
     p.set_defaults(func=_cmd_verify)
     return corpus

@@ -8,18 +8,20 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from redraft.cli.common import (add_model_args, announce_generation_config, load_model_or_exit, nonneg,
-                                open_corpus_or_exit, output_file, positive, questions_or_exit)
+from redraft.atomic import write_json
+from redraft.cli.common import (add_model_args, announce_generation_config, check_model_or_exit, draft_depth,
+                                load_model_or_exit, nonneg, open_corpus_or_exit, output_file, positive,
+                                questions_or_exit)
+from redraft.corpus import CorpusError
+from redraft.corpus.format import write_text
 from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 from redraft.drafters import build_drafters
 from redraft.drafters.frozen_corpus import clamp_k
-from redraft.freeze import append_spans
 from redraft.loading import cache_dir
 from redraft.policy.apply import policy_for
 from redraft.prompts import encode_prompt
@@ -69,12 +71,14 @@ def format_table(title: str, rows: list[dict], total: dict) -> str:
 
 
 def run_demo(args) -> int:
-    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
-
     qs = questions_or_exit(0, args.questions + args.other, "demo")
     replay_q, other_q = qs[:args.questions], qs[args.questions:]
     policy_on = args.k is None and not args.no_policy
     k = MAX_DRAFT_DEPTH if policy_on else clamp_k(args.k if args.k is not None else CORPUS_K_DEFAULT)
+    check_model_or_exit(args.model)
+
+    from redraft.engine import Engine  # torch-bound: imported once the arguments are checked
+
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     chat = False if args.no_chat else None
@@ -90,8 +94,10 @@ def run_demo(args) -> int:
 
     corpus_path = Path(args.corpus_out) if args.corpus_out else cache_dir() / "demo" / "corpus.txt"
     corpus_path.parent.mkdir(parents=True, exist_ok=True)
-    corpus_path.unlink(missing_ok=True)
-    append_spans(corpus_path, [r.prompt_ids + r.output_ids for r in base])
+    try:  # replaces the file at once (temporary file + rename): an interrupted demo never leaves half a corpus
+        write_text(corpus_path, [r.prompt_ids + r.output_ids for r in base])
+    except CorpusError as e:
+        raise SystemExit(f"redraft demo: error: {e}")
     corpus = open_corpus_or_exit(str(corpus_path), loaded)
     print(f"froze {len(base)} answers into {corpus_path} ({corpus.n_tokens} ids)", file=sys.stderr)
 
@@ -127,7 +133,7 @@ def run_demo(args) -> int:
         print()
         print(format_table(f"Other questions: {len(other_rows)} not in the corpus", other_rows, other_total))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
     ok = all(r["identical"] for r in replay_rows + other_rows)
     if not ok:
@@ -144,7 +150,7 @@ def register(sub) -> None:
     add_model_args(p)
     p.add_argument("--questions", type=positive, default=20, help="questions to freeze and replay (default 20)")
     p.add_argument("--other", type=nonneg, default=10, help="other questions run against the same corpus (default 10)")
-    p.add_argument("--k", type=int, default=None,
+    p.add_argument("--k", type=draft_depth, default=None,
                    help="fixed corpus draft depth 1..48 instead of the cost-aware policy (the default)")
     p.add_argument("--no-policy", action="store_true", help="fixed depth (--k, default 8) and guard, Colibri's way")
     p.add_argument("--no-ngram", action="store_true", help="corpus drafts only")

@@ -11,8 +11,8 @@ import sys
 
 from tqdm import tqdm
 
-from redraft.cli.common import (NGEN_DEFAULT, add_model_args, announce_generation_config, load_model_or_exit,
-                                output_file, prompts_or_exit)
+from redraft.cli.common import (NGEN_DEFAULT, add_model_args, announce_generation_config, check_model_or_exit,
+                                load_model_or_exit, output_file, prompt_fits_or_exit, prompts_or_exit)
 from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import sniff
 from redraft.corpus.tools import append_to_corpus
@@ -39,38 +39,58 @@ def freeze_logs(logs: list[str], out: str) -> int:
     return 0
 
 
+def existing_corpus_or_exit(out: str, loaded=None):
+    """The corpus already at ``out`` (None if there is none), refused unless it is a valid corpus: its format and
+    tokens without a model, then (``loaded``) its ids against the vocabulary and its tokenizer fingerprint."""
+    if not os.path.isfile(out):
+        return None
+    try:
+        if loaded is None:
+            return load_corpus(out)
+        return load_corpus(out, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer))
+    except CorpusError as e:
+        raise SystemExit(f"redraft freeze: error: refusing to extend {out}: {e}")
+
+
 def freeze_prompts(args) -> int:
     """``--prompts``: answer each prompt greedily and append prompt + answer to ``args.out``."""
-    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
-
+    # never extend a file that is not a valid corpus: its format before the model loads, its ids once it has
     prompts = prompts_or_exit(args.prompts, "freeze")
+    existing = existing_corpus_or_exit(args.out)
+    check_model_or_exit(args.model)
+
+    from redraft.engine import Engine  # torch-bound: imported once the arguments are checked
+
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
-    binary = None
-    if os.path.isfile(args.out):
-        # never extend a file that is not a valid corpus for this model: check it before any generation
-        try:
-            existing = load_corpus(args.out, vocab_size=loaded.vocab_size,
-                                   fingerprint=tokenizer_fingerprint(loaded.tokenizer))
-        except CorpusError as e:
-            raise SystemExit(f"redraft freeze: error: refusing to extend {args.out}: {e}")
-        # a binary corpus is extended in memory and rewritten once at the end (or on interrupt)
-        binary = existing if sniff(args.out) == "binary" else None
+    if existing is not None:
+        fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+        if existing.max_id >= loaded.vocab_size or existing.fingerprint not in (None, fingerprint):
+            existing_corpus_or_exit(args.out, loaded)  # refused, naming the first bad id or both fingerprints
+        existing.vocab_size, existing.fingerprint = loaded.vocab_size, fingerprint  # as a load for this model sets
+    # a binary corpus is extended in memory and rewritten once at the end (or on interrupt), atomically
+    binary = existing if existing is not None and sniff(args.out) == "binary" else None
+    chat = False if args.no_chat else None
+    # every prompt is encoded and checked before the first generation: a bad one is refused before any work
+    encoded = [prompt_fits_or_exit(encode_prompt(loaded.tokenizer, p, chat=chat), loaded, f"{args.prompts}: prompt "
+                                   f"{i}", "freeze") for i, p in enumerate(prompts, 1)]
     engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
     total = done = 0
     try:
-        for p in tqdm(prompts, desc="freeze", unit="prompt", file=sys.stderr):
-            ids = encode_prompt(loaded.tokenizer, p, chat=False if args.no_chat else None)
-            res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
-            if binary is not None:
-                binary.append(ids + res.output_ids)
-            else:
-                append_spans(args.out, [ids + res.output_ids])  # written as we go: an interruption keeps them
-            total += len(ids) + len(res.output_ids)
-            done += 1
-    finally:
-        if binary is not None and done:
-            binary.save(args.out, fmt="binary")
+        try:
+            for ids in tqdm(encoded, desc="freeze", unit="prompt", file=sys.stderr):
+                res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
+                if binary is not None:
+                    binary.append(ids + res.output_ids)
+                else:
+                    append_spans(args.out, [ids + res.output_ids])  # written as we go: an interruption keeps them
+                total += len(ids) + len(res.output_ids)
+                done += 1
+        finally:
+            if binary is not None and done:
+                binary.save(args.out, fmt="binary")  # atomic: a failed write leaves the corpus as it was
+    except CorpusError as e:  # a full disk or a read-only file: one line, not a traceback
+        raise SystemExit(f"redraft freeze: error: {e}")
     print(f"froze {done} spans ({total} ids) into {args.out}", file=sys.stderr)
     return 0
 

@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from redraft.cli.common import (add_model_arg, cape_bins, float_above, int_at_least, load_model_or_exit,
-                                output_file, percent)
+from redraft.cli.common import (add_model_arg, cape_bins, check_model_or_exit, float_above, int_at_least,
+                                load_model_or_exit, output_file, percent)
 from redraft.defaults import GLIDE_MINACC
 from redraft.drafters.cape import CapeBins
 
@@ -48,7 +48,19 @@ def device_name(text: str) -> str:
 
 
 def cmd_train(args) -> int:
-    # torch-bound: imported when the command runs, not at registration
+    # what needs no torch is checked first: a bad argument is refused in milliseconds, before any data work
+    if args.resume and not (Path(args.out).expanduser() / "glide.json").is_file():
+        raise SystemExit(f"redraft glide train: error: --resume: no checkpoint to resume in {args.out} (no "
+                         f"glide.json; drop --resume to start one)")
+    if args.data_dir:
+        _directory(args.data_dir, "--data-dir")
+    out = _directory(args.out, "--out")
+    if (out / "glide.json").is_file() and not args.resume:
+        raise SystemExit(f"redraft glide train: error: {args.out} already holds a checkpoint; pass --resume to "
+                         f"continue it or choose another --out")
+    check_model_or_exit(args.model)
+
+    # torch-bound: imported once the arguments are checked
     import torch
 
     from redraft.glide.checkpoint import CheckpointError, config_of, read_meta
@@ -56,13 +68,7 @@ def cmd_train(args) -> int:
 
     threads = getattr(args, "threads", None) or 1  # `redraft --threads N`; training defaults to one thread
     torch.set_num_threads(threads)
-    if args.data_dir:
-        _directory(args.data_dir, "--data-dir")
-    out = _directory(args.out, "--out")
-    if (out / "glide.json").is_file():
-        if not args.resume:
-            raise SystemExit(f"redraft glide train: error: {args.out} already holds a checkpoint; pass --resume to "
-                             f"continue it or choose another --out")
+    if args.resume:
         try:  # a checkpoint that cannot be resumed is refused before any data work
             config_of(read_meta(out), out)
         except CheckpointError as e:
@@ -113,6 +119,7 @@ def cmd_eval(args) -> int:
         if kind != want:
             raise SystemExit(f"redraft glide eval: error: {flag} {path} is a {'GliDe' if kind else 'vanilla'} "
                              f"draft; {flag} takes a {'GliDe' if want else 'vanilla (--vanilla)'} checkpoint")
+    check_model_or_exit(args.model)
     loaded = load_model_or_exit(args.model)
     bins = args.cape_bins or CapeBins()
     configs = [Config("plain greedy")]

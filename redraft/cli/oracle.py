@@ -12,14 +12,14 @@ the first divergent position with the plain top-2 gap there, tokens per forward 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from tqdm import tqdm
 
-from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, load_model_or_exit,
-                                nonneg, output_file, positive, questions_or_exit, sampling_from_args)
+from redraft.atomic import write_json
+from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, check_model_or_exit,
+                                load_model_or_exit, nonneg, output_file, positive, questions_or_exit,
+                                sampling_from_args)
 from redraft.corpus import Corpus
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.drafters import build_drafters
@@ -64,6 +64,7 @@ def run_oracle(args) -> int:
         raise SystemExit("redraft oracle: error: --tree-budget: only used with --tree B > 0")
     if args.compare_exact and not args.exact:
         raise SystemExit("redraft oracle: error: --no-exact: no effect with --compare-exact (which runs both)")
+    check_model_or_exit(args.model)
     sampling = sampling_from_args(args)
     report = {"questions": len(qs), "ngen": args.ngen, "dtypes": {}}
     bad = False
@@ -73,7 +74,7 @@ def run_oracle(args) -> int:
         bad |= any(r["matching"] != r["total"] for r in rep["configs"] if r["exact"])
         bad |= rep.get("noise_over_bound", False)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
     return 1 if bad else 0
 
 
@@ -174,7 +175,7 @@ def register(sub) -> None:
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--questions", type=positive, default=80, help="questions (default 80)")
-    p.add_argument("--offset", type=int, default=0, help="first question index (default 0)")
+    p.add_argument("--offset", type=nonneg, default=0, help="first question index (default 0)")
     p.add_argument("--k", type=draft_depths, default=[1, 2, 5, 8, 16, 32],
                    help="comma-separated draft depths in 1..48 (default 1,2,5,8,16,32)")
     p.add_argument("--tree", type=nonneg, default=4, metavar="B",

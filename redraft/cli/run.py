@@ -10,25 +10,28 @@ import os
 import sys
 
 from redraft.cli.common import (add_draft_args, add_model_args, add_sampling_args, announce_generation_config,
-                                check_draft_args, engine_from_args, load_model_or_exit, open_corpus_or_exit,
+                                check_draft_args, check_model_or_exit, corpus_fits_model_or_exit, engine_from_args,
+                                load_model_or_exit, open_corpus_or_exit, prompt_fits_or_exit, prompt_text_or_exit,
                                 resolve_draft_args, sampling_from_args)
-from redraft.drafters.frozen_corpus import clamp_k
 from redraft.prompts import encode_prompt
 from redraft.runstats import run_report
 from redraft.stopping import StopStrings
 
 
 def cmd_run(args) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # everything that can be checked without the model is, before it loads (and before torch is imported)
     corpus_path, k, minacc = resolve_draft_args(args)
-    k = clamp_k(k)
-    check_draft_args(args, corpus_path, k)  # before the model load, not after
+    check_draft_args(args, corpus_path, k)
+    prompt = prompt_text_or_exit(sys.stdin.read() if args.prompt == "-" else args.prompt, "run")
+    check_model_or_exit(args.model)
+    corpus = open_corpus_or_exit(corpus_path)  # format and every token now; vocabulary and tokenizer once loaded
     sampling = sampling_from_args(args)
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded, args)
-    corpus = open_corpus_or_exit(corpus_path, loaded, force=args.force)
+    corpus = corpus_fits_model_or_exit(corpus, loaded, force=args.force)
     engine = engine_from_args(args, loaded, corpus, k, minacc)
-    ids = encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None)
+    ids = prompt_fits_or_exit(encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None), loaded,
+                              "PROMPT", "run")
     stop = StopStrings(loaded.tokenizer, args.stop)
     hold = max((len(x) for x in stop.stops), default=1) - 1  # a stop string may still be completing
 
@@ -63,11 +66,11 @@ def cmd_run(args) -> int:
 def register(sub) -> None:
     """Add ``run`` to the top-level sub-parsers."""
     p = sub.add_parser("run", help="generate a reply to one prompt with speculative decoding",
-                       description="Stream the model's greedy reply to PROMPT on stdout; speculation statistics "
-                                   "go to stderr. The logits settings of the model's generation_config.json "
-                                   "(repetition_penalty, no_repeat_ngram_size, min_new_tokens, ...) apply as in HF "
-                                   "generate; its sampling settings do not: decoding is greedy unless "
-                                   "--temperature > 0.")
+                       description="Stream the model's reply to PROMPT on stdout (greedy by default, sampled with "
+                                   "--temperature > 0); speculation statistics go to stderr. The logits settings of "
+                                   "the model's generation_config.json (repetition_penalty, no_repeat_ngram_size, "
+                                   "min_new_tokens, ...) apply as in HF generate; its sampling settings do not: "
+                                   "decoding is greedy unless --temperature > 0.")
     add_model_args(p)
     add_draft_args(p)
     add_sampling_args(p)

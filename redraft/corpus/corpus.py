@@ -1,6 +1,6 @@
 """Corpus: frozen token spans from earlier outputs, with suffix lookups for drafting.
 
-Lookup contract after Colibri's COLI_DRAFT_CORPUS (see DESIGN.md, "Frozen-corpus drafts: the contract"): for
+Lookup contract after Colibri's COLI_DRAFT_CORPUS (docs/architecture.md, "The corpus contract"): for
 n = max_n down to min_n, find the context's last n ids; the longest n with an occurrence that has a non-empty
 continuation wins; among its occurrences the most recent (highest corpus position) is proposed, up to k ids,
 never across a -1 separator or the corpus end. Where that yields fewer than k ids (a self-overlapping suffix
@@ -125,6 +125,12 @@ class Corpus:
     @property
     def n_spans(self) -> int:
         return sum(s.n_spans for s in self._segments)
+
+    @property
+    def max_id(self) -> int:
+        """The largest token id held (-1 when empty): a corpus loaded without a vocabulary fits a model whose
+        vocabulary size is above it."""
+        return max((s.max_id for s in self._segments), default=-1)
 
     def __len__(self) -> int:
         return self.n_tokens

@@ -235,7 +235,11 @@ def _tail_state(path: str) -> tuple[bool, bool]:
 # ---- binary -----------------------------------------------------------------------------------------------------
 
 def _write_atomic(path, write) -> None:
-    """Call write(binary file) on a temporary file next to `path`, flush it to disk, rename it over `path`."""
+    """Call write(binary file) on a temporary file next to `path`, flush it to disk, rename it over `path`.
+
+    Any failure (an OSError, which becomes CorpusError, or an interruption) removes the temporary file and leaves
+    `path` as it was (redraft.atomic does the same for the other files redraft writes; this package stays
+    numpy-only)."""
     tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -243,12 +247,14 @@ def _write_atomic(path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         try:
             os.remove(tmp)
         except OSError:
             pass
-        raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
+        if isinstance(e, OSError):
+            raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
+        raise
 
 
 # ---- binary -----------------------------------------------------------------------------------------------------

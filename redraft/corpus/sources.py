@@ -30,7 +30,11 @@ _PROMPT_LINE = re.compile(rb"\[PROMPT_TOKENS\]\s+(\d+):(.*)")
 
 
 def detect_kind(path) -> str:
-    """'binary', 'jsonl', 'log' or 'text' (see the module doc). Raises CorpusError if unreadable."""
+    """'binary', 'jsonl', 'log' or 'text' (see the module doc). Raises CorpusError if unreadable, or not a regular
+    file: a pipe or device would lose the head read here before :func:`read_spans` reads it again."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise CorpusError(f"{path}: not a regular file (a pipe or device cannot be read twice); save it to a file "
+                          f"first (the redraft corpus commands take '-' for stdin)")
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)

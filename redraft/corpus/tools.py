@@ -92,9 +92,7 @@ def compact_corpus(path, *, vocab_size=None, fingerprint=None, force=False) -> C
 
 
 def _replace(corpus: Corpus, path, fmt: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    corpus.save(tmp, fmt=fmt)
-    os.replace(tmp, path)
+    corpus.save(path, fmt=fmt)  # atomic (temporary file + rename): a failed write leaves the old file whole
     corpus.path = os.fspath(path)
 
 

@@ -9,7 +9,6 @@ to the corpus costs nothing. The lookup is an index query (see :mod:`redraft.cor
 from __future__ import annotations
 
 import sys
-import warnings
 
 import numpy as np
 
@@ -84,7 +83,10 @@ class CorpusDrafter:
             n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n)
         except Exception as e:  # a broken corpus must never crash a generation: turn the source off
             self.failed = True
-            warnings.warn(f"corpus drafts disabled: lookup failed ({type(e).__name__}: {e})", RuntimeWarning)
+            # printed, not warnings.warn: a warnings filter (or the once-per-location default in a process that
+            # runs many generations) would hide it, and the report's "corpus drafts:" line would just be missing
+            print(f"redraft: warning: corpus drafts disabled: lookup failed "
+                  f"({type(e).__name__}: {e})", file=sys.stderr)
             return None
         if n == 0 or len(ids) == 0:
             return None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from redraft.atomic import atomic_path, write_json
 from redraft.defaults import SHIPPED_GLIDE_DIR
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft
@@ -108,15 +109,10 @@ def save_draft(out: str | os.PathLike, draft: GlideDraft, target, *, vocab_rank:
     meta = {"format": FORMAT, "version": VERSION, "config": cfg,
             "target": {"fingerprint": target_fingerprint(target), "description": target_description(target)},
             "training": training or {}}
-    _atomic(out / WEIGHTS_FILE, lambda p: save_file(tensors, str(p)))
-    _atomic(out / CONFIG_FILE, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp))
+    write_json(out / CONFIG_FILE, meta)
     return out
-
-
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def read_meta(path: str | os.PathLike) -> dict:

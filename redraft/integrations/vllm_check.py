@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from redraft.atomic import write_json
+
 PROPOSER = "redraft.integrations.vllm_proposer.RedraftProposer"
 QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
 # A small shared CPU: one OpenMP thread, no core pinning, 1 GiB of KV cache, the engine in this process (no busy
@@ -83,7 +85,7 @@ def child(args) -> int:
         print(f"vllm-check: vLLM cannot be imported in {sys.executable} ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     out = run_pass(args)
-    Path(args.result).write_text(json.dumps(out))
+    write_json(args.result, out, indent=None)  # complete or absent: the parent reads it once this exits
     return 0
 
 

@@ -14,11 +14,11 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+from redraft.atomic import write_json
 from redraft.policy.costcurve import CostCurve
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
 from redraft.loading import cache_dir
@@ -111,18 +111,12 @@ def save_curve(path: str | os.PathLike, key: dict, curve: CostCurve) -> bool:
     """Write ``curve`` under ``key`` atomically (temporary file + rename). Returns False, with a warning, on an
     OS error (read-only cache, full disk): the measured curve is still usable, only not cached."""
     path = Path(path)
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".cost-", suffix=".json", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "curve": curve.to_dict()}, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, {"key": key, "curve": curve.to_dict()}, indent=1)
         return True
     except OSError as e:
         warnings.warn(f"cost curve cache {path}: not written ({e})", RuntimeWarning, stacklevel=2)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         return False
 
 

@@ -35,6 +35,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from redraft.atomic import atomic_path, write_json
 from redraft.questions import load_questions
 
 HELD_OUT_EVERY = 10
@@ -302,9 +303,8 @@ class FeatureStore:
             t["top_ids"] = torch.cat([r.top_ids for r in records]).contiguous()
             t["top_logp"] = torch.cat([r.top_logp for r in records]).contiguous()
         name = f"shard-{len(self.index['shards']):05d}.safetensors"
-        tmp = self.root / (name + ".tmp")
-        save_file(t, str(tmp))
-        os.replace(tmp, self.root / name)
+        with atomic_path(self.root / name) as tmp:
+            save_file(t, str(tmp))
         self.index["shards"].append(name)
         self.index["questions"] += [r.qid for r in records if r.qid >= 0]
         self.index["text_windows"] += text_windows
@@ -312,9 +312,7 @@ class FeatureStore:
         if cpu_seconds is not None:
             self.index["cpu_seconds"] = self.index.get("cpu_seconds", 0.0) + cpu_seconds
         self.index["tokens"] += int(lens.sum())
-        tmp = self.index_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.index, indent=1))
-        os.replace(tmp, self.index_path)
+        write_json(self.index_path, self.index, indent=1)
 
     def load(self) -> list[Record]:
         """Every stored record, in the order written."""

@@ -8,10 +8,10 @@ tokens per verify forward, wall-clock tokens/s and speed-up, and whether the out
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 
+from redraft import atomic
 from redraft.drafters.cape import CapeBins
 from redraft.runstats import RunSummary
 
@@ -116,5 +116,4 @@ def to_json(results: list[Result]) -> list[dict]:
 
 
 def write_json(path: str, results: list[Result], extra: dict | None = None) -> None:
-    with open(path, "w") as f:
-        json.dump({"results": to_json(results), **(extra or {})}, f, indent=2)
+    atomic.write_json(path, {"results": to_json(results), **(extra or {})})

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from redraft.atomic import atomic_path, write_json
 from redraft.glide.checkpoint import save_draft, read_meta, check_target
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft, init_from_target
@@ -106,9 +107,8 @@ def save_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) ->
             t[f"{name}.exp_avg"] = st["exp_avg"].cpu().contiguous()
             t[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].cpu().contiguous()
             t[f"{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(t, str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(t, str(tmp))
 
 
 def load_optimizer(path: Path, draft: GlideDraft, opt: torch.optim.Optimizer) -> None:
@@ -213,9 +213,7 @@ class Trainer:
         training = {"config": asdict(self.cfg), "data": self.data_info, **asdict(self.state)}
         save_draft(self.out, self.draft, self.target, vocab_rank=self.vocab_rank, training=training)
         save_optimizer(self.out / OPTIM_FILE, self.draft, self.opt)
-        tmp = self.out / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self.state), indent=1))
-        os.replace(tmp, self.out / STATE_FILE)
+        write_json(self.out / STATE_FILE, asdict(self.state), indent=1)
         return est
 
     # -- data order --
