@@ -223,7 +223,7 @@ def test_run_uses_the_shipped_draft_by_default(tiny, tmp_path, monkeypatch):
     import argparse
     from types import SimpleNamespace
 
-    import redraft.cli.common as common
+    import redraft.glide_args as common
     import redraft.glide.checkpoint as ckpt
     from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
 

@@ -19,11 +19,10 @@ import sys
 from redraft.argtypes import (cape_bins, draft_depth, existing_dir, float_above, int_at_least,  # noqa: F401
                               int_between, nonneg, output_dir, output_file, percent, positive, probability, stop_string)
 from redraft.corpus import CorpusError, tokenizer_fingerprint
-from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_GAMMA, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
-                              SHIPPED_GLIDE_DIR, TREE_BUDGET)
+from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
+                              TREE_BUDGET)
 from redraft.drafters import build_drafters
-from redraft.drafters.base import AcceptanceGuard
-from redraft.drafters.cape import CapeBins
+from redraft.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
 from redraft.drafters.frozen_corpus import clamp_k, open_corpus
 from redraft.freeze import PromptFileError, read_prompts
 from redraft.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
@@ -38,6 +37,14 @@ NGEN_DEFAULT = 128
 
 
 # ---- flag groups --------------------------------------------------------------------------------------------------
+
+
+GENERATION_CONFIG_HELP = (
+    "ignore the model's generation_config.json. By default its logits settings apply as in HF generate: "
+    "repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, bad_words_ids, suppress_tokens, "
+    "begin_suppress_tokens, forced_eos_token_id (last token), forced_bos_token_id, sequence_bias, "
+    "exponential_decay_length_penalty; its sampling settings (do_sample, temperature, top_k, top_p) never turn "
+    "sampling on: decoding stays greedy unless --temperature > 0")
 
 def add_threads_arg(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
     """``--threads N`` (torch CPU threads), documented once, on ``redraft`` itself. A sub-command that adds it
@@ -93,25 +100,6 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-exact", dest="exact", action="store_false",
                    help="trust near-tie verify rows instead of settling them with a draft-free forward")
     add_glide_draft_args(p)
-
-
-def add_glide_draft_args(p: argparse.ArgumentParser) -> None:
-    """``--draft glide --draft-model PATH [--cape] [--gamma N] [--draft-vocab N] [--cape-bins SPEC]``."""
-    p.add_argument("--draft", choices=("glide",), default=None, help="add a draft model source (glide)")
-    p.add_argument("--draft-model", default=None, help="GliDe checkpoint directory ('redraft glide train --out'); "
-                   "default: the draft shipped for the default model, if this install has one")
-    p.add_argument("--cape", action="store_true", help="widen GliDe drafts into CaPE token trees")
-    p.add_argument("--cape-bins", type=cape_bins, default=None, help="CaPE bins (default '0.3,0.6,0.8:7,5,3,1')")
-    p.add_argument("--gamma", type=positive, default=None, help=f"GliDe draft depth (default {GLIDE_GAMMA})")
-    p.add_argument("--draft-vocab", type=nonneg, default=0, help="reduced-vocabulary draft head of N tokens (0 = full)")
-
-
-GENERATION_CONFIG_HELP = (
-    "ignore the model's generation_config.json. By default its logits settings apply as in HF generate: "
-    "repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, bad_words_ids, suppress_tokens, "
-    "begin_suppress_tokens, forced_eos_token_id (last token), forced_bos_token_id, sequence_bias, "
-    "exponential_decay_length_penalty; its sampling settings (do_sample, temperature, top_k, top_p) never turn "
-    "sampling on: decoding stays greedy unless --temperature > 0")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -350,35 +338,6 @@ def announce_generation_config(loaded, args=None) -> None:
         print(line, file=sys.stderr)
 
 
-def check_glide_draft_args(args) -> None:
-    """Refuse GliDe flags given without ``--draft glide``, and ``--cape-bins`` without ``--cape`` (call before
-    loading the model).
-
-    Raises:
-        SystemExit: ``--draft-model``, ``--cape``, ``--cape-bins``, ``--gamma`` or ``--draft-vocab`` without
-            ``--draft glide``; ``--draft glide`` without ``--draft-model``; ``--cape-bins`` without ``--cape``;
-            a ``--draft-model`` directory without a checkpoint's ``glide.json`` (its content is checked when the
-            draft loads, against the target).
-    """
-    given = (("--draft-model", getattr(args, "draft_model", None)), ("--cape", getattr(args, "cape", False)),
-             ("--cape-bins", getattr(args, "cape_bins", None)), ("--gamma", getattr(args, "gamma", None)),
-             ("--draft-vocab", getattr(args, "draft_vocab", 0)))
-    stray = [flag for flag, value in given if value]
-    if getattr(args, "draft", None) != "glide" and stray:
-        raise SystemExit(f"redraft: error: {', '.join(stray)}: only used with --draft glide")
-    if (getattr(args, "draft", None) == "glide" and not getattr(args, "draft_model", None)
-            and not (SHIPPED_GLIDE_DIR / "glide.json").is_file()):
-        raise SystemExit("redraft: error: --draft glide needs --draft-model PATH: this install ships no GliDe "
-                         "draft (train one with 'redraft glide train')")
-    if getattr(args, "cape_bins", None) is not None and not getattr(args, "cape", False):
-        raise SystemExit("redraft: error: --cape-bins: only used with --cape")
-    path = getattr(args, "draft_model", None)
-    if path and not os.path.isfile(os.path.join(os.path.expanduser(path), "glide.json")):
-        why = "no such directory" if not os.path.exists(os.path.expanduser(path)) else "no glide.json in it"
-        raise SystemExit(f"redraft: error: --draft-model {path}: not a GliDe draft checkpoint ({why}; train one with "
-                         f"'redraft glide train --out DIR')")
-
-
 def check_draft_args(args, corpus_path: str | None, k: int) -> None:
     """Refuse draft flags that have no effect in the combination given (call before loading the model).
 
@@ -414,48 +373,6 @@ def check_draft_args(args, corpus_path: str | None, k: int) -> None:
             raise SystemExit(f"redraft: error: --minacc {args.minacc:g}: no effect without a corpus, where the "
                              f"n-gram guard uses at most {100 * NGRAM_MINACC:g}% and a GliDe draft "
                              f"{100 * GLIDE_MINACC:g}%")
-
-
-def glide_drafter_from_args(args, loaded, minacc: float | None = None):
-    """The GliDe drafter a run-style command asked for, or None (the Engine binds it to its target).
-
-    ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use, capped at :data:`GLIDE_MINACC`:
-    the drafter pauses while its acceptance (accepted tokens per draft level) stays below it, so a draft that
-    does not pay stops costing its ~20-45 ms per step.
-
-    Raises:
-        SystemExit: --draft glide without --draft-model when no draft is shipped (or the shipped one is for another
-            target), or a checkpoint that is unreadable or for another target.
-    """
-    check_glide_draft_args(args)
-    if getattr(args, "draft", None) != "glide":
-        return None
-    # torch-bound: see the module doc
-    from redraft.drafters.glide import load_glide_drafter
-    from redraft.glide.checkpoint import CheckpointError, TargetMismatchError
-
-    path = args.draft_model
-    if not path:  # the draft shipped in the package, trained for the default model
-        path = SHIPPED_GLIDE_DIR
-        if not (path / "glide.json").is_file():
-            raise SystemExit("redraft: error: --draft glide needs --draft-model PATH: this install ships no GliDe "
-                             "draft (train one with 'redraft glide train')")
-
-    bins = (args.cape_bins or CapeBins()) if args.cape else None
-    gamma = args.gamma if args.gamma is not None else GLIDE_GAMMA
-    # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
-    # corpus's 50% would switch off a draft that still pays
-    guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
-    try:
-        return load_glide_drafter(path, loaded.model, gamma=gamma, cape=bins,
-                                  head_vocab=args.draft_vocab or None, guard=guard)
-    except TargetMismatchError as e:
-        if args.draft_model:
-            raise SystemExit(f"redraft: error: {e}")
-        raise SystemExit("redraft: error: the shipped GliDe draft is for the default model; with --model give "
-                         "--draft-model PATH (train one with 'redraft glide train')")
-    except CheckpointError as e:
-        raise SystemExit(f"redraft: error: {e}")
 
 
 def engine_from_args(args, loaded, corpus, k: int, minacc: float):
