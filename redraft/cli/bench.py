@@ -159,7 +159,7 @@ def cmd_bench_serve(args) -> int:
     finally:
         print(f"logs and corpora: {work}", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps({"command": command_line(), **results}, indent=2))
+        write_json(args.json, {"command": command_line(), **results})
     return 0
 
 
