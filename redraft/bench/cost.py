@@ -13,9 +13,7 @@ from __future__ import annotations
 import statistics
 
 import numpy as np
-from tqdm import tqdm
 
-from redraft.tree import TokenTree
 
 
 def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, tree_mask: bool = False,

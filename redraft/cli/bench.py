@@ -12,7 +12,6 @@ from pathlib import Path
 
 from redraft.atomic import write_json, write_text
 from redraft.bench import corpus_bench
-from redraft.bench import cost as cost_module
 from redraft.bench import serve_bench
 from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
 from redraft.bench.cost import cost_curve, cost_markdown
