@@ -44,7 +44,7 @@ $(VLLM_STAMP):
 
 # The default model served by vLLM twice (plain, then with the redraft proposer over a corpus of the first pass).
 vllm-check: $(STAMP) $(VLLM_STAMP)
-	MODEL=$$($(BIN)/python -c "from redraft.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
+	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL"
 
 clean:

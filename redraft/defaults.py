@@ -40,7 +40,7 @@ SUFFIX_MAX_N = 8
 # GliDe draft depth along the greedy spine (the paper's gamma).
 GLIDE_GAMMA = 4
 
-# Exact mode (redraft.exactness): a row computed with drafts (a verify row, or one token on a cache verify forwards
+# Exact mode (redraft.decoding.exactness): a row computed with drafts (a verify row, or one token on a cache verify forwards
 # wrote) differs from plain decoding's row by at most this fraction of the row's largest |logit|, per weight dtype.
 # Measured on the default model (8 Spec-Bench questions x 32 tokens, prompts of 40-779 tokens; chains K=1..16,
 # trees, single tokens after drafts): largest 2.5e-6, 5.1e-3 and 4.4e-2 (about 20, 5 and 6 machine epsilons); the

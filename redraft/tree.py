@@ -12,8 +12,8 @@ A tree is built at every decode step, so construction is plain Python lists and 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TokenTree:
 
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
-    def chain(cls, tokens: Sequence[int], source: str) -> "TokenTree":
+    def chain(cls, tokens: Sequence[int], source: str) -> TokenTree:
         """A linear draft: node i is the child of node i-1 (node 0 of the root). O(N), no per-node Python loop."""
         toks = [int(t) for t in tokens]
         n = len(toks)
@@ -53,7 +53,7 @@ class TokenTree:
     @classmethod
     def from_parents(cls, tokens: Sequence[int], parents: Sequence[int], source: str, *,
                      counts: Sequence[int] | None = None, match_length: int = 0,
-                     occurrences: int = 0) -> "TokenTree":
+                     occurrences: int = 0) -> TokenTree:
         """A tree from parallel lists (``parents[i]`` indexes ``tokens``, -1 = root, parents before children).
 
         Identical siblings (same parent, same token) are merged into the first one.
@@ -156,7 +156,7 @@ class TokenTree:
             mapped.append(existing)
         return added
 
-    def merge(self, other: "TokenTree", source: str, *, budget: int | None = None,
+    def merge(self, other: TokenTree, source: str, *, budget: int | None = None,
               max_depth: int | None = None) -> int:
         """Merge the proposal ``other`` below the root, its new nodes credited to ``source``.
 
@@ -180,7 +180,7 @@ class TokenTree:
                                 counts=other.counts)
 
     # ---- cleaning (what the verifier can take) ------------------------------------------------------------------
-    def within_vocab(self, vocab_size: int) -> "TokenTree":
+    def within_vocab(self, vocab_size: int) -> TokenTree:
         """This tree without nodes whose id is outside [0, vocab_size), nor their descendants.
 
         An id the model cannot embed would crash the verify forward (a corpus built without a vocabulary check
@@ -198,7 +198,7 @@ class TokenTree:
                                          0 if self.counts is None else self.counts[i])
         return out
 
-    def first_path(self) -> "TokenTree":
+    def first_path(self) -> TokenTree:
         """The first root-to-leaf path as a chain (each step takes the first-listed child); ``self`` if a chain.
 
         Sliding-window models verify chains only (a tree mask would have to repeat each layer's window).
@@ -217,7 +217,7 @@ class TokenTree:
         out.match_length, out.occurrences = self.match_length, self.occurrences
         return out
 
-    def subtree(self, nodes: Sequence[int]) -> "TokenTree":
+    def subtree(self, nodes: Sequence[int]) -> TokenTree:
         """The kept ``nodes`` (ascending indices, every kept node's parent kept) as a new tree, renumbered.
 
         What a speculation policy verifies out of a candidate tree; sources, counts, match length and occurrences

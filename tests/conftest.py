@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
 
+from redraft.decoding.engine import Engine
+from redraft.decoding.target import HFTarget
 from redraft.tree import TokenTree
-from redraft.engine import Engine
-from redraft.target import HFTarget
 
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine torch's thread pool spinning
 # against other processes made them 10-20x slower. One thread for the whole test session.
@@ -57,8 +56,16 @@ def build_tiny(kind: str, attn: str = "sdpa", seed: int = 0, **overrides):
 
     The same (kind, seed, overrides) always gives the same weights, whatever ``attn`` is.
     """
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig,
-                              MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     kw = dict(COMMON, **overrides)
     if kind == "llama":

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from conftest import build_tiny
 
 VOCAB = 64
@@ -43,7 +42,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(model_dir):
     """The tiny model loaded as ``redraft serve`` loads it."""
-    from redraft.loading import load_model
+    from redraft.io.loading import load_model
 
     return load_model(model_dir)
 

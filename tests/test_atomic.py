@@ -1,7 +1,7 @@
 """Atomic writes: a write that fails midway leaves the old file whole (or no file) and no temporary file, for each
-kind of writer redraft has: text/JSON (:mod:`redraft.atomic`: bench results and cost tables, demo / oracle /
+kind of writer redraft has: text/JSON (:mod:`redraft.io.atomic`: bench results and cost tables, demo / oracle /
 glide eval JSON, training state, the policy's cost-curve cache), writers that take a file name (plots, safetensors
-checkpoints, through :func:`redraft.atomic.atomic_path`), and corpus files (binary and text, the corpus tools).
+checkpoints, through :func:`redraft.io.atomic.atomic_path`), and corpus files (binary and text, the corpus tools).
 
 The GliDe checkpoint, the bench outputs and ``freeze`` into a binary corpus are covered beside their features
 (test_glide_train.py, test_bench.py, test_cli_badinput.py) with :func:`fail_midway`."""
@@ -15,10 +15,10 @@ import pathlib
 
 import pytest
 
-from redraft import atomic
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus import format as corpus_format
 from redraft.corpus.tools import append_to_corpus, compact_corpus
+from redraft.io import atomic
 
 
 def disk_full() -> OSError:

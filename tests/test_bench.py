@@ -14,12 +14,11 @@ import time
 import pytest
 
 from redraft.bench.harness import SCHEMA, bench, first_diff, run_methods, write_outputs
-from redraft.bench.methods import ALL_METHODS, EngineMethod, Method, MethodConfig, RunRecord, parse_methods
-from redraft.bench.report import acceptance_by_position, differing, markdown, summarize
-from redraft.bench.workloads import (ByteEncoder, Item, Workload, build_workloads, parse_workloads,
-                                     replay_questions)
+from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, RunRecord, parse_methods
+from redraft.bench.report import acceptance_by_position, markdown, summarize
+from redraft.bench.workloads import ByteEncoder, Item, Workload, build_workloads, parse_workloads, replay_questions
+from redraft.io.questions import load_questions
 from redraft.policy import CostCurve
-from redraft.questions import load_questions
 
 try:
     from conftest import build_tiny
@@ -57,7 +56,7 @@ class WrongMethod(Method):
     description = "greedy ids + 1 (a broken method)"
 
     def __init__(self, model) -> None:
-        from redraft.engine import Engine
+        from redraft.decoding.engine import Engine
 
         self.engine = Engine(model, [])
 

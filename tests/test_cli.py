@@ -6,16 +6,15 @@ from __future__ import annotations
 import io
 import re
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import build_tiny, plain_greedy
+
 from redraft.cli import build_parser, main
 from redraft.cli.common import resolve_draft_args, use_policy
 from redraft.corpus import CorpusError, load_corpus
 from redraft.drafters.frozen_corpus import open_corpus
-from redraft.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
+from redraft.io.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
 
 TOK_VOCAB = 64
 EOS = 1
@@ -395,8 +394,8 @@ def test_run_corpus_from_env_replays(tiny_model_dir, capsys, tmp_path, monkeypat
 def engine_spy(monkeypatch):
     """Records, for `redraft run` in-process, the Engine that generated, its result, the exact mode in effect and
     whether each verify forward carried a tree attention mask (a branched token tree) or not (a chain)."""
-    from redraft.engine import Engine
-    from redraft.target import HFTarget
+    from redraft.decoding.engine import Engine
+    from redraft.decoding.target import HFTarget
 
     seen: dict = {"masks": []}
     generate, forward = Engine.generate, HFTarget.forward

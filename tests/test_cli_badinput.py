@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import plain_greedy
 from test_cli import EOS, PROMPT, TOK_VOCAB, clean_env, parse_report, run_cli, tiny_model_dir, words  # noqa: F401
+
 from redraft.cli import main
 from redraft.corpus import Corpus, load_corpus
 
@@ -254,8 +254,8 @@ def test_corpus_ids_beyond_the_vocabulary(tiny_model_dir, bad, capsys):
 
 
 def test_non_finite_logits_are_one_line(tiny_model_dir, capsys, monkeypatch):
-    from redraft.engine import Engine
-    from redraft.sampling import NonFiniteLogitsError
+    from redraft.decoding.engine import Engine
+    from redraft.decoding.sampling import NonFiniteLogitsError
 
     def overflow(self, *args, **kwargs):
         raise NonFiniteLogitsError("the target model returned NaN logits for the token at position 9")

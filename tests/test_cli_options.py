@@ -9,9 +9,9 @@ import re
 import shutil
 
 import pytest
-
 from conftest import hf_greedy
 from test_cli import EOS, clean_env, parse_report, run_cli, tiny_model_dir, words  # noqa: F401 (fixtures)
+
 from redraft.cli import main
 
 PROMPT = [5, 6, 7, 5, 6, 7, 9, 10]

@@ -7,9 +7,9 @@ import struct
 import numpy as np
 import pytest
 
+from redraft.cli import main as cli_main
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus import format as fmt
-from redraft.cli import main as cli_main
 from redraft.corpus.tools import verify_corpus
 
 SPANS = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 20, 21], list(range(30, 330))]  # > BLOCK rows: a 2-level table

@@ -6,7 +6,8 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from redraft.corpus import Corpus, CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import MAGIC, append_text, write_text

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
+from redraft.cli import corpus as corpus_cli
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.sources import detect_kind, read_spans
-from redraft.cli import corpus as corpus_cli
 from redraft.corpus.tools import corpus_stats, distinct_ngrams
 
 

@@ -4,7 +4,8 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from redraft.corpus import Branches, Corpus
 from redraft.corpus import corpus as corpus_mod

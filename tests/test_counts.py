@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import MAX_POS, VOCAB, ConstantDrafter, SequenceDrafter, plain_greedy
-from redraft.engine import Engine
-from redraft.stopping import StopStrings
+
+from redraft.decoding.engine import Engine
+from redraft.decoding.stopping import StopStrings
 
 PROMPT = [4, 5, 6]
 NGEN = 30

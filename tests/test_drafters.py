@@ -6,13 +6,14 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import VOCAB, plain_greedy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from redraft.corpus import Corpus
+from redraft.decoding.engine import Engine
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
 from redraft.drafters.frozen_corpus import K_MAX, clamp_k
-from redraft.engine import Engine
 from redraft.tree import TokenTree
 
 

@@ -10,16 +10,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import (
+    MAX_POS,
+    VOCAB,
+    ConstantDrafter,
+    RecordingTarget,
+    SequenceDrafter,
+    build_tiny,
+    ceil_div,
+    draw_planted_case,
+    first_diff,
+    generate_tracking,
+    hf_greedy,
+    plain_greedy,
+    top2_gap,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from conftest import (MAX_POS, VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, build_tiny, ceil_div,
-                      draw_planted_case, first_diff, generate_tracking, hf_greedy, plain_greedy, top2_gap)
 from redraft.corpus import Corpus
+from redraft.decoding.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
+from redraft.decoding.exactness import near_tie_threshold
+from redraft.decoding.runstats import speculation_line
 from redraft.defaults import EXACT_SAFETY
-from redraft.exactness import near_tie_threshold
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
-from redraft.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
-from redraft.runstats import speculation_line
 from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]
@@ -517,7 +531,7 @@ def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin, monkeypa
     Exact mode's payoff pause is off here (it would stop drafting where most rows are near-ties); a settling row
     still under the margin on a cache drafting wrote is recomputed after replaying the cache, so every draft-free
     forward is a settling one (but the last token's, with no room left for a draft)."""
-    monkeypatch.setattr("redraft.engine.EXACT_PAY_PAUSE", 0)
+    monkeypatch.setattr("redraft.decoding.engine.EXACT_PAY_PAUSE", 0)
     want = references["llama-eager"]
     _, logits = hf_greedy(tiny_llama, PROMPT, N, scores=True)
     tied = [i for i, gap in enumerate(top2_gap(logits).tolist()) if gap < margin]

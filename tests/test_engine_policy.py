@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import VOCAB, RecordingTarget, SequenceDrafter, ceil_div, draw_planted_case, plain_greedy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from redraft.corpus import Corpus
+from redraft.decoding.engine import Engine
 from redraft.defaults import MAX_DRAFT_DEPTH, PROBE_OVERHEAD
 from redraft.drafters import NgramDrafter, build_drafters
-from redraft.engine import Engine
 from redraft.policy import CostCurve, Selection, SpeculationPolicy
 from redraft.tree import TokenTree
 

@@ -2,7 +2,7 @@
 and bfloat16, ties included.
 
 Rows computed with drafts differ from plain decoding's rows by rounding, far more in 16-bit dtypes than in float32
-(redraft.exactness). The tiny models here are the conftest ones cast to each dtype; :class:`TieTarget` plants exact
+(redraft.decoding.exactness). The tiny models here are the conftest ones cast to each dtype; :class:`TieTarget` plants exact
 ties and models the rounding: only rows computed as plain decoding computes them (the prompt in one forward, then
 one token per forward, on a cache built that way) see the tie, every other row is nudged towards the other token,
 so a settle that does not rebuild plain decoding's computation shows up as a wrong token.
@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import VOCAB, SequenceDrafter, build_tiny, draw_eos, first_diff
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from redraft.corpus import Corpus
-from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
+from redraft.decoding.engine import Engine
+from redraft.decoding.exactness import measure_row_noise, near_tie_threshold, row_noise
+from redraft.decoding.sampling import SamplingParams
+from redraft.decoding.target import HFTarget
 from redraft.defaults import EXACT_PAY_WINDOW
-from redraft.engine import Engine
-from redraft.exactness import measure_row_noise, near_tie_threshold, row_noise
-from redraft.sampling import SamplingParams
-from redraft.loading import DTYPES, LoadedModel, ModelLoadError, load_model
-from redraft.target import HFTarget
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
+from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, load_model
 
 DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]
@@ -316,7 +317,7 @@ def test_default_model_bfloat16_replay_is_exact():
     Exact mode must reproduce plain decoding with corpus drafts of depth 1 and 8; bfloat16 rows are near-ties so
     often that exact mode settles many of them.
     """
-    from redraft.prompts import encode_prompt
+    from redraft.io.prompts import encode_prompt
 
     try:
         lm = load_model(dtype="bfloat16", quiet=True)

@@ -13,14 +13,14 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from conftest import RecordingTarget, build_tiny, hf_greedy
 from transformers import GenerationConfig
 
-from conftest import RecordingTarget, build_tiny, hf_greedy
 from redraft.corpus import Corpus
+from redraft.decoding.engine import Engine
+from redraft.decoding.genconfig import GenerationConfigError, LogitsShaping
+from redraft.decoding.sampling import SamplingParams, TokenChooser
 from redraft.drafters import CorpusDrafter, NgramDrafter
-from redraft.engine import Engine
-from redraft.genconfig import GenerationConfigError, LogitsShaping
-from redraft.sampling import SamplingParams, TokenChooser
 
 PROMPT = [5, 17, 33, 2, 9, 5, 17]  # the prompt
 N = 40

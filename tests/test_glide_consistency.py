@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import build_tiny
+
+from redraft.decoding.target import HFTarget
 from redraft.drafters.glide import GlideDrafter
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft, init_from_target
-from redraft.target import HFTarget
 from redraft.training.data import generate_records
 from redraft.training.objective import collate
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-
 from conftest import build_tiny
+
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft, init_from_target, newest_entry
 from redraft.glide.positions import apply_rope, block_mask, prefix_mask
@@ -140,7 +139,7 @@ def test_run_training_with_self_questions_and_text_windows(tiny, tmp_path, monke
     import json
     from types import SimpleNamespace
 
-    import redraft.prompts
+    import redraft.io.prompts
     from redraft.training.train import run_training
 
     class Tok:  # the tiny model has 96 ids; map text onto them and back
@@ -153,7 +152,7 @@ def test_run_training_with_self_questions_and_text_windows(tiny, tmp_path, monke
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(f"w{i}" for i in ids)
 
-    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
+    monkeypatch.setattr(redraft.io.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
     loaded = SimpleNamespace(model=tiny, tokenizer=Tok(), eos_token_ids=[])
     cfg = TrainConfig(max_steps=2, batch_tokens=300, ckpt_every=1000, train_vocab=0, soft_weight=0.5)
     state = run_training(loaded, tmp_path / "out", cfg, data_minutes=0.05, max_new_tokens=4, samples=0,
@@ -223,7 +222,7 @@ def test_run_uses_the_shipped_draft_by_default(tiny, tmp_path, monkeypatch):
     import argparse
     from types import SimpleNamespace
 
-    import redraft.glide_args as common
+    import redraft.cli.glide_args as common
     import redraft.glide.checkpoint as ckpt
     from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import build_tiny, plain_greedy
+
+from redraft.decoding.engine import Engine
+from redraft.decoding.target import HFTarget
 from redraft.drafters.cape import CapeBins, expand
 from redraft.drafters.glide import GlideDrafter
-from redraft.engine import Engine
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft, init_from_target
-from redraft.target import HFTarget
 
 PROMPTS = [[7, 21, 3, 88, 40, 12, 7, 21, 3], [1], [50, 51, 52, 53, 54, 50, 51]]
 N = 40
@@ -197,8 +197,8 @@ def test_guard_counts_cape_trees_by_depth(target):
 
 def test_run_report_says_when_the_guard_paused_a_draft(target):
     """An untrained draft fails its guard: the engine counts the pause and the run report names it."""
+    from redraft.decoding.runstats import source_lines
     from redraft.drafters.base import AcceptanceGuard
-    from redraft.runstats import source_lines
 
     d = GlideDrafter(_draft(target, "random"), None, gamma=4, guard=AcceptanceGuard(0.9, window=8, pause=10))
     engine = Engine(target, [d])

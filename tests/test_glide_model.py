@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import build_tiny
+
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import CrossAttention, DraftCache, build_draft, init_from_target
 from redraft.glide.positions import block_mask, prefix_mask, target_rope
@@ -270,8 +270,9 @@ def test_cross_recency_bias_weights_keys_by_distance(target):
 
 def test_cross_recency_is_saved_and_the_draft_stays_lossless(target, tmp_path):
     from conftest import plain_greedy
+
+    from redraft.decoding.engine import Engine
     from redraft.drafters.glide import GlideDrafter
-    from redraft.engine import Engine
     from redraft.glide.checkpoint import load_draft, save_draft
 
     draft = build_draft(target, GlideConfig.from_target(target.config, cross_recency=True))

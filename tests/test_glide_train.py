@@ -6,14 +6,21 @@ import json
 
 import pytest
 import torch
-
 from conftest import build_tiny
-from redraft.glide.checkpoint import (CheckpointError, TargetMismatchError, load_draft, save_draft,
-                                      target_fingerprint)
-from redraft.training.data import FeatureStore, batches_by_length, generate_records, text_records, training_order, \
-    load_questions, is_held_out, vocab_ranking
+
+from redraft.glide.checkpoint import CheckpointError, TargetMismatchError, load_draft, save_draft, target_fingerprint
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft
+from redraft.training.data import (
+    FeatureStore,
+    batches_by_length,
+    generate_records,
+    is_held_out,
+    load_questions,
+    text_records,
+    training_order,
+    vocab_ranking,
+)
 from redraft.training.objective import collate, draft_loss, estimate_acceptance
 from redraft.training.train import TrainConfig, Trainer, lr_at
 
@@ -195,7 +202,6 @@ def test_checkpoint_write_failing_midway_keeps_the_old_checkpoint(tiny, tmp_path
     """A checkpoint file is replaced whole or not at all (temporary file + rename): a full disk while writing the
     weights or glide.json leaves the previous checkpoint loadable and no temporary file behind."""
     import safetensors.torch
-
     from test_atomic import disk_full, fail_midway, leftovers
 
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
@@ -244,9 +250,9 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
     """The teacher-forced estimate equals what GliDe chains from these roots really get accepted."""
     import numpy as np
 
+    from redraft.decoding.target import HFTarget
     from redraft.drafters.glide import GlideDrafter
     from redraft.glide.network import init_from_target
-    from redraft.target import HFTarget
 
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config, cross_recency=recency))
     init_from_target(draft, tiny)
@@ -274,8 +280,8 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
 def test_cli_parser_registers_train_and_eval():
     import argparse
 
-    from redraft.cli.common import add_glide_draft_args
     from redraft.cli import glide
+    from redraft.cli.common import add_glide_draft_args
 
     parser = argparse.ArgumentParser(prog="redraft")
     glide.register(parser.add_subparsers(dest="command"))
@@ -296,8 +302,9 @@ def test_run_flags_build_a_working_drafter(tiny, tmp_path):
     from types import SimpleNamespace
 
     from conftest import plain_greedy
-    from redraft.engine import Engine
+
     from redraft.cli.common import add_glide_draft_args, glide_drafter_from_args
+    from redraft.decoding.engine import Engine
 
     save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny,
                vocab_rank=torch.arange(96))
@@ -320,12 +327,12 @@ def test_eval_measures_every_configuration_against_plain_greedy(tiny, tmp_path, 
     import io
     from types import SimpleNamespace
 
-    import redraft.prompts
+    import redraft.io.prompts
     from redraft.drafters.cape import CapeBins
     from redraft.training.evaluate import Config, measure, table
 
     # the tiny model has 96 ids: map question text onto them instead of the real tokenizer
-    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
+    monkeypatch.setattr(redraft.io.prompts, "encode_prompt", lambda tok, text: [3 + ord(c) % 90 for c in text[:24]])
     save_draft(tmp_path, build_draft(tiny, GlideConfig.from_target(tiny.config)), tiny, vocab_rank=torch.arange(96))
     d = str(tmp_path)
     configs = [Config("plain"), Config("chain", d), Config("cape", d, 0, CapeBins()), Config("head", d, 48),
@@ -345,7 +352,7 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
     import io
     from types import SimpleNamespace
 
-    import redraft.prompts
+    import redraft.io.prompts
     from redraft.training.train import run_training
 
     class Tok:  # the tiny model has 96 ids; map text onto them
@@ -354,7 +361,7 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
         def __call__(self, text):
             return {"input_ids": [3 + ord(c) % 90 for c in text[:64]]}
 
-    monkeypatch.setattr(redraft.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
+    monkeypatch.setattr(redraft.io.prompts, "encode_prompt", lambda tok, text: tok(text)["input_ids"][:12])
     loaded = SimpleNamespace(model=tiny, tokenizer=Tok(), eos_token_ids=[])
     cfg = TrainConfig(max_steps=3, batch_tokens=200, ckpt_every=1000, train_vocab=0)
     state = run_training(loaded, tmp_path / "out", cfg, data_minutes=2, max_new_tokens=4, samples=1,

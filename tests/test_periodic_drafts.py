@@ -8,11 +8,12 @@ follow; the n-gram drafter reads a continuation that runs into the live tail thr
 from unittest.mock import patch
 
 import numpy as np
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from test_corpus import ref_periodic_tail, ref_propose
 
 from redraft.corpus import Corpus, index
 from redraft.drafters import NgramDrafter
-from test_corpus import ref_periodic_tail, ref_propose
 
 NOISE = st.lists(st.integers(0, 40), min_size=1, max_size=30)  # ids that never occur in a planted span
 FRESH = 999  # an id that occurs nowhere in a corpus

@@ -10,10 +10,20 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import build_tiny
-from redraft.policy import (AcceptanceTracker, CostCurve, SpeculationPolicy, count_priors, depth_limit,
-                            select_nodes, source_outcomes, source_priors, subtree_parents, succession_priors)
+
+from redraft.policy import (
+    AcceptanceTracker,
+    CostCurve,
+    SpeculationPolicy,
+    count_priors,
+    depth_limit,
+    select_nodes,
+    source_outcomes,
+    source_priors,
+    subtree_parents,
+    succession_priors,
+)
 from redraft.policy.cache import cached_cost_curve, curve_key, curve_path, default_directory, load_curve, save_curve
 from redraft.policy.measure import measure_cost_curve, time_forwards
 from redraft.policy.select import path_probabilities
@@ -342,7 +352,7 @@ def test_default_directory_is_redrafts_cache(monkeypatch, tmp_path):
 # ---- measurement (shapes only) ------------------------------------------------------------------------------------
 
 def test_time_forwards_and_measure_cost_curve_on_a_tiny_model(tiny):
-    from redraft.target import HFTarget
+    from redraft.decoding.target import HFTarget
 
     target = HFTarget(tiny)
     samples = time_forwards(target, [1, 3, 5], prefix_ids=list(range(10)), repeats=2, tree_mask=True)

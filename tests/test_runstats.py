@@ -1,4 +1,4 @@
-"""redraft.runstats: one summary over several generations, and the report lines built from it."""
+"""redraft.decoding.runstats: one summary over several generations, and the report lines built from it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from redraft.engine import GenerationResult, SourceStats
-from redraft.runstats import RunSummary, corpus_line, run_report, source_lines, speculation_line, speed_line
+from redraft.decoding.engine import GenerationResult, SourceStats
+from redraft.decoding.runstats import RunSummary, corpus_line, run_report, source_lines, speculation_line, speed_line
 
 
 def gen(tokens: int, forwards: int, seconds: float, **sources) -> GenerationResult:

@@ -8,16 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from conftest import build_tiny
 from scipy.stats import chisquare
 
-from conftest import build_tiny
 from redraft.corpus import Corpus
+from redraft.decoding.engine import Engine
+from redraft.decoding.sampling import SamplingParams, TokenChooser, gumbel_noise
+from redraft.decoding.stopping import StopStrings
 from redraft.drafters import CorpusDrafter, NgramDrafter
 from redraft.drafters.base import AcceptanceGuard
 from redraft.tree import TokenTree
-from redraft.engine import Engine
-from redraft.sampling import SamplingParams, TokenChooser, gumbel_noise
-from redraft.stopping import StopStrings
 
 SMALL_VOCAB = 8
 
@@ -75,8 +75,12 @@ class TreeArgmaxDrafter(ArgmaxDrafter):
 def hf_processed(logits: torch.Tensor, params: SamplingParams, contexts: list[list[int]]) -> torch.Tensor:
     """Hugging Face's own processing of each row, in ``generate``'s order: repetition penalty (a processor), then
     the temperature, top-k and top-p warpers. Row r is processed with contexts[r] as its input ids."""
-    from transformers import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper,
-                              TopPLogitsWarper)
+    from transformers import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     procs = []
     if params.repetition_penalty not in (None, 1.0):  # None: the model's generation_config (none here)

@@ -12,14 +12,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from conftest import build_tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from conftest import build_tiny
 from redraft.corpus import Corpus
+from redraft.decoding.engine import Engine
+from redraft.decoding.sampling import NonFiniteLogitsError, SamplingParams, TokenChooser
 from redraft.drafters import CorpusDrafter, NgramDrafter
-from redraft.engine import Engine
-from redraft.sampling import NonFiniteLogitsError, SamplingParams, TokenChooser
 
 VANISHING = [1e-300, 1e-45, 5e-324, sys.float_info.min, 1e-310]  # the last three: subnormal / smallest normal
 TINY_P = [1e-300, 5e-324, 1e-17, 1e-9]

@@ -10,10 +10,10 @@ import time
 
 import httpx
 import pytest
-
 from conftest import plain_greedy
-from redraft.bench.serve_bench import metric_value
 from serverkit import CONTEXT, EOS, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
+
+from redraft.bench.serve_bench import metric_value
 
 
 @pytest.fixture(scope="module")

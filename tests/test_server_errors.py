@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from serverkit import CONTEXT, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from serverkit import live_server, loaded, model_dir, serve_args  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[1]

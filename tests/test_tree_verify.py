@@ -7,13 +7,14 @@ import zlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import VOCAB, RecordingTarget, SequenceDrafter, plain_greedy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from conftest import VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, plain_greedy
-from redraft.engine import Engine
-from redraft.target import HFTarget
+from redraft.decoding.engine import Engine
+from redraft.decoding.target import HFTarget
+from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
 from redraft.tree import TokenTree
-from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
 
 ATOL = 1e-4
 

@@ -15,7 +15,6 @@ import statistics
 import numpy as np
 
 
-
 def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, tree_mask: bool = False,
                seed: int = 0, prefix_ids=None, progress: bool = True) -> dict:
     """Measure c(S) for S = 1..max_s.
@@ -30,8 +29,8 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         "samples_s": [[...], ...]}}}.
     """
     # torch-bound: `redraft bench` imports this module while registering its flags
+    from redraft.decoding.target import HFTarget
     from redraft.policy.measure import fit_prefix, time_forwards
-    from redraft.target import HFTarget
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     rng = np.random.default_rng(seed)

@@ -20,18 +20,18 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
 
 from tqdm import tqdm
 
-from redraft.atomic import write_json, write_text
 from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, build_methods
 from redraft.bench.report import BASELINE, differing, markdown, summarize, write_plots
 from redraft.bench.workloads import Encoder, Workload, build_workloads, item_for, replay_questions
 from redraft.corpus import Corpus
-from redraft.runstats import RunSummary
+from redraft.decoding.runstats import RunSummary
+from redraft.io.atomic import write_json, write_text
 
 SCHEMA = "redraft-bench/1"
 
@@ -70,7 +70,7 @@ class RssSampler:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._sample()
         if self.interval > 0:
             self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -158,7 +158,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
 def freeze_answers(model, eos_token_ids, encoder: Encoder, questions: Sequence[dict], ngen: int, *,
                    max_prompt_tokens: int | None = None, progress: bool = True):
     """Plain greedy answers to ``questions``; returns ([(question, answer ids)], corpus spans prompt + answer)."""
-    from redraft.engine import Engine  # torch-bound: the CLI imports this module while registering its flags
+    from redraft.decoding.engine import Engine  # torch-bound: the CLI imports this module while registering its flags
 
     plain = Engine(model, [], eos_token_ids=list(eos_token_ids))
     frozen, spans = [], []

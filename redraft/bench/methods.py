@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "llama.cpp",
                "llama.cpp-pld")
@@ -68,7 +68,7 @@ class Method:
 
 
 class EngineMethod(Method):
-    """A redraft :class:`~redraft.engine.Engine` configuration (reused across prompts: drafters reset per prompt)."""
+    """A redraft :class:`~redraft.decoding.engine.Engine` configuration (reused across prompts: drafters reset per prompt)."""
 
     def __init__(self, name: str, engine, description: str = "") -> None:
         self.name, self.engine, self.description = name, engine, description
@@ -205,8 +205,8 @@ def parse_methods(spec: str | None) -> list[str]:
 def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], corpus, cfg: MethodConfig
                   ) -> tuple[list[Method], dict[str, str]]:
     """Methods for ``names`` (plain always first), and {name: why skipped} for those that cannot run here."""
+    from redraft.decoding.engine import Engine
     from redraft.drafters import build_drafters
-    from redraft.engine import Engine
 
     eos = list(eos_token_ids)
     skipped: dict[str, str] = {}

@@ -8,11 +8,11 @@ over the same questions in the same run.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from redraft.atomic import atomic_path
-from redraft.runstats import RunSummary
+from redraft.decoding.runstats import RunSummary
+from redraft.io.atomic import atomic_path
 
 BASELINE = "plain"
 

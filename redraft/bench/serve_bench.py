@@ -9,7 +9,7 @@ Phases (each against ``redraft serve`` running as its own process, started and s
   request alone, then the load: errors, responses not identical to the request sent alone, p50/p99 latency and
   queue wait (the server's own per-request figure).
 - ``overhead``: one request through HTTP (a ``--no-learn`` server, so every repeat starts from the same state)
-  against the same prompt through :class:`redraft.engine.Engine` in this process with the server's draft sources:
+  against the same prompt through :class:`redraft.decoding.engine.Engine` in this process with the server's draft sources:
   tokens/s ratio (median of repeats) and identical text.
 - ``crash``: ``kill -9`` of a server during a load run, restart on the same corpus directory: it starts and holds
   every span whose response completed (at most the in-flight ones are lost); then the same with the journal
@@ -27,11 +27,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from redraft.questions import load_questions
+from redraft.io.questions import load_questions
 
 PHASES = ("repeat", "load", "overhead", "crash", "memory")
 
@@ -253,11 +253,12 @@ def phase_load(cfg: ServeBenchConfig, work: Path) -> dict:
 def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
+    from redraft.decoding.engine import Engine
+
     # torch-bound: the direct run
     from redraft.drafters import build_drafters
-    from redraft.engine import Engine
-    from redraft.loading import load_model
-    from redraft.prompts import encode_prompt
+    from redraft.io.loading import load_model
+    from redraft.io.prompts import encode_prompt
     from redraft.server.generation import DraftSettings
 
     question = _questions(1)[0]

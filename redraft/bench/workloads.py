@@ -18,10 +18,11 @@ encoded as in ``redraft run``), :class:`ByteEncoder` is a tokenizer-free stand-i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
-from redraft.prompts import encode_prompt, uses_chat_template
+from redraft.io.prompts import encode_prompt, uses_chat_template
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 NOVEL = ("translation", "qa", "math_reasoning")
@@ -45,7 +46,7 @@ class Encoder(Protocol):
 
 
 class ChatEncoder:
-    """A real tokenizer, encoding as every command does (:func:`redraft.prompts.encode_prompt`: instruct models get
+    """A real tokenizer, encoding as every command does (:func:`redraft.io.prompts.encode_prompt`: instruct models get
     their chat template; ``chat`` forces it on or off)."""
 
     def __init__(self, tokenizer, chat: bool | None = None) -> None:
@@ -135,7 +136,7 @@ def build_workloads(questions: Sequence[dict], counts: dict[str, int], encoder: 
     """Build the named workloads (``counts``: name -> question count, in run order).
 
     Args:
-        questions: Spec-Bench questions (``redraft.questions.load_questions()``).
+        questions: Spec-Bench questions (``redraft.io.questions.load_questions()``).
         encoder: see :class:`Encoder`.
         frozen: (question, plain greedy answer ids) for every frozen question, in freeze order.
         max_prompt_tokens: keep only the last N prompt ids (for models with a short context).

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"redraft: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return 1
     except Exception as e:
-        sampling = sys.modules.get("redraft.sampling")  # torch-bound: loaded only by the commands that run a model
+        sampling = sys.modules.get("redraft.decoding.sampling")  # torch-bound: loaded only by the commands that run a model
         if sampling is not None and isinstance(e, sampling.NonFiniteLogitsError):
             # the model's weights or dtype overflowed: one line, not a traceback (the message names the position)
             print(f"redraft: error: {e}", file=sys.stderr)

@@ -10,21 +10,32 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from redraft.atomic import write_json, write_text
-from redraft.bench import corpus_bench
-from redraft.bench import serve_bench
+from redraft.bench import corpus_bench, serve_bench
 from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
 from redraft.bench.cost import cost_curve, cost_markdown
 from redraft.bench.harness import bench, machine_info, write_outputs
 from redraft.bench.methods import ALL_METHODS, MethodConfig, parse_methods
 from redraft.bench.report import plot_cost, text_table
 from redraft.bench.workloads import WORKLOADS, ChatEncoder, parse_workloads
-from redraft.cli.common import (add_model_arg, add_model_args, add_threads_arg, announce_generation_config,
-                                float_above, check_model_or_exit, draft_depth, existing_dir, load_model_or_exit,
-                                output_dir, output_file, percent, positive)
+from redraft.cli.common import (
+    add_model_arg,
+    add_model_args,
+    add_threads_arg,
+    announce_generation_config,
+    check_model_or_exit,
+    draft_depth,
+    existing_dir,
+    float_above,
+    load_model_or_exit,
+    output_dir,
+    output_file,
+    percent,
+    positive,
+)
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, TREE_BUDGET
-from redraft.loading import ModelLoadError, default_model_path
-from redraft.questions import load_questions
+from redraft.io.atomic import write_json, write_text
+from redraft.io.loading import ModelLoadError, default_model_path
+from redraft.io.questions import load_questions
 
 
 def command_line() -> str:

@@ -3,7 +3,7 @@
 A leaf of :mod:`redraft.cli`: it imports no command module. Loaders turn bad input into a one-line error and a
 non-zero exit (``SystemExit`` with the message), never a traceback.
 
-The argument types live in :mod:`redraft.argtypes` and are re-exported here.
+The argument types live in :mod:`redraft.cli.argtypes` and are re-exported here.
 
 Parser registration imports this module on every start, so it stays free of torch: the modules that need torch
 (engine, sampling, the GliDe drafter) are imported inside the functions that build an engine.
@@ -16,19 +16,31 @@ import os
 import sys
 
 # the argument types, re-exported for the command modules (which import only this module of redraft.cli)
-from redraft.argtypes import (cape_bins, draft_depth, existing_dir, float_above, int_at_least,  # noqa: F401
-                              int_between, nonneg, output_dir, output_file, percent, positive, probability, stop_string)
+from redraft.cli.argtypes import (  # noqa: F401
+    cape_bins,
+    draft_depth,
+    existing_dir,
+    float_above,
+    int_at_least,
+    int_between,
+    nonneg,
+    output_dir,
+    output_file,
+    percent,
+    positive,
+    probability,
+    stop_string,
+)
+from redraft.cli.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
 from redraft.corpus import CorpusError, tokenizer_fingerprint
-from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC,
-                              TREE_BUDGET)
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC, TREE_BUDGET
 from redraft.drafters import build_drafters
-from redraft.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
 from redraft.drafters.frozen_corpus import clamp_k, open_corpus
-from redraft.freeze import PromptFileError, read_prompts
-from redraft.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
+from redraft.io.freeze import PromptFileError, read_prompts
+from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
+from redraft.io.prompts import normalize_prompt
+from redraft.io.questions import load_questions
 from redraft.policy.apply import policy_for
-from redraft.prompts import normalize_prompt
-from redraft.questions import load_questions
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
@@ -186,7 +198,7 @@ def resolve_draft_args(args) -> tuple[str | None, int, float]:
 
 def check_model_or_exit(spec: str | None) -> None:
     """Refuse a ``--model`` that cannot be loaded, in milliseconds and without torch
-    (:func:`redraft.loading.check_model_spec`): call it once the flags are checked, before anything slow."""
+    (:func:`redraft.io.loading.check_model_spec`): call it once the flags are checked, before anything slow."""
     try:
         check_model_spec(spec)
     except ModelLoadError as e:
@@ -194,7 +206,7 @@ def check_model_or_exit(spec: str | None) -> None:
 
 
 def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
-    """:func:`redraft.loading.load_model`; a :class:`ModelLoadError` becomes ``redraft: error: ...`` and exit 1."""
+    """:func:`redraft.io.loading.load_model`; a :class:`ModelLoadError` becomes ``redraft: error: ...`` and exit 1."""
     try:
         return load_model(spec, dtype=dtype, quiet=quiet)
     except ModelLoadError as e:
@@ -239,7 +251,7 @@ def corpus_fits_model_or_exit(corpus, loaded: LoadedModel, force: bool = False):
 
 def prompt_text_or_exit(text: str, command: str) -> str:
     """``text`` (a PROMPT argument, or stdin for ``-``) unless it is empty once its surrounding whitespace is
-    dropped, as every prompt is (:func:`redraft.prompts.normalize_prompt`): an empty prompt has nothing to answer.
+    dropped, as every prompt is (:func:`redraft.io.prompts.normalize_prompt`): an empty prompt has nothing to answer.
 
     Raises:
         SystemExit: ``redraft COMMAND: error: PROMPT is empty``.
@@ -267,7 +279,7 @@ def prompt_fits_or_exit(ids: list[int], loaded: LoadedModel, what: str, command:
 
 
 def prompts_or_exit(path: str, command: str) -> list[str]:
-    """The prompts of a prompts file (:func:`redraft.freeze.read_prompts`); exits naming the file and line on bad
+    """The prompts of a prompts file (:func:`redraft.io.freeze.read_prompts`); exits naming the file and line on bad
     input, or when the file has no prompt."""
     try:
         prompts = read_prompts(path)
@@ -292,12 +304,12 @@ SHAPING_FLAGS = (("repetition_penalty", "--repetition-penalty"), ("no_repeat_ngr
 
 
 def sampling_from_args(args):
-    """:class:`redraft.sampling.SamplingParams` from the sampling flags (call before loading the model).
+    """:class:`redraft.decoding.sampling.SamplingParams` from the sampling flags (call before loading the model).
 
     Sampling-only flags given with greedy decoding warn in one line (HF ``generate`` warns the same way when
     ``do_sample`` is off and ``top_k`` / ``top_p`` are set). Invalid values exit with the reason.
     """
-    from redraft.sampling import SamplingParams  # torch-bound: see the module doc
+    from redraft.decoding.sampling import SamplingParams  # torch-bound: see the module doc
 
     unused = [flag for flag, v in (("--top-k", args.top_k), ("--top-p", args.top_p), ("--seed", args.seed))
               if v is not None]
@@ -314,7 +326,7 @@ def sampling_from_args(args):
 
 def announce_generation_config(loaded, args=None) -> None:
     """Print once to stderr which settings of the model's generation_config shape the logits
-    (:func:`redraft.genconfig.describe`); nothing when it sets none, or with ``--no-generation-config``.
+    (:func:`redraft.decoding.genconfig.describe`); nothing when it sets none, or with ``--no-generation-config``.
 
     Args:
         args: the parsed flags of a command with :func:`add_sampling_args` (overrides, ``--no-generation-config``),
@@ -322,7 +334,7 @@ def announce_generation_config(loaded, args=None) -> None:
     Raises:
         SystemExit: a generation_config value the processors cannot take, naming the file and field.
     """
-    from redraft.genconfig import GenerationConfigError, describe
+    from redraft.decoding.genconfig import GenerationConfigError, describe
 
     if getattr(args, "no_generation_config", False):
         return
@@ -379,7 +391,7 @@ def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     """The Engine a run-style command asked for: drafters in priority order, chain or tree verification, the cost-aware
     policy (:func:`use_policy`; a GliDe drafter keeps its guard: the policy weighs verify cost, not its ~20-45 ms)."""
     # torch-bound: see the module doc
-    from redraft.engine import Engine
+    from redraft.decoding.engine import Engine
 
     policy_on = use_policy(args)
     k, k_max = (MAX_DRAFT_DEPTH, None) if policy_on else (k, None if args.k_max is None else clamp_k(args.k_max))

@@ -15,8 +15,15 @@ from contextlib import contextmanager, nullcontext
 
 from redraft.cli.common import nonneg, output_file, positive
 from redraft.corpus import Corpus, CorpusError
-from redraft.corpus.tools import (append_to_corpus, build_corpus, compact_corpus, convert_corpus, corpus_stats,
-                                  merge_corpora, verify_corpus)
+from redraft.corpus.tools import (
+    append_to_corpus,
+    build_corpus,
+    compact_corpus,
+    convert_corpus,
+    corpus_stats,
+    merge_corpora,
+    verify_corpus,
+)
 
 
 def _common(p: argparse.ArgumentParser, fingerprint: bool = True) -> None:

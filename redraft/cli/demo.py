@@ -13,19 +13,28 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from redraft.atomic import write_json
-from redraft.cli.common import (add_model_args, announce_generation_config, check_model_or_exit, draft_depth,
-                                load_model_or_exit, nonneg, open_corpus_or_exit, output_file, positive,
-                                questions_or_exit)
+from redraft.cli.common import (
+    add_model_args,
+    announce_generation_config,
+    check_model_or_exit,
+    draft_depth,
+    load_model_or_exit,
+    nonneg,
+    open_corpus_or_exit,
+    output_file,
+    positive,
+    questions_or_exit,
+)
 from redraft.corpus import CorpusError
 from redraft.corpus.format import write_text
+from redraft.decoding.runstats import RunSummary
 from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 from redraft.drafters import build_drafters
 from redraft.drafters.frozen_corpus import clamp_k
-from redraft.loading import cache_dir
+from redraft.io.atomic import write_json
+from redraft.io.loading import cache_dir
+from redraft.io.prompts import encode_prompt
 from redraft.policy.apply import policy_for
-from redraft.prompts import encode_prompt
-from redraft.runstats import RunSummary
 
 
 def figures(plain: RunSummary, spec: RunSummary) -> dict:
@@ -77,7 +86,7 @@ def run_demo(args) -> int:
     k = MAX_DRAFT_DEPTH if policy_on else clamp_k(args.k if args.k is not None else CORPUS_K_DEFAULT)
     check_model_or_exit(args.model)
 
-    from redraft.engine import Engine  # torch-bound: imported once the arguments are checked
+    from redraft.decoding.engine import Engine  # torch-bound: imported once the arguments are checked
 
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)

@@ -11,13 +11,21 @@ import sys
 
 from tqdm import tqdm
 
-from redraft.cli.common import (NGEN_DEFAULT, add_model_args, announce_generation_config, check_model_or_exit,
-                                load_model_or_exit, output_file, prompt_fits_or_exit, prompts_or_exit)
+from redraft.cli.common import (
+    NGEN_DEFAULT,
+    add_model_args,
+    announce_generation_config,
+    check_model_or_exit,
+    load_model_or_exit,
+    output_file,
+    prompt_fits_or_exit,
+    prompts_or_exit,
+)
 from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import sniff
 from redraft.corpus.tools import append_to_corpus
-from redraft.freeze import PromptFileError, append_spans, parse_token_log
-from redraft.prompts import encode_prompt
+from redraft.io.freeze import PromptFileError, append_spans, parse_token_log
+from redraft.io.prompts import encode_prompt
 
 
 def freeze_logs(logs: list[str], out: str) -> int:
@@ -59,7 +67,7 @@ def freeze_prompts(args) -> int:
     existing = existing_corpus_or_exit(args.out)
     check_model_or_exit(args.model)
 
-    from redraft.engine import Engine  # torch-bound: imported once the arguments are checked
+    from redraft.decoding.engine import Engine  # torch-bound: imported once the arguments are checked
 
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)

@@ -9,8 +9,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from redraft.cli.common import (add_model_arg, cape_bins, check_model_or_exit, float_above, int_at_least,
-                                load_model_or_exit, output_file, percent)
+from redraft.cli.common import (
+    add_model_arg,
+    cape_bins,
+    check_model_or_exit,
+    float_above,
+    int_at_least,
+    load_model_or_exit,
+    output_file,
+    percent,
+)
 from redraft.defaults import GLIDE_MINACC
 from redraft.drafters.cape import CapeBins
 

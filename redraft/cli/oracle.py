@@ -1,7 +1,7 @@
 """``redraft oracle``: measure how often drafting changes the output, and where, per weight dtype.
 
 Rows computed with drafts differ from plain decoding's rows by rounding (~3e-6 of the largest |logit| in float32,
-~5e-3 in float16, ~4e-2 in bfloat16: redraft.exactness), so a near-tie between the top two tokens could flip. The
+~5e-3 in float16, ~4e-2 in bfloat16: redraft.decoding.exactness), so a near-tie between the top two tokens could flip. The
 oracle runs N prompts with plain decoding (recording each token's top-2 gap), freezes those answers so every draft
 is right (the hardest case for verification: the deepest rows), and replays them with each draft configuration
 (corpus chains at each K, n-gram drafts alone, a token tree), printing identical answers, ``Matching tokens: a/b``,
@@ -16,16 +16,25 @@ import sys
 
 from tqdm import tqdm
 
-from redraft.atomic import write_json
-from redraft.cli.common import (add_model_args, add_sampling_args, announce_generation_config, check_model_or_exit,
-                                load_model_or_exit, nonneg, output_file, positive, questions_or_exit,
-                                sampling_from_args)
+from redraft.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    announce_generation_config,
+    check_model_or_exit,
+    load_model_or_exit,
+    nonneg,
+    output_file,
+    positive,
+    questions_or_exit,
+    sampling_from_args,
+)
 from redraft.corpus import Corpus
+from redraft.decoding.runstats import RunSummary
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.drafters import build_drafters
-from redraft.loading import DTYPES
-from redraft.prompts import encode_prompt
-from redraft.runstats import RunSummary
+from redraft.io.atomic import write_json
+from redraft.io.loading import DTYPES
+from redraft.io.prompts import encode_prompt
 
 
 def common_prefix(ref: list[int], got: list[int]) -> int:
@@ -80,7 +89,7 @@ def run_oracle(args) -> int:
 
 def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
     """The oracle for one weight dtype: plain references, then every draft configuration (and the row noise)."""
-    from redraft.engine import Engine  # torch-bound: imported when the command runs, not at registration
+    from redraft.decoding.engine import Engine  # torch-bound: imported when the command runs, not at registration
 
     ks = args.k
     loaded = load_model_or_exit(args.model, dtype=dtype)
@@ -148,8 +157,8 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
 
 def _noise(loaded, refs, dtype: str) -> dict:
     """Row noise measured on each reference answer against the bound exact mode assumes for this dtype."""
-    from redraft.exactness import measure_row_noise, row_noise
-    from redraft.target import HFTarget
+    from redraft.decoding.exactness import measure_row_noise, row_noise
+    from redraft.decoding.target import HFTarget
 
     target, worst = HFTarget(loaded.model), {}
     for r in tqdm(refs, desc=f"{dtype} row noise", unit="q", file=sys.stderr):

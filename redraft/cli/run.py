@@ -9,13 +9,25 @@ from __future__ import annotations
 import os
 import sys
 
-from redraft.cli.common import (add_draft_args, add_model_args, add_sampling_args, announce_generation_config,
-                                check_draft_args, check_model_or_exit, corpus_fits_model_or_exit, engine_from_args,
-                                load_model_or_exit, open_corpus_or_exit, prompt_fits_or_exit, prompt_text_or_exit,
-                                resolve_draft_args, sampling_from_args)
-from redraft.prompts import encode_prompt
-from redraft.runstats import run_report
-from redraft.stopping import StopStrings
+from redraft.cli.common import (
+    add_draft_args,
+    add_model_args,
+    add_sampling_args,
+    announce_generation_config,
+    check_draft_args,
+    check_model_or_exit,
+    corpus_fits_model_or_exit,
+    engine_from_args,
+    load_model_or_exit,
+    open_corpus_or_exit,
+    prompt_fits_or_exit,
+    prompt_text_or_exit,
+    resolve_draft_args,
+    sampling_from_args,
+)
+from redraft.decoding.runstats import run_report
+from redraft.decoding.stopping import StopStrings
+from redraft.io.prompts import encode_prompt
 
 
 def cmd_run(args) -> int:

@@ -10,9 +10,17 @@ import os
 import socket
 import sys
 
-from redraft.cli.common import add_dtype_arg, add_model_arg, add_threads_arg, int_between, load_model_or_exit, percent, positive
+from redraft.cli.common import (
+    add_dtype_arg,
+    add_model_arg,
+    add_threads_arg,
+    int_between,
+    load_model_or_exit,
+    percent,
+    positive,
+)
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX
-from redraft.loading import DEFAULT_MODEL_FILE
+from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
 
@@ -76,6 +84,7 @@ def build_server(args, loaded=None):
     Raises SystemExit with one line for a bad tenants file, corpus file, corpus directory or model.
     """
     from redraft.corpus import tokenizer_fingerprint
+
     # torch-bound: the generator runs the engine
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora

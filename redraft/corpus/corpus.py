@@ -16,15 +16,15 @@ compact() merges everything into one segment.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from .branches import Branches, most_frequent_tree
 from .errors import CorpusError
 from .format import read_binary, read_text, sniff, write_binary, write_text
 from .index import SuffixIndex
 from .symbols import WIDTHS, width_for
-from .branches import Branches, most_frequent_tree
 
 EMPTY = np.zeros(0, dtype=np.int64)
 MAX_ID = WIDTHS[4][2]  # largest id a corpus can hold (uint32 symbols, id + 1)
@@ -95,7 +95,7 @@ class Corpus:
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
     def from_spans(cls, spans: Sequence[Sequence[int]], vocab_size: int | None = None,
-                   fingerprint: str | None = None) -> "Corpus":
+                   fingerprint: str | None = None) -> Corpus:
         """Build from spans (each a sequence of ids >= 0, oldest first). Empty spans are dropped.
 
         Raises CorpusError for an id < 0 or >= vocab_size (position = index into the concatenated spans).
@@ -105,7 +105,7 @@ class Corpus:
 
     @classmethod
     def from_flat(cls, tokens: np.ndarray, offsets: np.ndarray, vocab_size: int | None = None,
-                  fingerprint: str | None = None, path: str | None = None) -> "Corpus":
+                  fingerprint: str | None = None, path: str | None = None) -> Corpus:
         """Build from tokens (any integer dtype) [n] and span offsets int64 [n_spans + 1] (non-empty spans)."""
         tokens = np.asarray(tokens)
         if tokens.dtype.kind not in "iu":
@@ -284,7 +284,7 @@ class Corpus:
             a = self._segments.pop()
             self._segments.append(_merge([a, b], self.vocab_size))
 
-    def with_span(self, span: Sequence[int]) -> "Corpus":
+    def with_span(self, span: Sequence[int]) -> Corpus:
         """A new corpus: this one plus ``span`` (as :meth:`append`); this one is left unchanged.
 
         Copy-on-write for readers on other threads: the segments are immutable and shared, only the list is

@@ -38,7 +38,7 @@ import re
 import struct
 import sys
 import zlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -238,7 +238,7 @@ def _write_atomic(path, write) -> None:
     """Call write(binary file) on a temporary file next to `path`, flush it to disk, rename it over `path`.
 
     Any failure (an OSError, which becomes CorpusError, or an interruption) removes the temporary file and leaves
-    `path` as it was (redraft.atomic does the same for the other files redraft writes; this package stays
+    `path` as it was (redraft.io.atomic does the same for the other files redraft writes; this package stays
     numpy-only)."""
     tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:

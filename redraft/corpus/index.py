@@ -22,14 +22,14 @@ by a bounded search of the stream next to the most recent occurrence (where the 
 
 from __future__ import annotations
 
+import struct
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-import struct
 
 import numpy as np
 from pydivsufsort import divsufsort
 
-from .symbols import WIDTHS, spans_to_reversed_symbols, reversed_symbols_to_spans
+from .symbols import WIDTHS, reversed_symbols_to_spans, spans_to_reversed_symbols
 
 BLOCK = 64  # rows per block of the range-minimum structure; a partial block costs ~1 us of Python min()
 SMALL = 8192  # streams up to this many symbols are sorted in numpy: libdivsufsort costs ~2-15 ms per call
@@ -177,7 +177,7 @@ class SuffixIndex:
 
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
-    def build(cls, tokens: np.ndarray, offsets: np.ndarray, width: int) -> "SuffixIndex":
+    def build(cls, tokens: np.ndarray, offsets: np.ndarray, width: int) -> SuffixIndex:
         """Index spans given as tokens int64 [n_tokens] (ids >= 0) and offsets int64 [n_spans + 1] (non-empty)."""
         rev = spans_to_reversed_symbols(tokens, offsets, width)
         sa = build_suffix_array(rev)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

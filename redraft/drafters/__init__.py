@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from redraft.defaults import (CORPUS_K_DEFAULT, CORPUS_MINACC, CORPUS_WINDOW, MAX_DRAFT_DEPTH, NGRAM_MINACC,
-                              NGRAM_PAUSE, POLICY_NGRAM_MIN_N, POLICY_SUFFIX_MAX_N, SUFFIX_MAX_N, SUFFIX_MIN_N)
+from redraft.defaults import (
+    CORPUS_K_DEFAULT,
+    CORPUS_MINACC,
+    CORPUS_WINDOW,
+    MAX_DRAFT_DEPTH,
+    NGRAM_MINACC,
+    NGRAM_PAUSE,
+    POLICY_NGRAM_MIN_N,
+    POLICY_SUFFIX_MAX_N,
+    SUFFIX_MAX_N,
+    SUFFIX_MIN_N,
+)
 from redraft.drafters.base import AcceptanceGuard, Drafter
 from redraft.drafters.frozen_corpus import CorpusDrafter
 from redraft.drafters.ngram import NgramDrafter

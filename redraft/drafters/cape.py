@@ -11,8 +11,8 @@ root-to-leaf path.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from redraft.tree import TokenTree
 
@@ -52,7 +52,7 @@ class CapeBins:
         return max(self.extras)
 
     @classmethod
-    def parse(cls, text: str) -> "CapeBins":
+    def parse(cls, text: str) -> CapeBins:
         """``"0.3,0.6,0.8:7,5,3,1"`` -> CapeBins (thresholds before the colon, extras after).
 
         Raises:

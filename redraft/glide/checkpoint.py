@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from redraft.atomic import atomic_path, write_json
 from redraft.defaults import SHIPPED_GLIDE_DIR
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft
+from redraft.io.atomic import atomic_path, write_json
 
 FORMAT = "redraft-glide"
 VERSION = 1

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from redraft.glide.positions import rope_params
 
+
 @dataclass
 class GlideConfig:
     """Everything needed to rebuild a draft's trainable part (the target supplies embeddings, head and rope).
@@ -66,7 +67,7 @@ class GlideConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GlideConfig":
+    def from_dict(cls, d: dict) -> GlideConfig:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -74,7 +75,7 @@ class GlideConfig:
     def from_target(cls, tcfg, *, n_layers: int = 1, cross_attention: bool = True, head_vocab: int = 0,
                     intermediate_size: int | None = None, block_size: int = 5,
                     cross_recency: bool = False, cross_newest: bool = False,
-                    cross_gate: bool = False) -> "GlideConfig":
+                    cross_gate: bool = False) -> GlideConfig:
         """Draft geometry mirroring a Llama-style target config (heads, head_dim, norm eps, rope).
 
         Raises:

@@ -28,7 +28,6 @@ from torch import nn
 from redraft.glide.config import GlideConfig
 from redraft.glide.positions import Rotary, apply_rope, rotate_half, target_rope
 
-
 # ---- layers ---------------------------------------------------------------------------------------------------------
 
 class RMSNorm(nn.Module):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-
 # ---- rotary position embedding (the target's settings) ------------------------------------------------------------
 
 def rope_params(tcfg) -> tuple[float, str]:

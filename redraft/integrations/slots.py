@@ -17,7 +17,8 @@ requests are parked (oldest first).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

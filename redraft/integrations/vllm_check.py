@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from redraft.atomic import write_json
+from redraft.io.atomic import write_json
 
 PROPOSER = "redraft.integrations.vllm_proposer.RedraftProposer"
 QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
@@ -38,8 +38,8 @@ def run_pass(args) -> dict:
     """One vLLM engine, one pass over the questions: {"prompts", "outputs", "seconds", "tokens", "spec"}."""
     from vllm import LLM, SamplingParams
 
-    from redraft.freeze import read_prompts
-    from redraft.prompts import encode_prompt
+    from redraft.io.freeze import read_prompts
+    from redraft.io.prompts import encode_prompt
 
     spec = None
     if args.k:
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     plain = spawn(args, 0, work / "plain.json", env)
     if plain is None:
         return 2
-    from redraft.freeze import append_spans
+    from redraft.io.freeze import append_spans
 
     corpus = work / "corpus.txt"
     corpus.unlink(missing_ok=True)

@@ -31,17 +31,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.util import Finalize
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.defaults import CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.drafters import build_drafters
-from redraft.freeze import append_spans
 from redraft.integrations.slots import RequestTracker, TrackedRequest
+from redraft.io.freeze import append_spans
 
 # under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
 log = logging.getLogger("vllm.redraft")
@@ -207,7 +207,7 @@ class RequestDrafts:
 class SpanLearner:
     """Finished requests into the in-memory corpus (drafted from at once) and, on one rank, the learned file.
 
-    The file is a text corpus written with :func:`redraft.freeze.append_spans` (one span per line, ``-1`` between
+    The file is a text corpus written with :func:`redraft.io.freeze.append_spans` (one span per line, ``-1`` between
     spans); the server's append-only journal, once it lands, replaces it. A write error turns file writes off with
     one warning; generation goes on.
     """

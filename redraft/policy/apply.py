@@ -14,7 +14,7 @@ every depth the policy can choose against plain greedy).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

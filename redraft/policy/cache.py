@@ -15,13 +15,13 @@ import json
 import os
 import platform
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from redraft.atomic import write_json
-from redraft.policy.costcurve import CostCurve
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
-from redraft.loading import cache_dir
+from redraft.io.atomic import write_json
+from redraft.io.loading import cache_dir
+from redraft.policy.costcurve import CostCurve
 from redraft.policy.measure import measure_cost_curve
 
 SCHEMA = "redraft-cost-curve/1"
@@ -84,7 +84,7 @@ def curve_path(key: dict, directory: str | os.PathLike) -> Path:
 
 
 def default_directory() -> Path:
-    """redraft's cache directory (:func:`redraft.loading.cache_dir`)."""
+    """redraft's cache directory (:func:`redraft.io.loading.cache_dir`)."""
     return cache_dir()
 
 

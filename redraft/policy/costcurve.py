@@ -10,8 +10,8 @@ negative) extends it. numpy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -46,14 +46,14 @@ class CostCurve:
         object.__setattr__(self, "costs", costs)
 
     @classmethod
-    def from_times(cls, sizes: Sequence[int], seconds: Sequence[float]) -> "CostCurve":
+    def from_times(cls, sizes: Sequence[int], seconds: Sequence[float]) -> CostCurve:
         """A curve from forward times in seconds at ``sizes`` draft tokens (sizes[0] must be 0: the 1-token step)."""
         if not seconds or not seconds[0] > 0:
             raise ValueError(f"the 1-token forward time must be > 0 seconds, got {list(seconds)[:1]}")
         return cls(tuple(sizes), tuple(float(s) / float(seconds[0]) for s in seconds))
 
     @classmethod
-    def flat(cls, up_to: int = 64) -> "CostCurve":
+    def flat(cls, up_to: int = 64) -> CostCurve:
         """c(n) = 1 for every n: a wider verify forward costs nothing more (an idealised accelerator)."""
         return cls((0, max(1, int(up_to))), (1.0, 1.0))
 
@@ -74,7 +74,7 @@ class CostCurve:
         return {"sizes": list(self.sizes), "costs": list(self.costs)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostCurve":
+    def from_dict(cls, data: dict) -> CostCurve:
         """Inverse of :meth:`to_dict`. Raises ValueError naming the bad field."""
         if not isinstance(data, dict) or not isinstance(data.get("sizes"), list) \
                 or not isinstance(data.get("costs"), list):

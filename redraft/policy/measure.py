@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     """Seconds per forward of S tokens for each S in ``sizes``, after ``prefix_ids`` is cached.
 
     Args:
-        model: a transformers causal LM or an :class:`~redraft.target.HFTarget` (its KV cache is reset).
+        model: a transformers causal LM or an :class:`~redraft.decoding.target.HFTarget` (its KV cache is reset).
         sizes: forward sizes S >= 1 in tokens (root + S - 1 draft tokens).
         prefix_ids: token ids cached before every timed forward (at least one; cut so prefix + max S fits the
             model's context).
@@ -46,9 +46,9 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     import torch
     from tqdm import tqdm
 
-    from redraft.target import HFTarget
+    from redraft.decoding.target import HFTarget
+    from redraft.decoding.verify import tree_attention_mask, tree_positions
     from redraft.tree import TokenTree
-    from redraft.verify import tree_attention_mask, tree_positions
 
     sizes = [int(s) for s in sizes]
     if not sizes or min(sizes) < 1 or repeats < 1 or len(prefix_ids) == 0:
@@ -107,7 +107,7 @@ def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int 
         :class:`CostCurve` with c(0) = 1. Takes roughly repeats x sum(c(n)) x t(1) seconds (~6 s for the
         defaults on the 2-core development CPU).
     """
-    from redraft.target import HFTarget
+    from redraft.decoding.target import HFTarget
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     ns = sorted(set(int(n) for n in sizes) | {0})

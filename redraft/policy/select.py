@@ -12,8 +12,8 @@ depth. numpy only; O(N log N) for N candidate nodes (O(N) for a chain, whose P i
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 

@@ -24,7 +24,7 @@ forgetting on them would re-try a useless source every few steps on its prior al
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from redraft.prompts import encode_prompt, uses_chat_template
+from redraft.io.prompts import encode_prompt, uses_chat_template
 
 from .generation import Generator, Outcome, Work
 from .metrics import ServerMetrics

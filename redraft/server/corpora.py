@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.online import OnlineCorpus

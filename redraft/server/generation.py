@@ -1,22 +1,22 @@
 """One request through the engine: the tenant's drafters, stop strings, text deltas, then learning the answer.
 
 Runs on the scheduler's generation thread. The engine is built per request (it is a thin object) around one
-shared :class:`~redraft.target.HFTarget`, so the model and its KV cache buffers exist once.
+shared :class:`~redraft.decoding.target.HFTarget`, so the model and its KV cache buffers exist once.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from redraft.corpus import CorpusError
+from redraft.decoding.engine import Engine, GenerationResult
+from redraft.decoding.sampling import SamplingParams
+from redraft.decoding.stopping import StopStrings
+from redraft.decoding.target import HFTarget
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, SERVE_CORPUS_K_MAX
 from redraft.drafters import build_drafters
-from redraft.engine import Engine, GenerationResult
-from redraft.sampling import SamplingParams
-from redraft.stopping import StopStrings
-from redraft.target import HFTarget
 
 from .corpora import TenantCorpora
 from .scheduler import Cancelled, Job
@@ -90,7 +90,7 @@ class Generator:
     """Generates jobs for the scheduler.
 
     Args:
-        loaded: a :class:`redraft.loading.LoadedModel` (model, tokenizer, EOS ids).
+        loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids).
         corpora: the tenants' learned corpora and the shared corpus.
         draft: :class:`DraftSettings`.
         on_learned: called with the tenant after its corpus grew (metrics).

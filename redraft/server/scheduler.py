@@ -14,8 +14,9 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class Cancelled(Exception):

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from redraft.sampling import SamplingParams
+from redraft.decoding.sampling import SamplingParams
 
 
 class APIError(Exception):

@@ -39,7 +39,7 @@ class Tenants:
         return [DEFAULT_TENANT] if self.keys is None else sorted(set(self.keys.values()))
 
     @classmethod
-    def from_file(cls, path: str) -> "Tenants":
+    def from_file(cls, path: str) -> Tenants:
         """Read a JSON object ``{"API_KEY": "tenant", ...}``.
 
         Raises:

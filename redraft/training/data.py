@@ -29,14 +29,14 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 
-from redraft.atomic import atomic_path, write_json
-from redraft.questions import load_questions
+from redraft.io.atomic import atomic_path, write_json
+from redraft.io.questions import load_questions
 
 HELD_OUT_EVERY = 10
 MEASURE_IDS = list(range(0, 480, 50))  # 0, 50, ..., 450: every category of Spec-Bench
@@ -369,7 +369,7 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
     Returns:
         number of records added.
     """
-    from redraft.prompts import encode_prompt
+    from redraft.io.prompts import encode_prompt
 
     if texts is None:
         texts = [q["turns"][0] for q in load_questions()]

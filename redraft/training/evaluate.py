@@ -1,7 +1,7 @@
 """``redraft glide eval``: GliDe vs vanilla drafts, chain vs CaPE, against plain greedy, on held-out questions.
 
 Every configuration runs the same held-out Spec-Bench questions (:data:`redraft.training.data.MEASURE_IDS`, never
-used in training) through :class:`redraft.engine.Engine`, one after the other, and is compared with plain greedy
+used in training) through :class:`redraft.decoding.engine.Engine`, one after the other, and is compared with plain greedy
 decoding (the engine with no drafters) on the same questions: acceptance rate (accepted / proposed draft tokens),
 tokens per verify forward, wall-clock tokens/s and speed-up, and whether the output ids are identical.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from redraft import atomic
+from redraft.decoding.runstats import RunSummary
 from redraft.drafters.cape import CapeBins
-from redraft.runstats import RunSummary
+from redraft.io import atomic
 
 
 @dataclass
@@ -58,12 +58,12 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     Raises:
         ValueError: the first configuration is not plain greedy.
     """
+    from redraft.decoding.engine import Engine
+    from redraft.decoding.target import HFTarget
     from redraft.drafters.base import AcceptanceGuard
     from redraft.drafters.glide import load_glide_drafter
-    from redraft.engine import Engine
-    from redraft.prompts import encode_prompt
-    from redraft.questions import load_questions
-    from redraft.target import HFTarget
+    from redraft.io.prompts import encode_prompt
+    from redraft.io.questions import load_questions
 
     if configs[0].path is not None:
         raise ValueError("the first configuration must be plain greedy (the reference)")

@@ -14,8 +14,8 @@ the step's root.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.rows.sum())
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         """This batch with every tensor on ``device`` (a torch device or its name)."""
         def mv(t):
             return None if t is None else t.to(device)

@@ -24,7 +24,7 @@ from redraft.glide.config import GlideConfig
 
 def default_glide_dir() -> Path:
     """``<cache>/glide``: checkpoints and the feature cache."""
-    from redraft.loading import cache_dir
+    from redraft.io.loading import cache_dir
 
     return cache_dir() / "glide"
 
@@ -42,8 +42,17 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
         SystemExit: no training data at all.
     """
     from redraft.glide.checkpoint import target_fingerprint
-    from redraft.training.data import (ESTIMATE_IDS, FeatureStore, build_generation_data, build_text_data,
-                                       is_held_out, load_questions, stdlib_files, training_order, vocab_ranking)
+    from redraft.training.data import (
+        ESTIMATE_IDS,
+        FeatureStore,
+        build_generation_data,
+        build_text_data,
+        is_held_out,
+        load_questions,
+        stdlib_files,
+        training_order,
+        vocab_ranking,
+    )
 
     model, tok = loaded.model, loaded.tokenizer
     gcfg = GlideConfig.from_target(model.config, n_layers=n_layers)

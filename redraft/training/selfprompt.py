@@ -15,8 +15,8 @@ import itertools
 import json
 import random
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 
@@ -139,7 +139,7 @@ def sample_questions(model, tokenizer, n: int, *, held_out: Sequence[str], seed:
     Returns:
         the questions, ``existing`` first, in the order made.
     """
-    from redraft.prompts import encode_prompt
+    from redraft.io.prompts import encode_prompt
 
     filt = QuestionFilter(held_out)
     out = [q for q in existing if filt.accept(q)]

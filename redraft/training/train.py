@@ -16,16 +16,16 @@ import os
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
-from redraft.atomic import atomic_path, write_json
-from redraft.glide.checkpoint import save_draft, read_meta, check_target
+from redraft.glide.checkpoint import check_target, read_meta, save_draft
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import GlideDraft, build_draft, init_from_target
+from redraft.io.atomic import atomic_path, write_json
 from redraft.training.data import Record, batches_by_length
 from redraft.training.objective import collate, draft_loss, estimate_acceptance
 from redraft.training.recipe import build_training_data

@@ -4,14 +4,15 @@
 computed; ``redraft run``, the demo, the oracle, the benchmark harness and ``redraft glide eval`` all read their
 figures from it. The report lines keep Colibri's formats, so scripts that parse one parse the other.
 
-A summary adds anything shaped like :class:`redraft.engine.GenerationResult` (see :class:`Generation`); this module
+A summary adds anything shaped like :class:`redraft.decoding.engine.GenerationResult` (see :class:`Generation`); this module
 does not import the engine, so the CLI can load it without torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 COUNTS = ("proposed", "accepted", "steps", "paused")
 
@@ -70,19 +71,19 @@ class RunSummary:
     sources: dict[str, SourceStats] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, results: Iterable[Generation]) -> "RunSummary":
+    def of(cls, results: Iterable[Generation]) -> RunSummary:
         """The summary of ``results`` (GenerationResults or anything shaped like :class:`Generation`)."""
         summary = cls()
         for r in results:
             summary.add(r)
         return summary
 
-    def add(self, result: Generation) -> "RunSummary":
+    def add(self, result: Generation) -> RunSummary:
         """Add one generation; returns self."""
         return self.add_counts(len(result.output_ids), result.forwards, result.seconds, result.sources)
 
     def add_counts(self, tokens: int, forwards: int | None, seconds: float,
-                   sources: Mapping[str, Any] | None = None) -> "RunSummary":
+                   sources: Mapping[str, Any] | None = None) -> RunSummary:
         """Add one generation given by its figures (e.g. a row of a benchmark's JSON); returns self."""
         self.runs += 1
         self.tokens += int(tokens)

@@ -12,7 +12,7 @@ models get the text tokenised as is, several messages joined by a blank line.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 Messages = Sequence[Mapping[str, str]]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from redraft.corpus import CorpusError
 from redraft.corpus.sources import read_log
@@ -24,7 +24,7 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
     """Prompts from a file: one per line, or JSONL objects with a ``prompt`` string or a ``turns`` list.
 
     For ``turns`` the first turn is used. Blank lines are skipped. Surrounding whitespace is not part of a prompt
-    (:func:`redraft.prompts.encode_prompt` drops it the same way for every command), so lines come back stripped.
+    (:func:`redraft.io.prompts.encode_prompt` drops it the same way for every command), so lines come back stripped.
 
     Raises:
         PromptFileError: unreadable file, invalid JSON on a line that starts with ``{``, an object with

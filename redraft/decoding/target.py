@@ -7,7 +7,7 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

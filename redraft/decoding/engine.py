@@ -9,25 +9,23 @@ drafters (one token per forward), so the baseline and the speculative runs share
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
-from redraft.defaults import (EXACT_PAY_PAUSE, EXACT_PAY_WINDOW, EXACT_SAFETY, EXACT_SETTLE_SAFETY,
-                              MAX_DRAFT_DEPTH)
+from redraft.decoding.exactness import near_tie_threshold
+from redraft.decoding.genconfig import LogitsShaping
+from redraft.decoding.runstats import SourceStats
+from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
+from redraft.decoding.stopping import StopStrings
+from redraft.decoding.target import HFTarget
+from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
+from redraft.defaults import EXACT_PAY_PAUSE, EXACT_PAY_WINDOW, EXACT_SAFETY, EXACT_SETTLE_SAFETY, MAX_DRAFT_DEPTH
 from redraft.drafters.base import AcceptanceGuard, Drafter
-from redraft.exactness import near_tie_threshold
-from redraft.genconfig import LogitsShaping
 from redraft.policy.apply import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
-from redraft.runstats import SourceStats
-from redraft.sampling import GREEDY, SamplingParams, TokenChooser
-from redraft.stopping import StopStrings
-from redraft.target import HFTarget
 from redraft.tree import TokenTree
-from redraft.verify import greedy_accept, tree_attention_mask, tree_positions
-
 
 
 @dataclass
@@ -94,11 +92,11 @@ class Engine:
         exact: trust a row computed otherwise than plain decoding computes it only when its top-2 gap clears the
             near-tie threshold; recompute the others the way plain decoding does (see :meth:`generate`).
         exact_margin: None = the near-tie threshold follows the model's dtype and each row's logit size
-            (:func:`redraft.exactness.near_tie_threshold`, EXACT_SAFETY for verify rows, EXACT_SETTLE_SAFETY for
+            (:func:`redraft.decoding.exactness.near_tie_threshold`, EXACT_SAFETY for verify rows, EXACT_SETTLE_SAFETY for
             draft-free rows on a cache drafting wrote); a number = that fixed threshold in logit units for every row.
         On sliding-window models only chains are verified (tree proposals are cut to their first path).
         generation_config: True = shape the logits with the model's ``generation_config`` (read at each generate:
-            repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.genconfig`), as HF
+            repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.decoding.genconfig`), as HF
             ``generate(do_sample=False)`` does; False = ignore it; or a ``GenerationConfig`` to use instead.
             Its sampling settings are never applied (``sampling=`` asks for sampling).
         policy: a :class:`~redraft.policy.SpeculationPolicy` (e.g. :func:`redraft.policy.apply.policy_for`), or
@@ -181,7 +179,7 @@ class Engine:
             prompt_ids: at least one token id.
             max_new_tokens: exact cap on generated tokens, even when a step accepts several.
             on_tokens: called with each step's newly emitted ids (for streaming).
-            sampling: greedy (default) or seeded sampling; see :mod:`redraft.sampling`.
+            sampling: greedy (default) or seeded sampling; see :mod:`redraft.decoding.sampling`.
             stop: stop strings; the output ends with the token that completes the first one.
             exact: settle near-tie rows the way plain decoding does (default: the engine's ``exact``).
                 Plain decoding feeds the prompt in one forward, then one token per forward; a forward shaped like

@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 _serial = itertools.count()
 

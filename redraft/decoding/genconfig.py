@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 
 class GenerationConfigError(ValueError):
@@ -63,7 +63,7 @@ class LogitsShaping:
     begin_suppress_tokens: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, generation_config) -> "LogitsShaping":
+    def of(cls, generation_config) -> LogitsShaping:
         """The settings of a transformers ``GenerationConfig`` (None -> all off). Unset (None) fields are off.
 
         Raises:
@@ -74,7 +74,7 @@ class LogitsShaping:
         raw = {f.name: getattr(generation_config, f.name, None) for f in dataclasses.fields(cls)}
         return cls(**{name: _convert(name, value) for name, value in raw.items() if value is not None})
 
-    def overridden(self, **values) -> "LogitsShaping":
+    def overridden(self, **values) -> LogitsShaping:
         """These settings with ``values`` (a field name -> value; None = keep this one) replacing the file's."""
         given = {k: _convert(k, v) for k, v in values.items() if v is not None}
         return dataclasses.replace(self, **given) if given else self
@@ -99,12 +99,20 @@ class LogitsShaping:
             ``LogitsProcessorList``, empty when every setting is off. Called with input_ids LongTensor [R, L] (each
             row a full context of L tokens) and scores FloatTensor [R, V], it returns the shaped scores [R, V].
         """
-        from transformers import (ExponentialDecayLengthPenalty, ForcedBOSTokenLogitsProcessor,
-                                  ForcedEOSTokenLogitsProcessor, LogitsProcessorList, MinLengthLogitsProcessor,
-                                  MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
-                                  NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
-                                  SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
-                                  SuppressTokensLogitsProcessor)
+        from transformers import (
+            ExponentialDecayLengthPenalty,
+            ForcedBOSTokenLogitsProcessor,
+            ForcedEOSTokenLogitsProcessor,
+            LogitsProcessorList,
+            MinLengthLogitsProcessor,
+            MinNewTokensLengthLogitsProcessor,
+            NoBadWordsLogitsProcessor,
+            NoRepeatNGramLogitsProcessor,
+            RepetitionPenaltyLogitsProcessor,
+            SequenceBiasLogitsProcessor,
+            SuppressTokensAtBeginLogitsProcessor,
+            SuppressTokensLogitsProcessor,
+        )
 
         eos = sorted({int(e) for e in eos_token_ids}) or None
         out = LogitsProcessorList()

@@ -9,19 +9,19 @@ later rounding, so the difference scales with the dtype's precision and the size
 ~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
 that). A row's choice is trusted only when its top-2 gap exceeds twice the bound times a safety factor
 (:func:`near_tie_threshold`); closer rows are recomputed exactly the way plain decoding computes them
-(:class:`redraft.engine.Engine`).
+(:class:`redraft.decoding.engine.Engine`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
+from redraft.decoding.target import HFTarget
+from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.defaults import EXACT_ROW_NOISE
-from redraft.target import HFTarget
 from redraft.tree import TokenTree
-from redraft.verify import tree_attention_mask, tree_positions
 
 # dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~21)
 UNMEASURED_NOISE_EPS = 64

@@ -12,7 +12,7 @@ iff the sampled token equals x accepts with probability p(x) and otherwise yield
 "not x": exactly the distribution of the speculative-sampling rule of Leviathan et al. 2023 (accept with
 min(1, p/q), resample from norm(max(0, p - q))) when q is one-hot, with a coupling that also keeps the seed.
 
-Logits processors are transformers' own classes, built by :class:`redraft.genconfig.LogitsShaping` from the model's
+Logits processors are transformers' own classes, built by :class:`redraft.decoding.genconfig.LogitsShaping` from the model's
 generation_config and the explicit settings here (repetition penalty after CTRL, Keskar et al. 2019; no-repeat
 n-grams; minimum new tokens; ...), applied per row with that row's own context: a tree node's row sees the
 committed tokens plus the node's ancestors and itself. top-k and top-p follow HF's ``TopKLogitsWarper`` and
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from redraft.genconfig import LogitsShaping
+from redraft.decoding.genconfig import LogitsShaping
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -57,7 +57,7 @@ class SamplingParams:
         no_repeat_ngram_size: n > 0 forbids repeating any n-gram of the context (0 = off); also applies to greedy.
         min_new_tokens: the EOS ids are forbidden before this many new tokens (0 = off); also applies to greedy.
 
-    The last three shape the logits the way the model's generation_config does (see :mod:`redraft.genconfig`):
+    The last three shape the logits the way the model's generation_config does (see :mod:`redraft.decoding.genconfig`):
     None (the default) takes the model's value, off when it has none; a value, even the "off" one, replaces it.
     """
 

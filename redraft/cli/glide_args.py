@@ -1,7 +1,7 @@
 """The ``--draft glide`` flags: declaring them, refusing them where they have no effect (before the model loads), and
 building the GliDe drafter they ask for (arXiv 2402.02082; see docs/glide.md).
 
-A leaf beside :mod:`redraft.argtypes`: :mod:`redraft.cli.common` re-exports these for the commands.
+A leaf beside :mod:`redraft.cli.argtypes`: :mod:`redraft.cli.common` re-exports these for the commands.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from redraft.argtypes import cape_bins, nonneg, positive
+from redraft.cli.argtypes import cape_bins, nonneg, positive
 from redraft.defaults import GLIDE_GAMMA, GLIDE_MINACC, SHIPPED_GLIDE_DIR
 from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins

@@ -1,0 +1,8 @@
+"""The decode step: the engine's loop, verify forwards, token choice, exact mode, the target model, stopping,
+the model's generation_config processors and run statistics.
+
+Data flows one way through it: a drafted :class:`~redraft.tree.TokenTree` -> verify forward
+(:mod:`redraft.decoding.target`, :mod:`redraft.decoding.verify`) -> token choice (:mod:`redraft.decoding.sampling`)
+-> accepted tokens (:mod:`redraft.decoding.engine`). It sits above the drafters and the policy and below the
+composition point (:mod:`redraft.compose`) and the front ends.
+"""
