@@ -35,7 +35,7 @@ def save_tiny_model(d: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """The tiny model saved once per test module (import this fixture into the module)."""
+    """The tiny model saved once per test module (conftest.py shares this fixture with every test module)."""
     return save_tiny_model(tmp_path_factory.mktemp("serve-model"))
 
 

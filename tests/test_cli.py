@@ -8,7 +8,7 @@ import re
 import sys
 
 import pytest
-from conftest import build_tiny, plain_greedy
+from conftest import CLI_EOS, CLI_VOCAB, plain_greedy
 
 from redraft.cli import build_parser, main
 from redraft.cli.common import resolve_draft_args, use_policy
@@ -16,8 +16,8 @@ from redraft.corpus import CorpusError, load_corpus
 from redraft.drafters.frozen_corpus import open_corpus
 from redraft.io.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
 
-TOK_VOCAB = 64
-EOS = 1
+TOK_VOCAB = CLI_VOCAB
+EOS = CLI_EOS
 SPEC_RE = re.compile(r"^speculation: (\d+\.\d\d) tokens/forward \((\d+) forwards per (\d+) tokens\)$")
 TOKENS_RE = re.compile(r"^\[TOKENS\] (\d+) generated: ?([\d ]*)$")
 PROMPT_RE = re.compile(r"^\[PROMPT_TOKENS\] (\d+): ([\d ]*)$")
@@ -32,28 +32,6 @@ def clean_env(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     # the cost-aware policy caches the cost curve it measures: never in the user's cache
     monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))
-
-
-# ---- a tiny model directory with a tokenizer ---------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A saved tiny Llama plus a word-level tokenizer: "t00" .. "t63" are ids 0 .. 63, "t01" is EOS.
-
-    Fixed-width words: the EOS word is an added token, matched before splitting, so it must not be a prefix of
-    another word ("w1" would split "w10" into "w1" + "0").
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    d = tmp_path_factory.mktemp("tiny-model")
-    tk = Tokenizer(models.WordLevel(vocab={f"t{i:02d}": i for i in range(TOK_VOCAB)}, unk_token="t00"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.decoder = decoders.WordPiece(prefix="##")
-    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t00", eos_token="t01").save_pretrained(d)
-    model = build_tiny("llama", "sdpa", seed=11, vocab_size=TOK_VOCAB, eos_token_id=EOS)
-    model.save_pretrained(d)
-    return d, model
 
 
 def words(ids) -> str:

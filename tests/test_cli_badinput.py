@@ -14,7 +14,15 @@ import sys
 
 import pytest
 from conftest import plain_greedy
-from test_cli import EOS, PROMPT, TOK_VOCAB, clean_env, parse_report, run_cli, tiny_model_dir, words  # noqa: F401
+from test_cli import (  # noqa: F401 (clean_env: the autouse fixture)
+    EOS,
+    PROMPT,
+    TOK_VOCAB,
+    clean_env,
+    parse_report,
+    run_cli,
+    words,
+)
 
 from redraft.cli import main
 from redraft.corpus import Corpus, load_corpus

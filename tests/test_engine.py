@@ -264,7 +264,7 @@ def test_draft_depth_and_source_recorded_per_forward(tiny_llama, references):
     res = Engine(tiny_llama, [oracle, garbage], max_depth=8, merge=True).generate(PROMPT, 20)
     assert res.output_ids == want[:20]
     assert len(res.draft_depth_per_forward) == len(res.source_per_forward) == res.forwards
-    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward))
+    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward, strict=True))
     # both proposed at every step (merged, priority order); the oracle's 3-token chain sets the depth
     left = [20 - sum(a + 1 for a in res.accepted_per_forward[:i]) for i in range(res.forwards)]
     assert res.draft_depth_per_forward == [min(3, n - 1) for n in left]
@@ -452,7 +452,7 @@ def _assert_pauses_and_rearms(res: GenerationResult, guard: LoggingGuard, name: 
     Returns the number of complete pause-and-re-arm cycles."""
     assert len(guard.log) == res.forwards == len(res.drafted_per_forward)
     armed = [True] + guard.log[:-1]  # the state each forward's propose() saw
-    for f, (on, drafted) in enumerate(zip(armed, res.drafted_per_forward)):
+    for f, (on, drafted) in enumerate(zip(armed, res.drafted_per_forward, strict=True)):
         if not on:
             assert drafted == 0, (f, armed, res.drafted_per_forward)
         elif matches_from <= f < res.forwards - 1:

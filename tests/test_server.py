@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from conftest import plain_greedy
-from serverkit import CONTEXT, EOS, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
+from serverkit import CONTEXT, EOS, live_server, serve_args, words
 
 from redraft.bench.serve_bench import metric_value
 

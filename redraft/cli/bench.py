@@ -83,7 +83,7 @@ def cmd_bench_run(args) -> int:
         counts = parse_workloads(args.workloads, args.questions)
         methods = parse_methods(args.methods)
     except ValueError as e:
-        raise SystemExit(f"redraft bench run: error: {e}")
+        raise SystemExit(f"redraft bench run: error: {e}") from None
     check_method_flags(args, methods)
     gguf = llama_cpp_gguf(args)
     given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS
@@ -155,7 +155,7 @@ def cmd_bench_serve(args) -> int:
     try:
         serve_bench.check_phases(phases)
     except ValueError as e:
-        raise SystemExit(f"redraft bench serve: error: {e}")
+        raise SystemExit(f"redraft bench serve: error: {e}") from None
     cfg = serve_bench.ServeBenchConfig(
         model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
         concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
@@ -165,7 +165,7 @@ def cmd_bench_serve(args) -> int:
     try:
         results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
     except (ValueError, RuntimeError) as e:
-        raise SystemExit(f"redraft bench serve: error: {e}")
+        raise SystemExit(f"redraft bench serve: error: {e}") from None
     finally:
         print(f"logs and corpora: {work}", file=sys.stderr)
     if args.json:
@@ -178,7 +178,7 @@ def corpus_sizes(text: str) -> list[int]:
     try:
         sizes = [int(float(s)) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6") from None
     if not sizes or min(sizes) < 100:
         raise argparse.ArgumentTypeError(f"{text!r}: each size must be at least 100 tokens")
     return sizes

@@ -160,7 +160,7 @@ def int_env(names: tuple[str, ...], default: int) -> int:
     try:
         return int(v)
     except ValueError:
-        raise SystemExit(f"redraft: error: {names[0]}/{names[1]}={v!r} is not an integer")
+        raise SystemExit(f"redraft: error: {names[0]}/{names[1]}={v!r} is not an integer") from None
 
 
 def use_policy(args) -> bool:
@@ -190,7 +190,7 @@ def resolve_draft_args(args) -> tuple[str | None, int, float]:
         try:
             minacc = percent(v) if v is not None else 100 * CORPUS_MINACC
         except argparse.ArgumentTypeError as e:
-            raise SystemExit(f"redraft: error: {ENV_MINACC[0]}/{ENV_MINACC[1]}: {e}")
+            raise SystemExit(f"redraft: error: {ENV_MINACC[0]}/{ENV_MINACC[1]}: {e}") from None
     return corpus, k, minacc / 100.0
 
 
@@ -202,7 +202,7 @@ def check_model_or_exit(spec: str | None) -> None:
     try:
         check_model_spec(spec)
     except ModelLoadError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
@@ -210,7 +210,7 @@ def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool 
     try:
         return load_model(spec, dtype=dtype, quiet=quiet)
     except ModelLoadError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def open_corpus_or_exit(path: str | None, loaded: LoadedModel | None = None, force: bool = False):
@@ -231,7 +231,7 @@ def open_corpus_or_exit(path: str | None, loaded: LoadedModel | None = None, for
         return open_corpus(path, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer),
                            force=force)
     except CorpusError as e:
-        raise SystemExit(f"redraft: error: corpus refused: {e}")
+        raise SystemExit(f"redraft: error: corpus refused: {e}") from None
 
 
 def corpus_fits_model_or_exit(corpus, loaded: LoadedModel, force: bool = False):
@@ -284,7 +284,7 @@ def prompts_or_exit(path: str, command: str) -> list[str]:
     try:
         prompts = read_prompts(path)
     except PromptFileError as e:
-        raise SystemExit(f"redraft {command}: error: {e}")
+        raise SystemExit(f"redraft {command}: error: {e}") from None
     if not prompts:
         raise SystemExit(f"redraft {command}: error: {path} has no prompts")
     return prompts
@@ -321,7 +321,7 @@ def sampling_from_args(args):
                               top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed or 0,
                               **{name: getattr(args, name) for name, _ in SHAPING_FLAGS})
     except ValueError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def announce_generation_config(loaded, args=None) -> None:
@@ -345,7 +345,7 @@ def announce_generation_config(loaded, args=None) -> None:
         line = describe(getattr(loaded.model, "generation_config", None), source, replaced,
                         hint="--no-generation-config to ignore" if args is not None else None)
     except GenerationConfigError as e:
-        raise SystemExit(f"redraft: error: {source}: {e}")
+        raise SystemExit(f"redraft: error: {source}: {e}") from None
     if line:
         print(line, file=sys.stderr)
 

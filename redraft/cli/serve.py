@@ -94,7 +94,7 @@ def build_server(args, loaded=None):
     try:  # the cheap checks first, before the model load
         tenants = Tenants.from_file(args.tenants) if args.tenants else Tenants()
     except TenantsError as e:
-        raise _fail(str(e))
+        raise _fail(str(e)) from None
     for path in args.corpus:
         if not os.path.isfile(path):
             raise _fail(f"--corpus {path}: no such file")
@@ -105,7 +105,7 @@ def build_server(args, loaded=None):
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,
                                 sync=args.sync, learn=not args.no_learn, shared=args.corpus)
     except CorporaError as e:
-        raise _fail(str(e))
+        raise _fail(str(e)) from None
     draft = DraftSettings(k=args.k, k_max=max(args.k, args.k_max), minacc=args.minacc / 100.0,
                           ngram=not args.no_ngram)
     generator = Generator(loaded, corpora, draft)
@@ -124,7 +124,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
         sock.listen(128)
     except OSError as e:
-        raise _fail(f"cannot listen on {host}:{port} ({e.strerror or e})")
+        raise _fail(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
     return sock
 
 

@@ -96,7 +96,7 @@ def _array_children(conts: np.ndarray, recency: np.ndarray):
         starts = [0, *cuts.tolist()]
         ends = [*cuts.tolist(), hi - lo]
         out = []
-        for s, e in zip(starts, ends):
+        for s, e in zip(starts, ends, strict=True):
             tok = int(col[s])
             if tok >= 0:  # -1: occurrences that stop here (separator or corpus end)
                 out.append((e - s, int(recency[lo + s:lo + e].max()), lo + s, lo + e, tok))

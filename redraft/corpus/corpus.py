@@ -310,7 +310,7 @@ class Corpus:
     def span_list(self) -> list[np.ndarray]:
         """All spans as a list of int64 arrays, oldest first."""
         tokens, offsets = self.spans()
-        return [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
     @property
     def segments(self) -> list[SuffixIndex]:

@@ -121,7 +121,7 @@ def _log_ids(m, path, lineno: int, what: str) -> list[int]:
         ids = [int(w) for w in words]
     except ValueError:
         bad = next(w for w in words if not re.fullmatch(rb"-?\d+", w))
-        raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer")
+        raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer") from None
     if len(ids) != int(m.group(1)):
         raise CorpusError(f"{path}:{lineno}: line says {int(m.group(1))} ids but has "
                           f"{len(ids)} (truncated {what} line?)")

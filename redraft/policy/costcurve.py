@@ -36,7 +36,7 @@ class CostCurve:
         if not sizes or len(sizes) != len(costs):
             raise ValueError(f"cost curve needs as many costs as sizes (at least one), got {len(sizes)} sizes "
                              f"and {len(costs)} costs")
-        if sizes[0] != 0 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+        if sizes[0] != 0 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
             raise ValueError(f"cost curve sizes must ascend strictly from 0, got {list(sizes)}")
         if any(not (math.isfinite(c) and c > 0) for c in costs):
             raise ValueError(f"cost curve costs must be finite and > 0, got {list(costs)}")

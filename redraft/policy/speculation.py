@@ -80,7 +80,7 @@ class SpeculationPolicy:
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
         cond = np.empty(len(parents))
-        for i, (p, s) in enumerate(zip(parents, sources)):
+        for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
             lvl = min(int(depths[i]), tr.max_depth) - 1
             if prior is not None and not np.isnan(prior[i]):
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))

@@ -227,7 +227,7 @@ class Trainer:
         """Endless (epoch, batch records, block offset) stream, deterministic given the seed; skips done steps."""
         step, epoch = 0, 0
         while True:
-            for i, idx in enumerate(self._epoch_batches(epoch)):
+            for idx in self._epoch_batches(epoch):
                 if step >= self.state.step:
                     rng = random.Random(self.cfg.seed * 7919 + step)
                     offset = rng.randrange(self.cfg.block) if self.cfg.offset_jitter else 0
