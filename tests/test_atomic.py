@@ -94,7 +94,7 @@ def test_plot_failing_midway_leaves_no_file(tmp_path, monkeypatch):
 
 
 def test_cost_curve_cache_failing_midway_keeps_the_old_cache(tmp_path, monkeypatch):
-    from redraft.policy.cache import save_curve
+    from redraft.decoding.costcache import save_curve
     from redraft.policy.costcurve import CostCurve
 
     path = tmp_path / "curve.json"

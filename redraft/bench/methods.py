@@ -216,9 +216,9 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
 
     def policy_engine():
         # one policy for the whole run: it keeps learning across questions, as a long-running process does
+        from redraft.decoding.costcache import policy_for
         from redraft.defaults import MAX_DRAFT_DEPTH
         from redraft.policy import SpeculationPolicy
-        from redraft.policy.apply import policy_for
 
         policy = (SpeculationPolicy(cfg.curve, max_nodes=MAX_DRAFT_DEPTH) if cfg.curve is not None
                   else policy_for(model, max_nodes=MAX_DRAFT_DEPTH))

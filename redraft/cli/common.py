@@ -33,6 +33,7 @@ from redraft.cli.argtypes import (  # noqa: F401
 )
 from redraft.cli.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
 from redraft.corpus import CorpusError, tokenizer_fingerprint
+from redraft.decoding.costcache import policy_for
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC, TREE_BUDGET
 from redraft.drafters import build_drafters
 from redraft.drafters.frozen_corpus import clamp_k, open_corpus
@@ -40,7 +41,6 @@ from redraft.io.freeze import PromptFileError, read_prompts
 from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
 from redraft.io.prompts import normalize_prompt
 from redraft.io.questions import load_questions
-from redraft.policy.apply import policy_for
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")

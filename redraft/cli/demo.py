@@ -27,6 +27,7 @@ from redraft.cli.common import (
 )
 from redraft.corpus import CorpusError
 from redraft.corpus.format import write_text
+from redraft.decoding.costcache import policy_for
 from redraft.decoding.runstats import RunSummary
 from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
 from redraft.drafters import build_drafters
@@ -34,7 +35,6 @@ from redraft.drafters.frozen_corpus import clamp_k
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.io.prompts import encode_prompt
-from redraft.policy.apply import policy_for
 
 
 def figures(plain: RunSummary, spec: RunSummary) -> dict:

@@ -40,7 +40,7 @@ from redraft.io.prompts import encode_prompt
 def common_prefix(ref: list[int], got: list[int]) -> int:
     """Length of the common prefix (tokens after a divergence follow a different context and do not count)."""
     n = 0
-    for a, b in zip(ref, got, strict=True):
+    for a, b in zip(ref, got, strict=False):  # a prefix: stops at the shorter
         if a != b:
             break
         n += 1

@@ -47,8 +47,8 @@ def most_frequent_tree(conts, recency, branches: int) -> tuple[list, list, list]
     if isinstance(conts, np.ndarray):
         if conts.shape[1] == 0:
             return [], [], []
-        order = np.lexsort(conts.T[::-1])
-        children = _array_children(conts[order], np.asarray(recency)[order])
+        rows = np.lexsort(conts.T[::-1])
+        children = _array_children(conts[rows], np.asarray(recency)[rows])
         M = conts.shape[0]
     else:
         order = sorted(range(len(conts)), key=conts.__getitem__)

@@ -39,6 +39,7 @@ import struct
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -270,7 +271,7 @@ def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, finge
     samples = seg.samples if seg else np.zeros(0, dtype=np.uint64)
     arrays = {"sa": np.asarray(sa), "table": np.asarray(table), "samples": np.asarray(samples), "stream": stream}
     raw = {name: np.ascontiguousarray(arr).view(np.uint8) for name, arr in arrays.items()}
-    header = {
+    header: dict[str, Any] = {
         "token_width": seg.width if seg else 2,
         "length": seg.length if seg else 0,
         "n_tokens": seg.n_tokens if seg else 0,
@@ -280,7 +281,7 @@ def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, finge
         "fingerprint": fingerprint,
         "block": BLOCK,
         "sample": SAMPLE,
-        "arrays": {name: {"crc32": zlib.crc32(raw[name])} for name in arrays},
+        "arrays": {name: {"crc32": zlib.crc32(raw[name].data)} for name in arrays},
     }
     # Offsets depend on the header length, which depends on the offsets' digits: size it with a generous guess.
     guess = len(json.dumps(header)) + 400

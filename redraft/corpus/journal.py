@@ -31,7 +31,7 @@ _COUNT = struct.Struct("<I")
 MAX_RECORD_IDS = 1 << 26  # a larger count can only be a damaged length field
 
 
-def encode_record(span: Sequence[int]) -> bytes:
+def encode_record(span: Sequence[int] | np.ndarray) -> bytes:
     """The journal bytes of one span (ids int, 0 <= id < 2**32). Raises ValueError for an empty span."""
     ids = np.asarray(span, dtype=np.int64).reshape(-1)
     if len(ids) == 0:
@@ -117,7 +117,7 @@ def read_journal(path, *, vocab_size: int | None = None) -> Replay:
     return scan(data, vocab_size=vocab_size, where=os.fspath(path))
 
 
-def write_journal(path, spans: Sequence[Sequence[int]]) -> None:
+def write_journal(path, spans: Sequence[Sequence[int] | np.ndarray]) -> None:
     """Write a whole journal atomically: a temporary file, fsync, rename, fsync of the directory."""
     tmp = f"{os.fspath(path)}.tmp"
     try:
@@ -165,7 +165,7 @@ class JournalWriter:
         if created:
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
-    def append(self, span: Sequence[int]) -> None:
+    def append(self, span: Sequence[int] | np.ndarray) -> None:
         """Write one record (and fsync when ``sync``). On an OSError the file is cut back to its previous size,
         so a failed write never leaves a torn record in the middle of the journal, and the error is raised."""
         rec = encode_record(span)

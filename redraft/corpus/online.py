@@ -110,7 +110,7 @@ class OnlineCorpus:
                 "dropped_spans": self.dropped_spans, "problems": len(self.problems)}
 
     # ---- writes -----------------------------------------------------------------------------------------------
-    def append(self, span: Sequence[int]) -> bool:
+    def append(self, span: Sequence[int] | np.ndarray) -> bool:
         """Add one span; lookups see it as soon as this returns, and it is in the journal (fsynced when ``sync``).
 
         While an eviction runs, an append that would hold more than HARD_CAP * cap ids waits for it, so memory stays
@@ -164,6 +164,7 @@ class OnlineCorpus:
                     worker.start()
             if not wait:
                 return
+            assert worker is not None  # the one started here or the one already running
             worker.join()
             if started:
                 return
@@ -189,10 +190,12 @@ class OnlineCorpus:
         return self._journal_tokens >= due
 
     def _path(self, kind: str, gen: int) -> str:
+        assert self.directory is not None  # generations on disk exist only with a directory
         return os.path.join(self.directory, f"{kind}-{gen:06d}.{'bin' if kind == 'base' else 'rdj'}")
 
     def _open(self) -> None:
         """Load the newest complete generation, replay its journal, remove leftovers."""
+        assert self.directory is not None  # called only with a directory
         os.makedirs(self.directory, exist_ok=True)
         gens: dict[str, set[int]] = {"base": set(), "journal": set()}
         for name in os.listdir(self.directory):
@@ -239,6 +242,7 @@ class OnlineCorpus:
         self.warn(f"{path}: rewritten with its {len(spans)} valid records (the damaged file is {path}.damaged)")
 
     def _remove_other_generations(self) -> None:
+        assert self.directory is not None  # called only with a directory
         for name in os.listdir(self.directory):
             m = _FILE.match(name)
             stale = (m and int(m.group(2)) != self._gen) or name.endswith(".tmp")
@@ -287,7 +291,8 @@ class OnlineCorpus:
                 write_journal(self._path("journal", gen), pending)
                 old = self._journal
                 self._journal = JournalWriter(self._path("journal", gen), sync=self.sync)
-                old.close()
+                if old is not None:
+                    old.close()
                 self._gen = gen
             for s in pending:
                 nxt = nxt.with_span(s)

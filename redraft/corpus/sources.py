@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import TypeGuard
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def read_jsonl(path) -> list[list[int]]:
     return spans
 
 
-def _int_list(x) -> bool:
+def _int_list(x) -> TypeGuard[list[int]]:
     return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 

@@ -42,7 +42,7 @@ class CapeBins:
 
     def extras_for(self, p: float) -> int:
         """Number of sibling alternatives for a draft step whose top probability is ``p``."""
-        for t, e in zip(self.thresholds, self.extras, strict=True):
+        for t, e in zip(self.thresholds, self.extras[:-1], strict=True):
             if p < t:
                 return e
         return self.extras[-1]

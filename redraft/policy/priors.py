@@ -30,7 +30,8 @@ def node_depths(parents: Sequence[int]) -> np.ndarray:
     return depths
 
 
-def count_priors(parents: Sequence[int], counts: Sequence[float], root_count: float | None = None) -> np.ndarray:
+def count_priors(parents: Sequence[int], counts: Sequence[float] | np.ndarray,
+                 root_count: float | None = None) -> np.ndarray:
     """float64 [N]: count(node) / count(parent), clipped to [0, 1] (SuffixDecoding's continuation frequency).
 
     Args:

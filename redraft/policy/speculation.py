@@ -39,7 +39,7 @@ class SpeculationPolicy:
     """Chooses each step's verified draft from the measured cost curve and per-source acceptance.
 
     Args:
-        curve: the verify cost curve c(n) measured here (:func:`redraft.policy.cache.cached_cost_curve`).
+        curve: the verify cost curve c(n) measured here (:func:`redraft.decoding.costcache.cached_cost_curve`).
         max_nodes: most draft nodes in one verify forward (the tree budget; also the deepest chain).
         tracker: the acceptance estimates (default: a fresh :class:`AcceptanceTracker` over ``max_nodes`` levels).
         probe_overhead: the share of a plain step an idle source's probes may cost on average (> 0).

@@ -1,4 +1,6 @@
-"""The measured cost curve, cached on disk per model, dtype, thread count and machine.
+"""The measured cost curve, cached on disk per model, dtype, thread count and machine, and the default policy built
+on it (:func:`policy_for`). The policy package itself only takes a :class:`~redraft.policy.costcurve.CostCurve`;
+measuring one runs target forwards, so it lives here, beside the target.
 
 A curve measured on one machine says nothing about another (a GPU verifies 64 tokens for about the price of one;
 a 2-core CPU does not), nor about the same machine with another thread count or dtype. The cache key holds all of
@@ -18,11 +20,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
+from redraft.decoding.costmeasure import measure_cost_curve
+from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES, MAX_DRAFT_DEPTH
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.policy.costcurve import CostCurve
-from redraft.policy.measure import measure_cost_curve
+from redraft.policy.speculation import SpeculationPolicy
 
 SCHEMA = "redraft-cost-curve/1"
 
@@ -101,7 +104,10 @@ def load_curve(path: str | os.PathLike, key: dict) -> CostCurve | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("key") != key:
             raise ValueError("its key does not match this model/machine")
-        return CostCurve.from_dict(data.get("curve"))
+        curve = data.get("curve")
+        if not isinstance(curve, dict):
+            raise ValueError("it holds no curve object")
+        return CostCurve.from_dict(curve)
     except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         warnings.warn(f"cost curve cache {path}: ignored ({e}); measuring again", RuntimeWarning, stacklevel=2)
         return None
@@ -142,3 +148,15 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
         curve = measure(model, key["sizes"], prefix=prefix, repeats=repeats)
         save_curve(path, key, curve)
     return curve
+
+
+def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw) -> SpeculationPolicy:
+    """The default policy for ``model`` here: its cost curve from the cache, measured first if missing (a few
+    seconds on a CPU, once per model, dtype, thread count and machine).
+
+    Args:
+        model: a transformers causal LM or an :class:`~redraft.decoding.target.HFTarget`.
+        max_nodes: the most draft tokens one verify forward may carry.
+        kw: further :class:`~redraft.policy.speculation.SpeculationPolicy` arguments.
+    """
+    return SpeculationPolicy(cached_cost_curve(model), max_nodes=max_nodes, **kw)
