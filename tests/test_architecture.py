@@ -147,15 +147,19 @@ def test_cli_commands_import_only_the_shared_leaf():
 
 
 def test_corpus_package_needs_only_numpy():
-    """redraft.corpus is reusable by other engines: no torch, no transformers, nothing else of redraft."""
+    """redraft.corpus is reusable by other engines: no torch, no transformers, nothing else of redraft but the
+    atomic writer every redraft file goes through, itself standard library only."""
     _, _, raw = import_graph()
+    shared = "redraft.io.atomic"
     for m, imports in raw.items():
         if m == "redraft.corpus" or m.startswith("redraft.corpus."):
             for target, _ in imports:
                 top = target.split(".")[0]
                 assert top not in ("torch", "transformers"), f"{m} imports {target}"
-                assert top != "redraft" or target == "redraft.corpus" or target.startswith("redraft.corpus."), \
-                    f"{m} imports {target}"
+                ours = target in ("redraft.corpus", shared) or target.startswith("redraft.corpus.")
+                assert top != "redraft" or ours, f"{m} imports {target}"
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    assert {target.split(".")[0] for target, _ in raw[shared]} <= stdlib, f"{shared}: {raw[shared]}"
 
 
 @pytest.mark.parametrize("code", [

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from redraft.io.atomic import atomic_path
+
 from .errors import CorpusError
 from .index import BLOCK, SAMPLE, SuffixIndex
 
@@ -195,22 +197,16 @@ def append_text(path, spans: Iterable[Sequence[int] | np.ndarray]) -> int:
 def write_text(path, spans: Iterable[Sequence[int] | np.ndarray]) -> int:
     """Write spans as a new text corpus replacing ``path``, in :func:`append_text`'s layout.
 
-    Atomic: the spans are appended to a temporary file next to ``path``, which is then renamed over it.
-    Returns the number of spans written. Raises CorpusError as :func:`append_text`.
+    Atomic (:func:`redraft.io.atomic.atomic_path`): the spans are appended to a temporary file next to ``path``,
+    which is then renamed over it. Returns the number of spans written. Raises CorpusError as :func:`append_text`.
     """
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:
-        open(tmp, "w").close()
-        n = append_text(tmp, spans)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            open(tmp, "w").close()
+            n = append_text(tmp, spans)
         return n
     except OSError as e:
         raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _tail_state(path: str) -> tuple[bool, bool]:
@@ -236,28 +232,14 @@ def _tail_state(path: str) -> tuple[bool, bool]:
 # ---- binary -----------------------------------------------------------------------------------------------------
 
 def _write_atomic(path, write) -> None:
-    """Call write(binary file) on a temporary file next to `path`, flush it to disk, rename it over `path`.
-
-    Any failure (an OSError, which becomes CorpusError, or an interruption) removes the temporary file and leaves
-    `path` as it was (redraft.io.atomic does the same for the other files redraft writes; this package stays
-    numpy-only)."""
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    """Call write(binary file) on a temporary file next to `path` and rename it over `path`
+    (:func:`redraft.io.atomic.atomic_path`). Any failure (an OSError, which becomes CorpusError, or an interruption)
+    removes the temporary file and leaves `path` as it was."""
     try:
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
-        raise
-
-
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
 # ---- binary -----------------------------------------------------------------------------------------------------
 def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, fingerprint: str | None) -> None:
     """Write one index segment (None = an empty corpus) in the binary format, version 2 (with CRC-32s), with the

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from redraft.io.atomic import atomic_path, fsync_dir
+
 MAGIC = b"RDJ\x01"
 _HEAD = struct.Struct("<4sII")  # magic, n ids, crc32
 _COUNT = struct.Struct("<I")
@@ -118,33 +120,11 @@ def read_journal(path, *, vocab_size: int | None = None) -> Replay:
 
 
 def write_journal(path, spans: Sequence[Sequence[int] | np.ndarray]) -> None:
-    """Write a whole journal atomically: a temporary file, fsync, rename, fsync of the directory."""
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            for s in spans:
-                f.write(encode_record(s))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def fsync_dir(directory) -> None:
-    """Make a rename or file creation in ``directory`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """Write a whole journal atomically (:func:`redraft.io.atomic.atomic_path`: a temporary file, fsync, rename,
+    fsync of the directory). Raises OSError; ``path`` is then unchanged."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        for s in spans:
+            f.write(encode_record(s))
 
 
 class JournalWriter:

@@ -23,9 +23,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from redraft.io.atomic import fsync_dir, is_temporary_name
+
 from .corpus import Corpus, check_ids, load_corpus
 from .errors import CorpusError
-from .journal import JournalWriter, fsync_dir, read_journal, write_journal
+from .journal import JournalWriter, read_journal, write_journal
 
 COMPACT_MIN_TOKENS = 1 << 16  # journal tokens before a compaction is worth its rebuild
 EVICT_TO = 0.75  # eviction keeps the newest spans up to this share of the cap, so it runs once per cap/4 tokens
@@ -245,7 +247,7 @@ class OnlineCorpus:
         assert self.directory is not None  # called only with a directory
         for name in os.listdir(self.directory):
             m = _FILE.match(name)
-            stale = (m and int(m.group(2)) != self._gen) or name.endswith(".tmp")
+            stale = (m and int(m.group(2)) != self._gen) or is_temporary_name(name) or name.endswith(".tmp")
             if stale:
                 try:
                     os.unlink(os.path.join(self.directory, name))
@@ -280,10 +282,7 @@ class OnlineCorpus:
         gen = self._gen + 1
         if self.directory is not None and nxt.n_tokens:
             base = self._path("base", gen)
-            nxt.save(base + ".tmp", fmt="binary")
-            with open(base + ".tmp", "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(base + ".tmp", base)
+            nxt.save(base, fmt="binary")  # atomic: complete or absent
         with self._lock:
             pending, self._pending = self._pending or [], None
             if self.directory is not None:
