@@ -52,8 +52,7 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
         agg = run.tokens_per_second
         ratios = [r["tok_s"] / base[r["question_id"]]["tok_s"] for r in rs
                   if r["question_id"] in base and base[r["question_id"]]["tok_s"] > 0]
-        sources = {s: {"proposed": st.proposed, "accepted": st.accepted, "steps": st.steps,
-                       "acceptance": st.acceptance if st.proposed else None} for s, st in run.sources.items()}
+        sources = {s: st.to_dict() for s, st in run.sources.items()}
         prop, acc = run.proposed, run.accepted
         mism = [r["question_id"] for r in rs if not r["identical"]]
         out[m] = {
