@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 
@@ -68,6 +69,42 @@ def test_run_flags():
                                    "--tokens", "--ngen", "5", "--no-chat", "--model", "m", "p"])
     assert (a.corpus, a.k, a.minacc, a.no_ngram, a.tokens, a.ngen, a.no_chat, a.model) == \
         ("c.txt", 16, 30.0, True, True, 5, True, "m")
+
+
+def test_run_flags_take_effect(tiny_model_dir, capsys, tmp_path, engine_spy):
+    """The same flags end to end: each one changes what `redraft run` does (the parse alone proves nothing)."""
+    import shutil
+
+    d, model = tiny_model_dir
+    chat = tmp_path / "chat-model"  # the tiny model with a chat template, so --no-chat has something to turn off
+    shutil.copytree(d, chat)
+    cfg = json.loads((chat / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "t02 {% for m in messages %}{{ m['content'] }}{% endfor %} t03"
+    (chat / "tokenizer_config.json").write_text(json.dumps(cfg))
+    want = plain_greedy(model, PROMPT, 40, eos=[EOS])
+    c = tmp_path / "c.txt"
+    append_spans(c, [PROMPT + want])
+
+    base = ["run", "--model", str(chat), "--corpus", str(c), "--no-ngram", "--tokens"]
+    rc, out, err = run_cli(capsys, *base, "--k", "16", "--minacc", "30", "--ngen", "5", "--no-chat", words(PROMPT))
+    assert rc == 0
+    rep = parse_report(err)
+    assert [int(x) for x in rep["prompt"][1].split()] == PROMPT  # --no-chat: the words' ids, no template
+    assert [int(x) for x in rep["tokens"][1].split()] == want[:5]  # --ngen 5, --tokens
+    assert out.split() == [f"t{i:02d}" for i in want[:5] if i != EOS]
+    engine = engine_spy["engine"]
+    assert [dr.name for dr in engine.drafters] == ["corpus"]  # --no-ngram
+    corpus = engine.drafters[0]
+    assert corpus.k == 16 and corpus.guard.minacc == pytest.approx(0.30)  # --k 16, --minacc 30
+    assert engine.policy is None  # a fixed --k turns the cost-aware policy off
+    assert corpus.corpus.n_tokens == len(PROMPT) + len(want)  # --corpus
+
+    # the opposite settings, same prompt: the template wraps the prompt, n-gram drafts join, the policy drafts
+    rc, _, err = run_cli(capsys, "run", "--model", str(chat), "--corpus", str(c), "--ngen", "5", words(PROMPT))
+    assert rc == 0 and "[TOKENS]" not in "\n".join(err)  # no --tokens: no id lines
+    engine = engine_spy["engine"]
+    assert [dr.name for dr in engine.drafters] == ["corpus", "ngram"] and engine.policy is not None
+    assert engine_spy["res"].prompt_ids == [2] + PROMPT + [3]  # t02 ... t03: the chat template applied
 
 
 @pytest.mark.parametrize("argv,msg", [

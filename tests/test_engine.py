@@ -229,9 +229,22 @@ def test_wrong_drafter_costs_one_forward_per_token(tiny_models, references, name
 
 
 def test_garbage_constant_drafter(tiny_qwen2, references):
+    """A drafter proposing the same unrelated ids every step: plain greedy's ids, and exactly the forwards and
+    accepted counts that its proposals earn against those ids (one forward per token where nothing matches)."""
     want = references["qwen2-sdpa"]
-    res = Engine(tiny_qwen2, [ConstantDrafter([0, 1, 2, 3, 4, 5])], max_depth=6).generate(PROMPT, N)
+    garbage = [0, 1, 2, 3, 4, 5]
+    target = RecordingTarget(tiny_qwen2)
+    res = Engine(target, [ConstantDrafter(garbage)], max_depth=6).generate(PROMPT, N)
     assert res.output_ids == want
+    emitted, accepted = 0, []
+    while emitted < N:  # each forward: the matching prefix of the garbage draft, plus the bonus token
+        depth = min(len(garbage), N - emitted - 1)
+        n = next((i for i in range(depth) if garbage[i] != want[emitted + i]), depth)
+        accepted.append(n)
+        emitted += n + 1
+    assert res.accepted_per_forward == accepted
+    assert res.forwards == len(target.log) == len(accepted) == N - sum(accepted)
+    assert res.sources["garbage"].accepted == sum(accepted) < res.sources["garbage"].proposed
 
 
 def test_drafter_ignoring_max_depth_is_clamped(tiny_llama, references):
