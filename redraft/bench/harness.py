@@ -1,6 +1,6 @@
 """`redraft bench run` and `redraft bench cost`: redraft side by side with the engines a user would pick instead.
 
-``bench run`` (issue #6):
+``bench run``:
 
 1. answers the replay questions with plain greedy decoding and freezes prompt + answer into a corpus;
 2. builds the workloads (see :mod:`redraft.bench.workloads`) against that corpus;

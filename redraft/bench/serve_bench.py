@@ -38,7 +38,7 @@ PHASES = ("repeat", "load", "overhead", "crash", "memory")
 
 @dataclass
 class ServeBenchConfig:
-    """Sizes of the phases (``redraft bench serve`` flags of the same names; the issue's sizes in brackets).
+    """Sizes of the phases (``redraft bench serve`` flags of the same names; a full-size run's sizes in brackets).
 
     Attributes:
         model: ``--model`` of every server and of the direct run (None = the bundled default).

@@ -55,7 +55,7 @@ class TrainConfig:
         cross_newest: GliDe draft that also reads the newest visible target entry directly (ours, see
             :func:`redraft.glide.network.newest_entry`).
         cross_gate: GliDe draft whose cross-attention output has a learned, zero-initialised size (ours, see
-            :class:`redraft.glide.network.CrossAttention`); on by default since issue 15 (False = issue 5's drafts).
+            :class:`redraft.glide.network.CrossAttention`); on by default (False = the ungated drafts of docs/glide.md).
         soft_weight: weight of the target's top-k distribution in the loss (0 = greedy labels only; needs
             records with top-k, see :func:`redraft.training.objective.draft_loss`).
         device: where the draft trains ("cpu", "cuda", "cuda:1", ...); the records stay in CPU memory.
