@@ -91,7 +91,10 @@ def rng_ids(seed, n):
 
 
 def make_proposer(tmp_path, spans=(), **env):
+    """A proposer with the fixed semantics (depth K, Colibri's guards) unless ``redraft_policy=1`` is passed; the
+    cost-aware policy's depths are tested in test_vllm_proposer_policy.py."""
     environ = {k.upper(): str(v) for k, v in env.items()}
+    environ.setdefault("REDRAFT_POLICY", "0")
     if spans:
         path = tmp_path / "corpus.txt"
         path.write_text("\n-1\n".join(" ".join(map(str, s)) for s in spans) + "\n")
@@ -347,17 +350,19 @@ def check_result(outputs, seconds, spec=None):
             "tokens": sum(map(len, outputs)), "spec": spec or {}}
 
 
-def test_vllm_check_exit_status_says_whether_ids_are_identical(tmp_path, capsys):
+def test_vllm_check_report_says_whether_ids_are_identical(tmp_path, capsys):
     from redraft.integrations.vllm_check import report
 
-    args = SimpleNamespace(model="m", ngen=4, batch=False, dtype="float32", k=8)
+    args = SimpleNamespace(model="m", ngen=4, batch=False, dtype="float32", k=8, no_policy=False)
     plain = check_result([[5, 6, 7, 8], [9, 9]], 2.0)
     spec = {"vllm:spec_decode_num_drafts": 2, "vllm:spec_decode_num_draft_tokens": 16,
             "vllm:spec_decode_num_accepted_tokens": 12}
-    assert report(plain, check_result([[5, 6, 7, 8], [9, 9]], 0.5, spec), args, tmp_path) == 0
+    same = report("replay", plain, check_result([[5, 6, 7, 8], [9, 9]], 0.5, spec), args, tmp_path)
+    assert same["identical"] == same["questions"] == 2 and same["speedup"] == 4.0 and same["accepted"] == 12
     out = capsys.readouterr().out
     assert "identical ids: 2/2" in out and "mean acceptance length 7.00" in out and "(4.00x)" in out
-    assert report(plain, check_result([[5, 6, 0, 8], [9, 9]], 0.5, spec), args, tmp_path) == 1
+    differ = report("novel", plain, check_result([[5, 6, 0, 8], [9, 9]], 0.5, spec), args, tmp_path)
+    assert differ["identical"] == 1
     assert "question 0: first difference at output token 2" in capsys.readouterr().out
 
 

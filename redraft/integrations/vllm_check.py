@@ -1,10 +1,16 @@
 """End-to-end check of the vLLM proposer on vLLM's CPU build (``make vllm-check``).
 
-Serves one model with vLLM's offline ``LLM`` API on Spec-Bench questions twice, greedy, one request at a time:
-without speculation, then with :class:`redraft.integrations.vllm_proposer.RedraftProposer` over a corpus frozen from
-the first pass (prompt + output per question, as ``redraft freeze`` writes it). Prints tokens/s both ways, vLLM's
-own acceptance counters (drafts, draft tokens, accepted tokens, mean acceptance length = 1 + accepted / drafts)
-and whether the output ids are identical. Each pass runs in its own process (a fresh vLLM engine).
+Serves one model with vLLM's offline ``LLM`` API on Spec-Bench questions twice, greedy, one request at a time (or
+all at once with ``--batch``): without speculation, then with :class:`redraft.integrations.vllm_proposer.RedraftProposer`
+over a corpus frozen from the first pass (prompt + output per question, as ``redraft freeze`` writes it). Each
+engine runs two question sets: the replayed ones (the corpus holds their answers) and as many novel ones (the next
+questions of the file, not in the corpus). Prints tokens/s both ways per set, vLLM's own acceptance counters
+(drafts, draft tokens, accepted tokens, mean acceptance length = 1 + accepted / drafts) and whether the output ids
+are identical. Each engine runs in its own process (a fresh vLLM engine).
+
+The proposer drafts under the cost-aware policy with the cost curve of vLLM's step measured by the plain engine
+after its passes (:func:`measure_step_curve`: decode steps over 1..128 rows, REDRAFT_COST_CURVE for the proposer),
+unless ``--cost-curve FILE`` gives one or ``--no-policy`` asks for the fixed depth K.
 
 Exit status: 0 identical ids on every question; 1 some differ; 2 vLLM could not run (the reason is printed).
 Run it with the vLLM environment's python and this checkout on PYTHONPATH:
@@ -34,8 +40,17 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_toke
                  "vllm:spec_decode_num_accepted_tokens")
 
 
-def run_pass(args) -> dict:
-    """One vLLM engine, one pass over the questions: {"prompts", "outputs", "seconds", "tokens", "spec"}."""
+# Rows per step at which the plain engine times vLLM's decode step (the proposer's cost curve); beyond the last
+# one the curve extends with its last slope.
+STEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def run_engine(args) -> dict:
+    """One vLLM engine: the replayed questions, then the novel ones, then (``--cost-out``) the step curve.
+
+    Returns {"replay": pass, "novel": pass, "curve": {"sizes", "costs", "seconds"} or None}, each pass as
+    :func:`run_pass` returns it.
+    """
     from vllm import LLM, SamplingParams
 
     from redraft.io.freeze import read_prompts
@@ -44,15 +59,51 @@ def run_pass(args) -> dict:
     spec = None
     if args.k:
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": args.k}
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.n,
-              enforce_eager=True, disable_log_stats=False, speculative_config=spec, seed=0)
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+              max_num_seqs=max(args.n, STEP_ROWS[-1]), enforce_eager=True, disable_log_stats=False,
+              speculative_config=spec, seed=0)
     tok = llm.get_tokenizer()
-    prompts = []
-    for q in read_prompts(args.questions)[:args.n]:
-        prompts.append(encode_prompt(tok, q))  # the same ids `redraft run` gives the question
-    sp = SamplingParams(temperature=0.0, max_tokens=args.ngen, ignore_eos=False)
+    questions = read_prompts(args.questions)
+    prompts = [encode_prompt(tok, q) for q in questions[:2 * args.n]]  # the same ids `redraft run` gives them
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0.0, max_tokens=8),
                  use_tqdm=False)  # warm-up: first-call costs stay out of the timing
+    out = {"replay": run_pass(llm, prompts[:args.n], args),
+           "novel": run_pass(llm, prompts[args.n:], args) if args.novel else None, "curve": None}
+    if args.cost_out:
+        out["curve"] = measure_step_curve(llm, prompts[0])
+    return out
+
+
+def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(2, 8), repeats: int = 2) -> dict:
+    """The cost curve of this engine's decode step: {"sizes": [T - 1], "costs": [time(T) / time(1)], "seconds"}.
+
+    For each T in ``rows``, T copies of ``prompt`` are generated for steps[0] and steps[1] tokens (EOS ignored);
+    the difference of the two wall times (the faster of ``repeats``), over the steps between them, is one decode
+    step over T rows, prefill and start-up cancelled out. A verify step over T rows of one request costs about the
+    same (the same weights pass over T rows, each row attending to its own context).
+    """
+    from vllm import SamplingParams
+
+    seconds = []
+    for t in rows:
+        best = []
+        for m in steps:
+            sp = SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+            runs = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                llm.generate([{"prompt_token_ids": prompt}] * t, sp, use_tqdm=False)
+                runs.append(time.perf_counter() - t0)
+            best.append(min(runs))
+        seconds.append(max(1e-4, (best[1] - best[0]) / (steps[1] - steps[0])))
+    return {"sizes": [t - 1 for t in rows], "costs": [s / seconds[0] for s in seconds], "seconds": seconds}
+
+
+def run_pass(llm, prompts: list[list[int]], args) -> dict:
+    """One pass over ``prompts``: {"prompts", "outputs", "seconds", "tokens", "spec"}."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=args.ngen, ignore_eos=False)
     before = _spec_counters(llm)
     outputs, t0 = [], time.perf_counter()
     if args.batch:
@@ -84,17 +135,21 @@ def child(args) -> int:
     except Exception as e:
         print(f"vllm-check: vLLM cannot be imported in {sys.executable} ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
-    out = run_pass(args)
+    out = run_engine(args)
     write_json(args.result, out, indent=None)  # complete or absent: the parent reads it once this exits
     return 0
 
 
-def spawn(args, k: int, result: Path, env: dict) -> dict | None:
+def spawn(args, k: int, result: Path, env: dict, cost_out: Path | None = None) -> dict | None:
     cmd = [sys.executable, "-m", "redraft.integrations.vllm_check", "--child", "--result", str(result),
            "--k", str(k), "--model", args.model, "--questions", str(args.questions), "--n", str(args.n),
            "--ngen", str(args.ngen), "--dtype", args.dtype, "--max-model-len", str(args.max_model_len)]
     if args.batch:
         cmd.append("--batch")
+    if not args.novel:
+        cmd.append("--no-novel")
+    if cost_out is not None:
+        cmd += ["--cost-out", str(cost_out)]
     label = f"with the redraft proposer (K={k})" if k else "without speculation"
     print(f"vllm-check: pass {label} ...", file=sys.stderr, flush=True)
     with open(result.with_suffix(".log"), "w") as logf:
@@ -114,13 +169,21 @@ def main(argv=None) -> int:
     p.add_argument("--questions", type=Path, default=QUESTIONS, help="Spec-Bench JSONL (default: the bundled one)")
     p.add_argument("--n", type=int, default=10, help="questions (default 10)")
     p.add_argument("--ngen", type=int, default=128, help="max new tokens per question (default 128)")
-    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens for the replay pass (default 8)")
+    p.add_argument("--k", type=int, default=32, help="num_speculative_tokens for the proposer (default 32)")
     p.add_argument("--dtype", default="float32", help="vLLM dtype (default float32)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--batch", action="store_true", help="submit all questions at once (default: one at a time)")
+    p.add_argument("--no-novel", dest="novel", action="store_false",
+                   help="skip the novel-text pass (the next --n questions, not in the corpus)")
+    p.add_argument("--no-policy", action="store_true",
+                   help="the proposer's fixed depth K and Colibri's guards instead of the cost-aware policy")
+    p.add_argument("--cost-curve", type=Path, default=None,
+                   help="the step's cost curve for the proposer (JSON {sizes, costs}); default: measured by the "
+                        "plain engine after its passes")
     p.add_argument("--workdir", type=Path, default=None, help="keep the corpus, results and logs here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--cost-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         args.k = args.k or None
@@ -134,45 +197,69 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     for k, v in CPU_DEFAULTS.items():
         env.setdefault(k, v)
-    plain = spawn(args, 0, work / "plain.json", env)
+    measure = None if args.no_policy or args.cost_curve else work / "cost.json"
+    plain = spawn(args, 0, work / "plain.json", env, cost_out=measure)
     if plain is None:
         return 2
+    env_policy = {"REDRAFT_POLICY": "0"} if args.no_policy else {"REDRAFT_POLICY": "1"}
+    if not args.no_policy:
+        curve_file = args.cost_curve or work / "step-curve.json"
+        if measure is not None:
+            write_json(curve_file, {k: plain["curve"][k] for k in ("sizes", "costs")}, indent=None)
+        env_policy["REDRAFT_COST_CURVE"] = str(curve_file)
     from redraft.io.freeze import append_spans
 
     corpus = work / "corpus.txt"
     corpus.unlink(missing_ok=True)
-    append_spans(corpus, [pr + out for pr, out in zip(plain["prompts"], plain["outputs"], strict=True)])
-    env_replay = {**env, "REDRAFT_DRAFT_CORPUS": str(corpus)}
-    replay = spawn(args, args.k, work / "replay.json", env_replay)
-    if replay is None:
+    first = plain["replay"]
+    append_spans(corpus, [pr + out for pr, out in zip(first["prompts"], first["outputs"], strict=True)])
+    env_replay = {**env, **env_policy, "REDRAFT_DRAFT_CORPUS": str(corpus)}
+    spec = spawn(args, args.k, work / "replay.json", env_replay)
+    if spec is None:
         return 2
-    return report(plain, replay, args, corpus)
+    summary = {"model": args.model, "questions": args.n, "ngen": args.ngen, "k": args.k, "batch": args.batch,
+               "policy": not args.no_policy, "dtype": args.dtype,
+               "threads": env.get("OMP_NUM_THREADS"), "step_curve": plain.get("curve"), "passes": {}}
+    rc = 0
+    for name in ("replay", "novel"):
+        if plain.get(name) is None or spec.get(name) is None:
+            continue
+        figures = report(name, plain[name], spec[name], args, corpus)
+        summary["passes"][name] = figures
+        rc = rc or (0 if figures["identical"] == figures["questions"] else 1)
+    write_json(work / "summary.json", summary, indent=1)
+    print(f"  raw figures: {work / 'summary.json'}")
+    return rc
 
 
-def report(plain: dict, replay: dict, args, corpus: Path) -> int:
-    """Print the figures; 0 when every question's ids are identical, else 1."""
-    same = [a == b for a, b in zip(plain["outputs"], replay["outputs"], strict=True)]
+def report(name: str, plain: dict, spec: dict, args, corpus: Path) -> dict:
+    """Print one question set's figures; return them (tokens/s, speedup, vLLM's counters, identical ids)."""
+    same = [a == b for a, b in zip(plain["outputs"], spec["outputs"], strict=True)]
     tps_plain = plain["tokens"] / plain["seconds"]
-    tps_replay = replay["tokens"] / replay["seconds"]
-    s = replay["spec"]
+    tps_spec = spec["tokens"] / spec["seconds"]
+    s = spec["spec"]
     drafts, drafted, accepted = (s.get(k, 0) for k in SPEC_COUNTERS)
     mal = 1 + accepted / drafts if drafts else float("nan")
     threads = os.environ.get("OMP_NUM_THREADS", CPU_DEFAULTS["OMP_NUM_THREADS"])
-    print(f"vllm-check: model {args.model}, {len(same)} Spec-Bench questions x {args.ngen} tokens, greedy, "
-          f"{'batched' if args.batch else 'one request at a time'}, dtype {args.dtype}, {threads} thread(s)")
+    how = f"K={args.k}, " + ("fixed depth" if args.no_policy else "policy")
+    print(f"vllm-check {name}: model {args.model}, {len(same)} Spec-Bench questions x {args.ngen} tokens, greedy, "
+          f"{'batched' if args.batch else 'one request at a time'}, dtype {args.dtype}, {threads} thread(s)"
+          + (f", corpus {corpus}" if name == "replay" else ", not in the corpus"))
     print(f"  without speculation : {plain['tokens']} tokens in {plain['seconds']:.2f} s = {tps_plain:.1f} tokens/s")
-    print(f"  redraft proposer K={args.k}: {replay['tokens']} tokens in {replay['seconds']:.2f} s = "
-          f"{tps_replay:.1f} tokens/s ({tps_replay / tps_plain:.2f}x), corpus {corpus}")
+    print(f"  redraft proposer ({how}): {spec['tokens']} tokens in {spec['seconds']:.2f} s = "
+          f"{tps_spec:.1f} tokens/s ({tps_spec / tps_plain:.2f}x)")
     print(f"  vLLM spec decode: {drafts} drafts, {drafted} draft tokens, {accepted} accepted "
           f"({100 * accepted / drafted if drafted else 0:.1f}%), mean acceptance length {mal:.2f}")
     print(f"  identical ids: {sum(same)}/{len(same)}")
     for i, ok in enumerate(same):
         if not ok:
-            a, b = plain["outputs"][i], replay["outputs"][i]
+            a, b = plain["outputs"][i], spec["outputs"][i]
             j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             print(f"  question {i}: first difference at output token {j} ({a[j:j + 4]} vs {b[j:j + 4]})")
-    return 0 if all(same) else 1
-
+    return {"questions": len(same), "identical": sum(same), "plain_tokens": plain["tokens"],
+            "plain_seconds": round(plain["seconds"], 3), "spec_tokens": spec["tokens"],
+            "spec_seconds": round(spec["seconds"], 3), "speedup": round(tps_spec / tps_plain, 3),
+            "drafts": drafts, "draft_tokens": drafted, "accepted": accepted}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,16 @@ REDRAFT_CORPUS_MINACC       corpus guard threshold, percent 0..100 (default 50);
 REDRAFT_NGRAM               0 = no n-gram fallback (default 1)
 REDRAFT_LEARN_CORPUS        text corpus that finished requests (prompt + output) are appended to, and drafted from
 REDRAFT_CORPUS_FORCE        1 = use a binary corpus even if its tokenizer fingerprint differs from the model's
+REDRAFT_POLICY              0 = fixed depth and guards (Colibri's); default 1: the cost-aware policy, unless
+                            REDRAFT_CORPUS_K or REDRAFT_CORPUS_MINACC is set (fixed settings, as on the CLI)
+REDRAFT_COST_CURVE          JSON cost curve of vLLM's step over its rows ({"sizes": [0, ...], "costs": [1, ...]}:
+                            c(n) = time of a step over 1 + n rows / a one-row step; ``vllm_check`` writes one);
+                            unset: a flat curve (a step costs the same whatever its rows, as on a GPU)
 =========================  =========================================================================================
+
+Under the policy (the default) the draft length per request is the engine's rule: learned acceptance per source
+and match length against the step's cost, priced at the load the step already carries for other requests
+(:mod:`redraft.policy.load`, :mod:`redraft.integrations.planned`), capped by num_speculative_tokens.
 
 The COLI_* aliases of the CLI (COLI_DRAFT_CORPUS, COLI_CORPUS_K, COLI_CORPUS_MINACC) are read too.
 Nothing on the hot path imports torch or transformers: numpy, redraft.corpus and the lookup drafters only.
@@ -40,8 +49,11 @@ import numpy as np
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.defaults import CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.drafters import build_drafters
+from redraft.integrations.planned import PlannedDrafts, load_step_curve, verified
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.io.freeze import append_spans
+from redraft.policy import AcceptanceTracker
+from redraft.policy.load import LoadAwarePolicy, LoadPricing
 
 # under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
 log = logging.getLogger("vllm.redraft")
@@ -52,6 +64,8 @@ ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
 ENV_NGRAM = ("REDRAFT_NGRAM",)
 ENV_LEARN = ("REDRAFT_LEARN_CORPUS",)
 ENV_FORCE = ("REDRAFT_CORPUS_FORCE",)
+ENV_POLICY = ("REDRAFT_POLICY",)
+ENV_COST_CURVE = ("REDRAFT_COST_CURVE",)
 
 
 class ProposerConfigError(ValueError):
@@ -69,6 +83,8 @@ class ProposerSettings:
     ngram: bool = True
     learn: str | None = None
     force: bool = False
+    policy: bool = True
+    cost_curve: str | None = None
 
 
 def _env(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
@@ -84,7 +100,7 @@ def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> Propos
 
     Raises:
         ProposerConfigError: k < 1, a non-integer or out-of-range REDRAFT_CORPUS_K, a MINACC outside 0..100,
-            REDRAFT_NGRAM / REDRAFT_CORPUS_FORCE not 0 or 1.
+            REDRAFT_NGRAM / REDRAFT_CORPUS_FORCE / REDRAFT_POLICY not 0 or 1.
     """
     if not isinstance(k, int) or k < 1:
         raise ProposerConfigError(f"speculative_config.num_speculative_tokens={k!r}: expected an integer >= 1")
@@ -92,9 +108,11 @@ def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> Propos
     corpus_k = _ranged(environ, ENV_K, int, 1, top, f" (at most 48 and at most num_speculative_tokens={k})")
     pct = _ranged(environ, ENV_MINACC, float, 0, 100, ", a percentage")
     minacc = CORPUS_MINACC if pct is None else pct / 100
+    policy = _flag(environ, ENV_POLICY, True) and corpus_k is None and pct is None  # fixed settings: no policy
     return ProposerSettings(k=k, corpus=_env(environ, ENV_CORPUS)[1], corpus_k=corpus_k or top, minacc=minacc,
                             ngram=_flag(environ, ENV_NGRAM, True), learn=_env(environ, ENV_LEARN)[1],
-                            force=_flag(environ, ENV_FORCE, False))
+                            force=_flag(environ, ENV_FORCE, False), policy=policy,
+                            cost_curve=_env(environ, ENV_COST_CURVE)[1])
 
 
 def _ranged(environ: Mapping[str, str], names: tuple[str, ...], kind: type, lo: int, hi: int, note: str):
@@ -181,15 +199,10 @@ class RequestDrafts:
         or a bonus equal to the draft id at that position, tells where verification stopped, so a cut-short draft
         counts only what was verified.
         """
-        d, m = self.draft, len(sampled)
-        p = a = 0
-        if d:
-            while a < min(len(d), m - 1) and d[a] == sampled[a]:
-                a += 1
-            p = a if (a == m - 1 and a < len(d) and sampled[a] == d[a]) else len(d)
+        p, a = verified(self.draft, sampled)
         for j, drafter in enumerate(self.drafters):
             mine = j == self.source
-            drafter.observe(p if mine else 0, a if mine else 0, m)
+            drafter.observe(p if mine else 0, a if mine else 0, len(sampled))
         self.draft, self.source = [], -1
         return p, a
 
@@ -259,15 +272,24 @@ class RedraftProposer:
         if s.corpus is not None and os.path.isfile(s.corpus) and _is_binary(s.corpus) and not s.force:
             fingerprint = _tokenizer_fingerprint(getattr(mc, "tokenizer", None))
         self.corpus = open_corpora(s, self.vocab_size, fingerprint)
+        try:
+            self.curve = load_step_curve(s.cost_curve, s.k)
+        except ValueError as e:
+            raise ProposerConfigError(str(e)) from None
+        # the policy's state shared by every request: learned acceptance, and the step's price per load
+        self.acceptance = AcceptanceTracker(max(s.k, 1))
+        self.pricing = LoadPricing(self.curve, s.k)
         self.learner = None
         if s.learn is not None:
             self.learner = SpanLearner(self.corpus, s.learn, write=_first_tensor_parallel_rank())
         self.tracker = RequestTracker()
         self.totals = {"requests": 0, "drafts": 0, "proposed": 0, "accepted": 0}
-        log.info("redraft proposer: K=%d, corpus %s (%d ids), corpus K=%d, MINACC %.0f%%, n-gram %s, learning %s",
+        log.info("redraft proposer: K=%d, corpus %s (%d ids), %s, n-gram %s, learning %s",
                  s.k, self.corpus.path if self.corpus is not None else "none",
-                 self.corpus.n_tokens if self.corpus is not None else 0, s.corpus_k, 100 * s.minacc,
-                 "on" if s.ngram else "off", s.learn or "off")
+                 self.corpus.n_tokens if self.corpus is not None else 0,
+                 f"policy (cost curve {s.cost_curve or 'flat'})" if s.policy
+                 else f"corpus K={s.corpus_k}, MINACC {100 * s.minacc:.0f}%", "on" if s.ngram else "off",
+                 s.learn or "off")
         if self.learner is not None:
             # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
             # may leave through os._exit (fork), which skips atexit; multiprocessing's own exit hook still runs
@@ -292,10 +314,12 @@ class RedraftProposer:
             slot_mappings: KV slot mappings; unused.
         Returns:
             ``num_reqs`` lists of Python ints, each at most K = num_speculative_tokens long and never past
-            max_model_len; empty where there is no draft.
+            max_model_len; empty where there is no draft. Under the policy each row's length is chosen at the load
+            the next step carries so far: one row per request plus the drafts of the rows before it.
         """
         requests = self.tracker.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = []
+        carried = len(sampled_token_ids)  # every request's root row
         for i, r in enumerate(requests):
             sampled = sampled_token_ids[i]
             if r is None or not sampled:
@@ -311,7 +335,12 @@ class RedraftProposer:
             self.totals["proposed"] += p
             self.totals["accepted"] += a
             n = int(num_tokens_no_spec[i])
-            draft = r.data.propose(token_ids_cpu[i, :n], min(self.settings.k, self.max_model_len - n))
+            cap = min(self.settings.k, self.max_model_len - n)
+            if self.settings.policy:
+                draft = r.data.propose(token_ids_cpu[i, :n], cap, carried)
+            else:
+                draft = r.data.propose(token_ids_cpu[i, :n], cap)
+            carried += len(draft)
             self.totals["drafts"] += bool(draft)
             drafts.append(draft)
         gone = self.tracker.expired()
@@ -319,11 +348,14 @@ class RedraftProposer:
             _learn(self.learner, gone, self.eos)
         return drafts
 
-    def _new_request(self) -> RequestDrafts:
+    def _new_request(self) -> RequestDrafts | PlannedDrafts:
         s = self.settings
         self.totals["requests"] += 1
-        return RequestDrafts(build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram,
-                                            ngram_k=min(s.k, MAX_DRAFT_DEPTH)))
+        drafters = build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram,
+                                  ngram_k=min(s.k, MAX_DRAFT_DEPTH), policy=s.policy)
+        if s.policy:
+            return PlannedDrafts(drafters, LoadAwarePolicy(self.pricing, tracker=self.acceptance))
+        return RequestDrafts(drafters)
 
     def flush(self) -> None:
         """Learn every request still tracked (at shutdown; finished requests are otherwise learned once they

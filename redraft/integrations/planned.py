@@ -1,0 +1,112 @@
+"""One request's drafts inside vLLM, the draft length chosen by the cost-aware policy at the step's load.
+
+The engine's policy rule (:mod:`redraft.policy`): each draft source's proposal is a candidate, and the policy keeps
+the leading tokens whose expected accepted tokens pay for their verify cost, from acceptance learned online per
+source and match length (:func:`redraft.policy.apply.policy_key`) and the source's own priors. In vLLM the verify
+cost of a request's draft depends on what the step already carries for other requests, so the cost table is the
+load rule's c_B (:mod:`redraft.policy.load`), B given per request by the proposer. The sources are tried in
+priority order (corpus, then n-gram) and the first one whose proposal the policy keeps any of drafts, as in the
+engine's priority mode; vLLM verifies chains, so a proposal is cut to its first path. Requests share the learned
+acceptance (one :class:`~redraft.policy.acceptance.AcceptanceTracker` per proposer) and keep their own probe
+bookkeeping. numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from redraft.policy.apply import Candidates, cut
+from redraft.policy.costcurve import CostCurve
+from redraft.policy.load import LoadAwarePolicy
+
+
+def verified(draft: Sequence[int], sampled: Sequence[int]) -> tuple[int, int]:
+    """(proposed, accepted): how much of ``draft`` vLLM verified and accepted, read from the ids it sampled.
+
+    ``sampled`` is the request's accepted draft ids plus the bonus id. vLLM may verify only a prefix of a draft (its
+    scheduler trims drafts to the token budget and the model length); a bonus equal to the draft id at its position
+    says verification stopped there, so a cut-short draft counts only what was verified.
+    """
+    m = len(sampled)
+    if not draft:
+        return 0, 0
+    a = 0
+    while a < min(len(draft), m - 1) and draft[a] == sampled[a]:
+        a += 1
+    p = a if (a == m - 1 and a < len(draft) and sampled[a] == draft[a]) else len(draft)
+    return p, a
+
+
+class PlannedDrafts:
+    """One request's draft sources (corpus first, then n-gram) under a :class:`LoadAwarePolicy`.
+
+    Args:
+        drafters: the request's drafters in priority order (``build_drafters(..., policy=True)``).
+        policy: this request's policy (sharing the proposer's acceptance tracker and load pricing).
+    Attributes:
+        draft: the last draft (Python ints); source: index of the drafter that made it (-1: none);
+        key: the policy key it was learned under; learned: the request's span went into the corpus.
+    """
+
+    def __init__(self, drafters: list, policy: LoadAwarePolicy) -> None:
+        self.drafters, self.policy = drafters, policy
+        self.learned = False
+        self.draft: list[int] = []
+        self.source = -1
+        self.key = ""
+
+    def settle(self, sampled: Sequence[int]) -> tuple[int, int]:
+        """Account the last draft against the ids vLLM sampled (accepted drafts + bonus): the drafters' guards and
+        the policy learn it. Returns (proposed, accepted)."""
+        p, a = verified(self.draft, sampled)
+        for j, drafter in enumerate(self.drafters):
+            mine = j == self.source
+            drafter.observe(p if mine else 0, a if mine else 0, len(sampled))
+        if self.source >= 0:
+            self.policy.observe(self.key, p, a)
+        self.draft, self.source, self.key = [], -1, ""
+        return p, a
+
+    def propose(self, context: np.ndarray, cap: int, carried: int) -> list[int]:
+        """The draft for ``context`` (int [L], prompt + output so far): at most ``cap`` ids, as many as pay in a step
+        already carrying ``carried`` rows (this request's own root row included). Empty: no draft pays."""
+        if cap <= 0:
+            return []
+        self.policy.at_load(carried)
+        for j, drafter in enumerate(self.drafters):
+            prop = drafter.propose(context, cap)
+            if prop is None or len(prop) == 0:
+                continue
+            cand = Candidates()
+            cand.add(prop.first_path(), drafter.name, budget=self.policy.max_nodes, max_depth=cap)
+            tree, keys = cut(self.policy, cand, max_depth=cap, budget=cap)
+            if len(tree):
+                self.draft, self.source, self.key = [int(t) for t in tree.tokens[:cap]], j, keys[0]
+                return self.draft
+        return []
+
+
+def load_step_curve(path: str | None, k: int) -> CostCurve:
+    """The cost curve of vLLM's step (REDRAFT_COST_CURVE): a JSON object {"sizes": [...], "costs": [...]} (or the
+    cost cache's {"key": ..., "curve": {...}}); sizes are rows beyond one, costs relative to a one-row step. None:
+    a flat curve up to ``k`` (a step costs the same whatever its rows).
+
+    Raises:
+        ValueError: the file is missing, not JSON or not a valid curve (the message names the variable).
+    """
+    if path is None:
+        return CostCurve.flat(k)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if isinstance(data, dict) and isinstance(data.get("curve"), dict):
+            data = data["curve"]
+        return CostCurve.from_dict(data)
+    except OSError as e:
+        raise ValueError(f"REDRAFT_COST_CURVE={path}: cannot be read ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError too
+        raise ValueError(f'REDRAFT_COST_CURVE={path}: expected a JSON cost curve {{"sizes": [0, ...], '
+                         f'"costs": [1.0, ...]}} ({e})') from None
