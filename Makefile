@@ -56,9 +56,10 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 # The default model served by vLLM twice (plain, then with the redraft proposer over a corpus of the first pass).
+# VLLM_CHECK_ARGS passes options through, e.g. `make vllm-check VLLM_CHECK_ARGS=--batch`.
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
-	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL"
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL" $(VLLM_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
