@@ -366,6 +366,22 @@ def test_vllm_check_report_says_whether_ids_are_identical(tmp_path, capsys):
     assert "question 0: first difference at output token 2" in capsys.readouterr().out
 
 
+def test_vllm_check_fits_the_step_curve_through_noisy_differences():
+    from redraft.integrations.vllm_check import fit_step_curve
+    from redraft.policy import CostCurve
+
+    rows = [1, 2, 4, 8, 16, 32, 64, 128]
+    noisy = [0.05 + 0.002 * t + e for t, e in zip(rows, [0.01, -0.06, 0.0, 0.02, -0.01, 0.0, 0.01, -0.02],
+                                                    strict=True)]
+    fit = fit_step_curve(rows, noisy)
+    assert fit["fit"]["a_seconds"] == pytest.approx(0.05, abs=0.02)
+    assert fit["fit"]["b_seconds_per_row"] == pytest.approx(0.002, rel=0.2)
+    curve = CostCurve.from_dict({k: fit[k] for k in ("sizes", "costs")})  # a valid curve: c(0) = 1, ascending
+    assert curve.costs == tuple(sorted(curve.costs)) and curve.sizes[0] == 0
+    assert fit_step_curve(rows, [-0.1] * 8)["costs"] == [1.0] * 8  # nothing measurable: flat
+    assert fit_step_curve(rows, [0.001 * t for t in rows])["costs"][-1] == pytest.approx(128.0)
+
+
 def test_vllm_check_refuses_a_model_that_is_not_a_directory(tmp_path, capsys):
     from redraft.integrations.vllm_check import main
 

@@ -9,7 +9,7 @@ questions of the file, not in the corpus). Prints tokens/s both ways per set, vL
 are identical. Each engine runs in its own process (a fresh vLLM engine).
 
 The proposer drafts under the cost-aware policy with the cost curve of vLLM's step measured by the plain engine
-after its passes (:func:`measure_step_curve`: decode steps over 1..128 rows, REDRAFT_COST_CURVE for the proposer),
+after its passes (:func:`measure_step_curve`: decode steps over 1..128 rows fitted as a line, REDRAFT_COST_CURVE for the proposer),
 unless ``--cost-curve FILE`` gives one or ``--no-policy`` asks for the fixed depth K.
 
 Exit status: 0 identical ids on every question; 1 some differ; 2 vLLM could not run (the reason is printed).
@@ -74,16 +74,19 @@ def run_engine(args) -> dict:
     return out
 
 
-def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(2, 8), repeats: int = 2) -> dict:
-    """The cost curve of this engine's decode step: {"sizes": [T - 1], "costs": [time(T) / time(1)], "seconds"}.
+def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(4, 20), repeats: int = 2) -> dict:
+    """The cost curve of this engine's decode step, fitted as C(T) = a + b T: {"sizes", "costs", "fit", "seconds"}.
 
-    For each T in ``rows``, T copies of ``prompt`` are generated for steps[0] and steps[1] tokens (EOS ignored);
-    the difference of the two wall times (the faster of ``repeats``), over the steps between them, is one decode
-    step over T rows, prefill and start-up cancelled out. A verify step over T rows of one request costs about the
-    same (the same weights pass over T rows, each row attending to its own context).
+    For each T in ``rows``, T copies of ``prompt`` (its first 16 ids: a short prefill) are generated for steps[0]
+    and steps[1] tokens (EOS ignored); the difference of the two wall times (the faster of ``repeats``), over the
+    steps between them, is one decode step over T rows, prefill and start-up cancelled out. A verify step over T rows
+    of one request costs about the same (the same weights pass over T rows). Single differences are noisy on a
+    shared machine (some come out negative), so the curve is the least-squares line through them, a (the step's
+    fixed cost) and b (per row) kept >= 0: costs c(n) = C(1 + n) / C(1) at sizes n = T - 1.
     """
     from vllm import SamplingParams
 
+    prompt = prompt[:16]
     seconds = []
     for t in rows:
         best = []
@@ -95,8 +98,26 @@ def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(2, 8), rep
                 llm.generate([{"prompt_token_ids": prompt}] * t, sp, use_tqdm=False)
                 runs.append(time.perf_counter() - t0)
             best.append(min(runs))
-        seconds.append(max(1e-4, (best[1] - best[0]) / (steps[1] - steps[0])))
-    return {"sizes": [t - 1 for t in rows], "costs": [s / seconds[0] for s in seconds], "seconds": seconds}
+        seconds.append((best[1] - best[0]) / (steps[1] - steps[0]))
+    return fit_step_curve(rows, seconds)
+
+
+def fit_step_curve(rows, seconds) -> dict:
+    """The line C(T) = a + b T through (rows, seconds) by least squares, a >= 0 and b >= 0, as a cost curve:
+    {"sizes": [T - 1], "costs": [C(T) / C(1)], "fit": {"a_seconds", "b_seconds_per_row"}, "seconds"}; a flat curve
+    when nothing positive was measured."""
+    import numpy as np
+
+    x, y = np.asarray(rows, dtype=float), np.asarray(seconds, dtype=float)
+    b, a = np.polyfit(x, y, 1)
+    if b < 0:  # no growth measurable: the mean as a fixed cost
+        a, b = float(np.mean(y)), 0.0
+    elif a < 0:  # through the origin instead
+        a, b = 0.0, max(0.0, float(x @ y / (x @ x)))
+    if a + b <= 0:
+        a, b = 1.0, 0.0
+    return {"sizes": [int(t) - 1 for t in rows], "costs": [float((a + b * t) / (a + b)) for t in rows],
+            "fit": {"a_seconds": float(a), "b_seconds_per_row": float(b)}, "seconds": [float(v) for v in seconds]}
 
 
 def run_pass(llm, prompts: list[list[int]], args) -> dict:
