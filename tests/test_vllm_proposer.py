@@ -379,6 +379,9 @@ def test_vllm_check_fits_the_step_curve_through_noisy_differences():
     curve = CostCurve.from_dict({k: fit[k] for k in ("sizes", "costs")})  # a valid curve: c(0) = 1, ascending
     assert curve.costs == tuple(sorted(curve.costs)) and curve.sizes[0] == 0
     assert fit_step_curve(rows, [-0.1] * 8)["costs"] == [1.0] * 8  # nothing measurable: flat
+    slowed = fit_step_curve(rows, [0.05 + 0.002 * t for t in rows[:-1]] + [2.0])  # the last step slowed by a job
+    assert slowed["fit"]["a_seconds"] == pytest.approx(0.05, rel=0.05)
+    assert slowed["fit"]["b_seconds_per_row"] == pytest.approx(0.002, rel=0.05)
     assert fit_step_curve(rows, [0.001 * t for t in rows])["costs"][-1] == pytest.approx(128.0)
 
 

@@ -9,7 +9,7 @@ questions of the file, not in the corpus). Prints tokens/s both ways per set, vL
 are identical. Each engine runs in its own process (a fresh vLLM engine).
 
 The proposer drafts under the cost-aware policy with the cost curve of vLLM's step measured by the plain engine
-after its passes (:func:`measure_step_curve`: decode steps over 1..128 rows fitted as a line, REDRAFT_COST_CURVE for the proposer),
+after its passes (:func:`measure_step_curve`: decode steps over 1..64 rows fitted as a line, REDRAFT_COST_CURVE for the proposer),
 unless ``--cost-curve FILE`` gives one or ``--no-policy`` asks for the fixed depth K.
 
 Exit status: 0 identical ids on every question; 1 some differ; 2 vLLM could not run (the reason is printed).
@@ -42,7 +42,7 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_toke
 
 # Rows per step at which the plain engine times vLLM's decode step (the proposer's cost curve); beyond the last
 # one the curve extends with its last slope.
-STEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+STEP_ROWS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def run_engine(args) -> dict:
@@ -81,8 +81,8 @@ def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(4, 20), re
     and steps[1] tokens (EOS ignored); the difference of the two wall times (the faster of ``repeats``), over the
     steps between them, is one decode step over T rows, prefill and start-up cancelled out. A verify step over T rows
     of one request costs about the same (the same weights pass over T rows). Single differences are noisy on a
-    shared machine (some come out negative), so the curve is the least-squares line through them, a (the step's
-    fixed cost) and b (per row) kept >= 0: costs c(n) = C(1 + n) / C(1) at sizes n = T - 1.
+    shared machine (some come out negative), so the curve is a robust line through them (:func:`fit_step_curve`):
+    costs c(n) = C(1 + n) / C(1) at sizes n = T - 1.
     """
     from vllm import SamplingParams
 
@@ -103,21 +103,20 @@ def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(4, 20), re
 
 
 def fit_step_curve(rows, seconds) -> dict:
-    """The line C(T) = a + b T through (rows, seconds) by least squares, a >= 0 and b >= 0, as a cost curve:
-    {"sizes": [T - 1], "costs": [C(T) / C(1)], "fit": {"a_seconds", "b_seconds_per_row"}, "seconds"}; a flat curve
-    when nothing positive was measured."""
+    """The line C(T) = a + b T through (rows, seconds), a >= 0 and b >= 0, as a cost curve: {"sizes": [T - 1],
+    "costs": [C(T) / C(1)], "fit": {"a_seconds", "b_seconds_per_row"}, "seconds"}; a flat curve when nothing
+    positive was measured. Theil-Sen (the median of the pairwise slopes, then the median intercept): one step slowed
+    by another job on the machine moves it little, where least squares follows it."""
     import numpy as np
 
     x, y = np.asarray(rows, dtype=float), np.asarray(seconds, dtype=float)
-    b, a = np.polyfit(x, y, 1)
-    if b < 0:  # no growth measurable: the mean as a fixed cost
-        a, b = float(np.mean(y)), 0.0
-    elif a < 0:  # through the origin instead
-        a, b = 0.0, max(0.0, float(x @ y / (x @ x)))
+    i, j = np.triu_indices(len(x), k=1)
+    b = max(0.0, float(np.median((y[j] - y[i]) / (x[j] - x[i])))) if len(x) > 1 else 0.0
+    a = max(0.0, float(np.median(y - b * x)))
     if a + b <= 0:
         a, b = 1.0, 0.0
     return {"sizes": [int(t) - 1 for t in rows], "costs": [float((a + b * t) / (a + b)) for t in rows],
-            "fit": {"a_seconds": float(a), "b_seconds_per_row": float(b)}, "seconds": [float(v) for v in seconds]}
+            "fit": {"a_seconds": a, "b_seconds_per_row": b}, "seconds": [float(v) for v in seconds]}
 
 
 def run_pass(llm, prompts: list[list[int]], args) -> dict:
