@@ -1,8 +1,9 @@
-"""The decode loop: prefill, propose, verify, accept, emit, roll back.
+"""The decode loop: draft -> verify -> accept -> emit (the shape of gpt-fast's ``generate.py`` speculative step).
 
-Every step asks the drafters for a proposal, runs ONE verify forward over the uncommitted tokens plus every
-drafted token, accepts the longest drafted path that equals the target's greedy choices, emits the accepted tokens
-plus the bonus token and drops the rejected tokens' KV entries. Plain greedy decoding is the same loop with no
+Every step asks the drafters for a proposal (:class:`~redraft.decoding.step.Draft`), runs ONE verify forward over the
+uncommitted tokens plus every drafted token (:func:`~redraft.decoding.step.verify_step`), accepts the longest drafted
+path that equals the target's choices, emits the accepted tokens plus the bonus token and drops the rejected tokens'
+KV entries. Exact mode's near-tie handling is :class:`~redraft.decoding.settling.ExactMode`. Plain greedy decoding is the same loop with no
 drafters (one token per forward), so the baseline and the speculative runs share every line of model code.
 """
 
@@ -90,7 +91,8 @@ class Engine:
         merge: False = the first drafter with a proposal wins the step (the foundation's priority rule);
             True = all proposals are merged into one token tree, in priority order, within the budget.
         exact: trust a row computed otherwise than plain decoding computes it only when its top-2 gap clears the
-            near-tie threshold; recompute the others the way plain decoding does (see :meth:`generate`).
+            near-tie threshold; recompute the others the way plain decoding does
+            (:class:`redraft.decoding.settling.ExactMode`).
         exact_margin: None = the near-tie threshold follows the model's dtype and each row's logit size
             (:func:`redraft.decoding.exactness.near_tie_threshold`, EXACT_SAFETY for verify rows, EXACT_SETTLE_SAFETY for
             draft-free rows on a cache drafting wrote); a number = that fixed threshold in logit units for every row.
@@ -179,10 +181,8 @@ class Engine:
             on_tokens: called with each step's newly emitted ids (for streaming).
             sampling: greedy (default) or seeded sampling; see :mod:`redraft.decoding.sampling`.
             stop: stop strings; the output ends with the token that completes the first one.
-            exact: settle near-tie rows the way plain decoding computes them (default: the engine's ``exact``); a
-                row computed otherwise is trusted only above the near-tie threshold, the first one below it is
-                recomputed, and drafting pauses only while that has cost more forwards than drafting saved
-                (:class:`redraft.decoding.settling.ExactMode`).
+            exact: settle near-tie rows the way plain decoding computes them (default: the engine's ``exact``;
+                :class:`redraft.decoding.settling.ExactMode`).
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
@@ -197,10 +197,7 @@ class Engine:
         context = np.empty(len(prompt) + max(max_new_tokens, 0) + 1, dtype=np.int64)  # prompt + output
         context[:len(prompt)] = prompt
         n_ctx, pending = len(prompt), prompt  # pending: tokens not yet in the KV cache; the last is the tree's root
-        for d in self.drafters:
-            d.bind(self.target)
-            d.begin(context[:n_ctx])
-        self.target.reset()
+        self._begin(context[:n_ctx])
         t0 = time.perf_counter()
         while (remaining := max_new_tokens - len(res.output_ids)) > 0 and n_ctx < max_len:
             # draft (accepted + bonus must fit both the token budget and the context window)
@@ -239,6 +236,13 @@ class Engine:
             res.near_ties, res.settle_forwards = exactness.near_ties, exactness.settle_forwards
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _begin(self, prompt: np.ndarray) -> None:
+        """A new sequence: bind and begin every drafter, empty the target's KV cache."""
+        for d in self.drafters:
+            d.bind(self.target)
+            d.begin(prompt)
+        self.target.reset()
 
     def _check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], int]:
         """The prompt as a list of ints and the context length it must stay under (ValueError when it does not)."""

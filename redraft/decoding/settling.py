@@ -101,7 +101,7 @@ class ExactMode:
         """
         if kept == 0:
             self.target.crop(step.n_past)
-            self._spend(1)  # the forward that found the near-tie emitted nothing
+            self.spend(1)  # the forward that found the near-tie emitted nothing
         n_ctx = len(committed)
         pending = list(step.pending) if n_ctx == n_prompt else [int(committed[-1])]
         if not self.rebuild:
@@ -113,7 +113,7 @@ class ExactMode:
             self.target.forward(ids)
         self.plain_len = self.target.length
         self.settle_forwards += len(feed)
-        self._spend(len(feed))
+        self.spend(len(feed))
         return pending, len(feed)
 
     def emitted(self, n: int) -> None:
@@ -121,7 +121,7 @@ class ExactMode:
         self.saved += max(n - 1, 0)
         self.paused_for = max(self.paused_for - n, 0)
 
-    def _spend(self, forwards: int) -> None:
+    def spend(self, forwards: int) -> None:
         """Settling ran ``forwards`` that emitted nothing; while that outweighs what drafting saved, pause drafting."""
         self.spent += forwards
         deficit = self.spent - self.saved
