@@ -226,7 +226,7 @@ class Engine:
             pending = [new[-1]] if new else pending
             if exactness is not None:
                 exactness.emitted(len(new))
-                if exactness.settling:  # recompute the near-tie row (rebuilding the cache where that needs it)
+                if exactness.settling and remaining > len(new) and n_ctx < max_len:  # recompute the near-tie row
                     pending, rebuilt = exactness.settle(step, len(new), context[:n_ctx], len(prompt))
                     for _ in range(rebuilt):
                         self._record(res, Draft(), [], 0, judged=0)
