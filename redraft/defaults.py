@@ -47,13 +47,14 @@ GLIDE_GAMMA = 4
 # bounds are 1.5x that (`redraft oracle --noise` checks them; docs/benchmarks.md, "Exact mode per dtype").
 EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
 # A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
-# Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward. Draft-free rows on
-# a cache drafting wrote: 2; failing it costs a replay of the cache one token per forward.
+# Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward, or a replay of the
+# cache one token per forward where the row's gap is under the draft-free rows' threshold too. Draft-free rows on a
+# cache drafting wrote: 2; failing it costs that replay.
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
-# When settling costs more forwards than the accepted drafts save (judged after EXACT_PAY_WINDOW of either), exact
-# mode stops drafting for EXACT_PAY_PAUSE tokens: in bfloat16 nearly every row is a near-tie.
-EXACT_PAY_WINDOW = 4
+# While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact
+# mode stops drafting for that many emitted tokens, at most EXACT_PAY_PAUSE (redraft.decoding.settling): in bfloat16
+# nearly every row is a near-tie, and the pauses grow with each one.
 EXACT_PAY_PAUSE = 128
 
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
