@@ -16,6 +16,7 @@ from redraft.cli.common import (
     announce_generation_config,
     check_draft_args,
     check_model_or_exit,
+    config_from_args,
     corpus_fits_model_or_exit,
     engine_from_args,
     load_model_or_exit,
@@ -32,7 +33,8 @@ from redraft.io.prompts import encode_prompt
 
 def cmd_run(args) -> int:
     # everything that can be checked without the model is, before it loads (and before torch is imported)
-    corpus_path, k, minacc = resolve_draft_args(args)
+    config = config_from_args(args)  # flags, then REDRAFT_*, then COLI_*, then the defaults (redraft.compose)
+    corpus_path, k, minacc = resolve_draft_args(args, config)
     check_draft_args(args, corpus_path, k)
     prompt = prompt_text_or_exit(sys.stdin.read() if args.prompt == "-" else args.prompt, "run")
     check_model_or_exit(args.model)
@@ -41,7 +43,7 @@ def cmd_run(args) -> int:
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded, args)
     corpus = corpus_fits_model_or_exit(corpus, loaded, force=args.force)
-    engine = engine_from_args(args, loaded, corpus, k, minacc)
+    engine = engine_from_args(args, loaded, corpus, config=config)
     ids = prompt_fits_or_exit(encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None), loaded,
                               "PROMPT", "run")
     stop = StopStrings(loaded.tokenizer, args.stop)

@@ -53,11 +53,12 @@ cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, agains
 Modules: costcurve (c(n), interpolation), measure (timing forwards, shared with ``redraft bench cost``), cache
 (on-disk cache, atomic), acceptance (online per-source estimates), priors (source self-knowledge), select (the
 subtree choice), speculation (SpeculationPolicy: all of it per step, with probes), apply (the engine's side: a
-step's candidate tree with per-source priors and keys, the cut, the outcomes fed back; ``policy_for(model)``).
-Everything but measure and cache is numpy only (apply reads the cache lazily through ``policy_for``).
+step's candidate tree with per-source priors and keys, the cut, the outcomes fed back).
+Everything but measure and cache is numpy only.
 
-In the engine: ``Engine(model, build_drafters(corpus, policy=True), policy=policy_for(model))``; the CLI, ``demo``
-and ``bench run`` (method ``policy``) do this by default.
+The policy is built by the composition point, :func:`redraft.compose.build_engine` (from a
+:class:`~redraft.compose.SpeculationConfig` with the policy on, the default; ``redraft.compose.build_policy(model)``
+for one alone); every front end (``run``, ``demo``, ``bench run``'s ``policy`` method, ``serve``) builds through it.
 """
 
 from redraft.policy.acceptance import AcceptanceTracker

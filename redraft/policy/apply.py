@@ -18,8 +18,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from redraft.defaults import MAX_DRAFT_DEPTH
-from redraft.policy.cache import cached_cost_curve
 from redraft.policy.priors import source_priors
 from redraft.policy.select import source_outcomes
 from redraft.policy.speculation import SpeculationPolicy
@@ -111,8 +109,3 @@ def observe_outcomes(policy: SpeculationPolicy, tree: TokenTree, keys: Sequence[
             depth = min(depth, judged)
         policy.observe(source, depth, min(accepted, depth))
 
-
-def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw) -> SpeculationPolicy:
-    """The default policy for ``model`` here: its cost curve from the cache, measured first if missing (a few
-    seconds on a CPU, once per model, dtype, thread count and machine). ``kw`` go to :class:`SpeculationPolicy`."""
-    return SpeculationPolicy(cached_cost_curve(model), max_nodes=max_nodes, **kw)
