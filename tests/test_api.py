@@ -22,9 +22,11 @@ PROMPT = [5, 6, 7, 8, 9, 10]
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    d = save_tiny_model(tmp_path_factory.mktemp("api-model"))
-    rd = Redraft.from_pretrained(str(d))
-    return d, rd.model, rd.tokenizer
+    with pytest.MonkeyPatch.context() as mp:  # cost curves in a temporary cache, never the user's
+        mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("cache")))
+        d = save_tiny_model(tmp_path_factory.mktemp("api-model"))
+        rd = Redraft.from_pretrained(str(d))
+        yield d, rd.model, rd.tokenizer
 
 
 def hf_plain(model, ids: list[int], n: int) -> list[int]:

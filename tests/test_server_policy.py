@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import plain_greedy
-from serverkit import EOS, loaded, model_dir, serve_args  # noqa: F401 (fixtures)
+from serverkit import EOS, save_tiny_model, serve_args
 
 from redraft.compose import SpeculationConfig
 from redraft.policy import CostCurve
@@ -22,6 +22,20 @@ from redraft.server.generation import Generator
 CURVE = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48), (1.0, 1.6, 2.0, 1.7, 1.75, 2.1, 2.9, 4.2, 5.5))
 BOB = [20, 21, 22, 23, 20, 21, 22, 23, 20, 21]
 ALICE = [[5, 6, 7, 5, 6, 7, 5, 6], [40, 41, 42, 43, 44, 40, 41, 42], [30, 31, 30, 31, 30, 31, 30]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:  # cost curves in a temporary cache, never the user's
+        mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield save_tiny_model(tmp_path_factory.mktemp("serve-policy-model"))
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    from redraft.io.loading import load_model
+
+    return load_model(model_dir)
 
 
 def generator(loaded, config=None) -> Generator:
