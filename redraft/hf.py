@@ -59,7 +59,7 @@ class RedraftGenerate:
         self.corpus_spec = corpus if corpus is not None else self.config.corpus
         self._state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (corpus, policy)
 
-    def _for(self, model, tokenizer=None):
+    def _for(self, model):
         if model not in self._state:
             corpus = self.corpus_spec
             if corpus is not None and not hasattr(corpus, "propose"):
