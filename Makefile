@@ -1,10 +1,12 @@
-# Two entry points: `make demo` and `make test`. Both create .venv in the repo root when missing.
+# Entry points: `make demo`, `make test` and `make lint`. Each creates .venv in the repo root when missing.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean vllm-check
+LINT_STAMP := $(VENV)/.lint-installed
+
+.PHONY: demo test test-fast install lint clean vllm-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +19,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The lint tools are the `lint` extras of pyproject.toml, installed into .venv once (and again when it changes).
+$(LINT_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[test,lint]'
+	touch $(LINT_STAMP)
+
+# ruff (pyflakes, import order, bugbear, pyupgrade; 120 columns) over the code and tests, mypy over the torch-free
+# packages (the files listed in pyproject.toml's [tool.mypy]). The same hooks run at commit time: pre-commit install.
+lint: $(LINT_STAMP)
+	$(BIN)/ruff check redraft tests
+	$(BIN)/mypy
 
 demo: $(STAMP)
 	$(BIN)/redraft demo

@@ -48,7 +48,7 @@ class TokenTree:
         n = len(toks)
         parents = list(range(-1, n - 1))
         return cls(toks, parents, list(range(1, n + 1)), [source] * n,
-                   _children=dict(zip(zip(parents, toks), range(n))))
+                   _children=dict(zip(zip(parents, toks, strict=True), range(n), strict=True)))
 
     @classmethod
     def from_parents(cls, tokens: Sequence[int], parents: Sequence[int], source: str, *,
@@ -65,7 +65,7 @@ class TokenTree:
                              f"{len(parents)} parents" + ("" if counts is None else f", {len(counts)} counts"))
         tree = cls(counts=[] if counts is not None else None, match_length=match_length, occurrences=occurrences)
         mapped: list[int] = []
-        for i, (t, p) in enumerate(zip(tokens, parents)):
+        for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
             p = int(p)
             if p >= i:
                 raise ValueError(f"token tree node {i} has parent {p}: parents must come before their children")
@@ -140,7 +140,7 @@ class TokenTree:
         """
         mapped: list[int] = []
         added = 0
-        for i, (t, p) in enumerate(zip(tokens, parents)):
+        for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
             parent = -1 if p < 0 else mapped[p]
             if parent == -2:  # ancestor was dropped
                 mapped.append(-2)

@@ -165,7 +165,7 @@ def draw_eos(data, full: Sequence[int], n: int) -> tuple[tuple[int, ...], list[i
 
 def first_diff(a: Sequence[int], b: Sequence[int]) -> int:
     """Index of the first position where a and b differ (min length when one is a prefix of the other)."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b)) if len(a) != len(b) else -1
@@ -282,3 +282,34 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = ["build_tiny", "plain_greedy", "hf_greedy", "top2_gap", "first_diff", "draw_planted_case", "SequenceDrafter",
            "ConstantDrafter", "RecordingTarget", "generate_tracking", "ceil_div", "VOCAB", "MAX_POS", "math"]
+
+
+CLI_VOCAB = 64  # the word-level tokenizer of ``tiny_model_dir``: "t00" .. "t63"
+CLI_EOS = 1
+
+
+# ---- a tiny model directory with a tokenizer (the CLI tests) ------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny Llama plus a word-level tokenizer: "t00" .. "t63" are ids 0 .. 63, "t01" is EOS.
+
+    Fixed-width words: the EOS word is an added token, matched before splitting, so it must not be a prefix of
+    another word ("w1" would split "w10" into "w1" + "0").
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny-model")
+    tk = Tokenizer(models.WordLevel(vocab={f"t{i:02d}": i for i in range(CLI_VOCAB)}, unk_token="t00"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t00", eos_token="t01").save_pretrained(d)
+    model = build_tiny("llama", "sdpa", seed=11, vocab_size=CLI_VOCAB, eos_token_id=CLI_EOS)
+    model.save_pretrained(d)
+    return d, model
+
+
+# the server tests' module-scoped fixtures, shared from here so that test modules need not import them (imported
+# last: serverkit imports build_tiny from this module)
+from serverkit import loaded, model_dir  # noqa: E402,F401

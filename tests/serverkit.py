@@ -35,7 +35,7 @@ def save_tiny_model(d: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """The tiny model saved once per test module (import this fixture into the module). While the module runs,
+    """The tiny model saved once per test module (conftest.py shares this fixture with every test module). While the module runs,
     redraft's cache (the server's cost curve) is a temporary directory: never the user's."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("serve-cache")))

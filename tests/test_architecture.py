@@ -28,15 +28,22 @@ def module_names() -> dict[str, Path]:
     return out
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, str | None]]:
+def imports_of(name: str, path: Path, modules: dict[str, Path], *,
+               runtime_only: bool = False) -> list[tuple[str, str | None]]:
     """Every import in the file, anywhere in it: (imported module, imported name or None).
 
     ``from X import y`` names module ``X.y`` when that is one of ours, else module X and name y. Relative imports
-    are resolved against the module's package.
+    are resolved against the module's package. ``runtime_only`` leaves out the imports under
+    ``if TYPE_CHECKING:`` (annotations only: never executed).
     """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: list[tuple[str, str | None]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    if runtime_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                node.body = [ast.Pass()]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(a.name, None) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -51,13 +58,14 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[st
     return out
 
 
-def import_graph():
-    """(edges: module -> set of our modules it imports, private: 'A imports B._x' lines, imports per module)."""
+def import_graph(*, runtime_only: bool = False):
+    """(edges: module -> set of our modules it imports, private: 'A imports B._x' lines, imports per module).
+    ``runtime_only``: without the imports under ``if TYPE_CHECKING:``."""
     modules = module_names()
     edges: dict[str, set[str]] = {m: set() for m in modules}
     private, raw = [], {}
     for m, path in modules.items():
-        raw[m] = imports_of(m, path, modules)
+        raw[m] = imports_of(m, path, modules, runtime_only=runtime_only)
         for target, what in raw[m]:
             dst = target
             while dst and dst not in modules:  # `import redraft.a.b` of a name inside a module: that module
@@ -139,15 +147,19 @@ def test_cli_commands_import_only_the_shared_leaf():
 
 
 def test_corpus_package_needs_only_numpy():
-    """redraft.corpus is reusable by other engines: no torch, no transformers, nothing else of redraft."""
+    """redraft.corpus is reusable by other engines: no torch, no transformers, nothing else of redraft but the
+    atomic writer every redraft file goes through, itself standard library only."""
     _, _, raw = import_graph()
+    shared = "redraft.io.atomic"
     for m, imports in raw.items():
         if m == "redraft.corpus" or m.startswith("redraft.corpus."):
             for target, _ in imports:
                 top = target.split(".")[0]
                 assert top not in ("torch", "transformers"), f"{m} imports {target}"
-                assert top != "redraft" or target == "redraft.corpus" or target.startswith("redraft.corpus."), \
-                    f"{m} imports {target}"
+                ours = target in ("redraft.corpus", shared) or target.startswith("redraft.corpus.")
+                assert top != "redraft" or ours, f"{m} imports {target}"
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    assert {target.split(".")[0] for target, _ in raw[shared]} <= stdlib, f"{shared}: {raw[shared]}"
 
 
 @pytest.mark.parametrize("code", [

@@ -94,7 +94,7 @@ def test_plot_failing_midway_leaves_no_file(tmp_path, monkeypatch):
 
 
 def test_cost_curve_cache_failing_midway_keeps_the_old_cache(tmp_path, monkeypatch):
-    from redraft.policy.cache import save_curve
+    from redraft.decoding.costcache import save_curve
     from redraft.policy.costcurve import CostCurve
 
     path = tmp_path / "curve.json"
@@ -172,3 +172,27 @@ def test_interrupted_binary_write_leaves_no_temporary_file(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         Corpus.from_spans(SPANS).save(tmp_path / "c.rdc")
     assert os.listdir(tmp_path) == []
+
+
+def test_journal_write_failing_midway_keeps_the_old_journal(tmp_path, monkeypatch):
+    """The online corpus rewrites whole journals (compaction, a damaged journal's valid records) through the one
+    atomic writer: a failure midway leaves the previous journal whole and no temporary file."""
+    from redraft.corpus import journal
+
+    path = tmp_path / "journal-000000.rdj"
+    journal.write_journal(path, [[1, 2, 3], [4, 5]])
+    before = path.read_bytes()
+    real, calls = journal.encode_record, []
+
+    def second_fails(span):
+        calls.append(span)
+        if len(calls) == 2:
+            raise disk_full()
+        return real(span)
+
+    monkeypatch.setattr(journal, "encode_record", second_fails)
+    with pytest.raises(OSError, match="No space"):
+        journal.write_journal(path, [[7, 8], [9], [10]])
+    assert path.read_bytes() == before
+    assert [r.tolist() for r in journal.read_journal(path).spans] == [[1, 2, 3], [4, 5]]
+    assert leftovers(tmp_path) == []

@@ -253,7 +253,7 @@ def test_draft_depths_recorded_per_forward(results):
             if r["method"] in ("ngram", "corpus", "corpus+ngram", "tree"):
                 dd = r["draft_depth_per_forward"]
                 assert dd is not None and len(dd) == r["forwards"]
-                assert all(a <= d for a, d in zip(r["accepted_per_forward"], dd))
+                assert all(a <= d for a, d in zip(r["accepted_per_forward"], dd, strict=True))
             elif r["method"] in ("plain", "hf", "hf-pld"):
                 assert r["draft_depth_per_forward"] is None
 

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 
 import pytest
-from conftest import build_tiny, plain_greedy
+from conftest import CLI_EOS, CLI_VOCAB, plain_greedy
 
 from redraft.cli import build_parser, main
 from redraft.cli.common import resolve_draft_args, use_policy
@@ -16,8 +17,8 @@ from redraft.corpus import CorpusError, load_corpus
 from redraft.drafters.frozen_corpus import open_corpus
 from redraft.io.freeze import PromptFileError, append_spans, parse_token_log, read_prompts
 
-TOK_VOCAB = 64
-EOS = 1
+TOK_VOCAB = CLI_VOCAB
+EOS = CLI_EOS
 SPEC_RE = re.compile(r"^speculation: (\d+\.\d\d) tokens/forward \((\d+) forwards per (\d+) tokens\)$")
 TOKENS_RE = re.compile(r"^\[TOKENS\] (\d+) generated: ?([\d ]*)$")
 PROMPT_RE = re.compile(r"^\[PROMPT_TOKENS\] (\d+): ([\d ]*)$")
@@ -32,28 +33,6 @@ def clean_env(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     # the cost-aware policy caches the cost curve it measures: never in the user's cache
     monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))
-
-
-# ---- a tiny model directory with a tokenizer ---------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A saved tiny Llama plus a word-level tokenizer: "t00" .. "t63" are ids 0 .. 63, "t01" is EOS.
-
-    Fixed-width words: the EOS word is an added token, matched before splitting, so it must not be a prefix of
-    another word ("w1" would split "w10" into "w1" + "0").
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    d = tmp_path_factory.mktemp("tiny-model")
-    tk = Tokenizer(models.WordLevel(vocab={f"t{i:02d}": i for i in range(TOK_VOCAB)}, unk_token="t00"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.decoder = decoders.WordPiece(prefix="##")
-    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="t00", eos_token="t01").save_pretrained(d)
-    model = build_tiny("llama", "sdpa", seed=11, vocab_size=TOK_VOCAB, eos_token_id=EOS)
-    model.save_pretrained(d)
-    return d, model
 
 
 def words(ids) -> str:
@@ -90,6 +69,42 @@ def test_run_flags():
                                    "--tokens", "--ngen", "5", "--no-chat", "--model", "m", "p"])
     assert (a.corpus, a.k, a.minacc, a.no_ngram, a.tokens, a.ngen, a.no_chat, a.model) == \
         ("c.txt", 16, 30.0, True, True, 5, True, "m")
+
+
+def test_run_flags_take_effect(tiny_model_dir, capsys, tmp_path, engine_spy):
+    """The same flags end to end: each one changes what `redraft run` does (the parse alone proves nothing)."""
+    import shutil
+
+    d, model = tiny_model_dir
+    chat = tmp_path / "chat-model"  # the tiny model with a chat template, so --no-chat has something to turn off
+    shutil.copytree(d, chat)
+    cfg = json.loads((chat / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "t02 {% for m in messages %}{{ m['content'] }}{% endfor %} t03"
+    (chat / "tokenizer_config.json").write_text(json.dumps(cfg))
+    want = plain_greedy(model, PROMPT, 40, eos=[EOS])
+    c = tmp_path / "c.txt"
+    append_spans(c, [PROMPT + want])
+
+    base = ["run", "--model", str(chat), "--corpus", str(c), "--no-ngram", "--tokens"]
+    rc, out, err = run_cli(capsys, *base, "--k", "16", "--minacc", "30", "--ngen", "5", "--no-chat", words(PROMPT))
+    assert rc == 0
+    rep = parse_report(err)
+    assert [int(x) for x in rep["prompt"][1].split()] == PROMPT  # --no-chat: the words' ids, no template
+    assert [int(x) for x in rep["tokens"][1].split()] == want[:5]  # --ngen 5, --tokens
+    assert out.split() == [f"t{i:02d}" for i in want[:5] if i != EOS]
+    engine = engine_spy["engine"]
+    assert [dr.name for dr in engine.drafters] == ["corpus"]  # --no-ngram
+    corpus = engine.drafters[0]
+    assert corpus.k == 16 and corpus.guard.minacc == pytest.approx(0.30)  # --k 16, --minacc 30
+    assert engine.policy is None  # a fixed --k turns the cost-aware policy off
+    assert corpus.corpus.n_tokens == len(PROMPT) + len(want)  # --corpus
+
+    # the opposite settings, same prompt: the template wraps the prompt, n-gram drafts join, the policy drafts
+    rc, _, err = run_cli(capsys, "run", "--model", str(chat), "--corpus", str(c), "--ngen", "5", words(PROMPT))
+    assert rc == 0 and "[TOKENS]" not in "\n".join(err)  # no --tokens: no id lines
+    engine = engine_spy["engine"]
+    assert [dr.name for dr in engine.drafters] == ["corpus", "ngram"] and engine.policy is not None
+    assert engine_spy["res"].prompt_ids == [2] + PROMPT + [3]  # t02 ... t03: the chat template applied
 
 
 @pytest.mark.parametrize("argv,msg", [

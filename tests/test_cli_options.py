@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 from conftest import hf_greedy
-from test_cli import EOS, clean_env, parse_report, run_cli, tiny_model_dir, words  # noqa: F401 (fixtures)
+from test_cli import EOS, clean_env, parse_report, run_cli, words  # noqa: F401 (clean_env: the autouse fixture)
 
 from redraft.cli import main
 

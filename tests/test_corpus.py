@@ -58,7 +58,7 @@ def ref_propose(spans, context, k, min_n=3, max_n=8):
             return n, cont(ends[0])
         tail = ref_periodic_tail(context, n)
 
-        def align(end):
+        def align(end, tail=tail):
             if tail is None:
                 return 0
             run, more = tail

@@ -9,6 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# imported at module level: importing it inside a @given test would define @given tests within one (a health-check
+# failure whenever this module runs without test_corpus.py)
+from test_corpus import ref_propose
+
 from redraft.corpus import Corpus, CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import MAGIC, append_text, write_text
 
@@ -236,8 +240,6 @@ def test_tokenizer_fingerprint_is_stable_and_sensitive():
 @given(spans=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), max_size=5),
        contexts=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=9), min_size=1, max_size=5))
 def test_mapped_corpus_answers_like_brute_force(tmp_path_factory, spans, contexts):
-    from test_corpus import ref_propose
-
     p = tmp_path_factory.mktemp("mm") / "c.rdc"
     Corpus.from_spans(spans).save(p)
     c = load_corpus(p)
@@ -254,8 +256,6 @@ def test_match_at_corpus_start_reads_nothing_past_the_stream(tmp_path):
     Corpus.from_spans(spans).save(p)
     c = load_corpus(p)
     for ctx in ([1, 2, 3], [0, 1, 2, 3], [9, 9, 1, 2], [5, 5, 5, 1]):
-        from test_corpus import ref_propose
-
         n, ids = c.propose(np.array(ctx), 4, min_n=1, max_n=8)
         assert (n, ids.tolist()) == ref_propose(spans, ctx, 4, 1, 8)
 

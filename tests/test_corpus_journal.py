@@ -169,6 +169,7 @@ def test_unfinished_compaction_leftovers_are_ignored(tmp_path):
     # a crash after the next generation's base was written, before its journal (the commit point)
     Corpus.from_spans(spans_of(2, seed=5), vocab_size=VOCAB).save(tmp_path / "base-000001.bin")
     open(tmp_path / "journal-000001.rdj.tmp", "wb").write(b"partial")
+    open(tmp_path / ".journal-000001.tmp-999-0.rdj", "wb").write(b"partial")  # an interrupted atomic write's
     again = OnlineCorpus(tmp_path, vocab_size=VOCAB)
     assert as_lists(again) == spans
     assert sorted(os.listdir(tmp_path)) == ["journal-000000.rdj"]

@@ -38,13 +38,13 @@ def assert_counts_consistent(res, drafter) -> None:
     """The invariants every generation keeps, whatever stopped it."""
     assert len(drafter.observed) == res.forwards == len(res.accepted_per_forward)
     assert sum(e for _, _, e in drafter.observed) == len(res.output_ids)
-    for (p, a, e), apf in zip(drafter.observed, res.accepted_per_forward):
+    for (p, a, e), apf in zip(drafter.observed, res.accepted_per_forward, strict=True):
         assert a <= e and a <= p and a == apf
     st = res.sources[drafter.name]
     assert st.accepted == sum(a for _, a, _ in drafter.observed) == sum(res.accepted_per_forward)
     assert st.proposed == sum(p for p, _, _ in drafter.observed)
     assert st.accepted <= len(res.output_ids)
-    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward))
+    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward, strict=True))
 
 
 def test_eos_inside_a_deep_accepted_draft(tiny_llama, full):

@@ -250,11 +250,11 @@ def test_corpus_drafter_tree_branches_uses_propose_tree():
     p = d.propose(arr([1, 2, 3]), 8)
     assert isinstance(p, TokenTree) and not p.is_chain and len(p.parents) == len(p.tokens)
     assert all(q < i for i, q in enumerate(p.parents))
-    children_of_root = {t for t, q in zip(p.tokens, p.parents) if q == -1}
+    children_of_root = {t for t, q in zip(p.tokens, p.parents, strict=True) if q == -1}
     assert children_of_root == {4, 7}
     # what the corpus knows travels on the tree: counts per node, the matched suffix length, its occurrences
     assert p.match_length == 3 and p.occurrences == 3 and p.sources == ["corpus"] * len(p)
-    assert {t: c for t, q, c in zip(p.tokens, p.parents, p.counts) if q == -1} == {4: 2, 7: 1}
+    assert {t: c for t, q, c in zip(p.tokens, p.parents, p.counts, strict=True) if q == -1} == {4: 2, 7: 1}
 
 
 def test_corpus_drafter_chain_carries_the_match_length():

@@ -230,9 +230,22 @@ def test_wrong_drafter_costs_one_forward_per_token(tiny_models, references, name
 
 
 def test_garbage_constant_drafter(tiny_qwen2, references):
+    """A drafter proposing the same unrelated ids every step: plain greedy's ids, and exactly the forwards and
+    accepted counts that its proposals earn against those ids (one forward per token where nothing matches)."""
     want = references["qwen2-sdpa"]
-    res = Engine(tiny_qwen2, [ConstantDrafter([0, 1, 2, 3, 4, 5])], max_depth=6).generate(PROMPT, N)
+    garbage = [0, 1, 2, 3, 4, 5]
+    target = RecordingTarget(tiny_qwen2)
+    res = Engine(target, [ConstantDrafter(garbage)], max_depth=6).generate(PROMPT, N)
     assert res.output_ids == want
+    emitted, accepted = 0, []
+    while emitted < N:  # each forward: the matching prefix of the garbage draft, plus the bonus token
+        depth = min(len(garbage), N - emitted - 1)
+        n = next((i for i in range(depth) if garbage[i] != want[emitted + i]), depth)
+        accepted.append(n)
+        emitted += n + 1
+    assert res.accepted_per_forward == accepted
+    assert res.forwards == len(target.log) == len(accepted) == N - sum(accepted)
+    assert res.sources["garbage"].accepted == sum(accepted) < res.sources["garbage"].proposed
 
 
 def test_drafter_ignoring_max_depth_is_clamped(tiny_llama, references):
@@ -265,7 +278,7 @@ def test_draft_depth_and_source_recorded_per_forward(tiny_llama, references):
     res = Engine(tiny_llama, [oracle, garbage], max_depth=8, merge=True).generate(PROMPT, 20)
     assert res.output_ids == want[:20]
     assert len(res.draft_depth_per_forward) == len(res.source_per_forward) == res.forwards
-    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward))
+    assert all(a <= d for a, d in zip(res.accepted_per_forward, res.draft_depth_per_forward, strict=True))
     # both proposed at every step (merged, priority order); the oracle's 3-token chain sets the depth
     left = [20 - sum(a + 1 for a in res.accepted_per_forward[:i]) for i in range(res.forwards)]
     assert res.draft_depth_per_forward == [min(3, n - 1) for n in left]
@@ -453,7 +466,7 @@ def _assert_pauses_and_rearms(res: GenerationResult, guard: LoggingGuard, name: 
     Returns the number of complete pause-and-re-arm cycles."""
     assert len(guard.log) == res.forwards == len(res.drafted_per_forward)
     armed = [True] + guard.log[:-1]  # the state each forward's propose() saw
-    for f, (on, drafted) in enumerate(zip(armed, res.drafted_per_forward)):
+    for f, (on, drafted) in enumerate(zip(armed, res.drafted_per_forward, strict=True)):
         if not on:
             assert drafted == 0, (f, armed, res.drafted_per_forward)
         elif matches_from <= f < res.forwards - 1:

@@ -44,7 +44,8 @@ def test_top_k_survives_the_store(tmp_path, recs):
     store = FeatureStore(tmp_path, {"x": 1})
     store.append(recs, 1.0)
     back = store.load()
-    assert all(torch.equal(a.top_ids, b.top_ids) and torch.equal(a.top_logp, b.top_logp) for a, b in zip(recs, back))
+    assert all(torch.equal(a.top_ids, b.top_ids) and torch.equal(a.top_logp, b.top_logp)
+               for a, b in zip(recs, back, strict=True))
 
 
 def _draft(tiny, **kw):

@@ -64,8 +64,8 @@ def test_sampled_records_keep_greedy_labels(tiny, heldout):
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
     a = generate_records(tiny, prompts, [1], max_new_tokens=25, temperature=1.0, seed=3)
     b = generate_records(tiny, prompts, [1], max_new_tokens=25, temperature=1.0, seed=3)
-    assert all(torch.equal(x.ids, y.ids) for x, y in zip(a, b))  # seeded: reproducible
-    assert any(not torch.equal(x.ids, g.ids) for x, g in zip(a, heldout))  # not the greedy path
+    assert all(torch.equal(x.ids, y.ids) for x, y in zip(a, b, strict=True))  # seeded: reproducible
+    assert any(not torch.equal(x.ids, g.ids) for x, g in zip(a, heldout, strict=True))  # not the greedy path
     for r in a:
         with torch.no_grad():
             out = tiny(input_ids=r.ids[None], cache=DynamicCache(config=tiny.config), use_cache=True)
@@ -79,7 +79,7 @@ def test_feature_store_round_trip(tmp_path, records, heldout):
     store.append(heldout, 2.0)
     back = FeatureStore(tmp_path, meta).load()
     assert len(back) == 5 and FeatureStore(tmp_path, meta).done_questions == {0, 1}
-    for a, b in zip(records[:3] + heldout, back):
+    for a, b in zip(records[:3] + heldout, back, strict=True):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.labels, b.labels) and torch.equal(a.k, b.k)
         assert a.gen_start == b.gen_start and a.qid == b.qid
     with pytest.raises(ValueError):
@@ -181,7 +181,7 @@ def test_resume_continues_where_it_stopped(tiny, records, tmp_path):
     assert again.state.step == 3 and len(again.opt.state) > 0
     again.train(progress=False)
     assert again.state.step == 6
-    for (n, p), (_, q) in zip(full.draft.named_parameters(), again.draft.named_parameters()):
+    for (n, p), (_, q) in zip(full.draft.named_parameters(), again.draft.named_parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=n)
 
 
@@ -373,7 +373,8 @@ def test_run_training_builds_greedy_and_sampled_data_without_held_out_questions(
     sampled = FeatureStore(s1_dir, json.loads((s1_dir / "index.json").read_text())["meta"]).load()
     assert len(greedy) == 432 and len(sampled) == 432  # every training question; the fake prompts are short
     assert not any(is_held_out(r.qid) for r in greedy + sampled)
-    assert sum(not torch.equal(a.ids, b.ids) for a, b in zip(greedy, sampled)) > 100  # sampled paths differ
+    # sampled paths differ
+    assert sum(not torch.equal(a.ids, b.ids) for a, b in zip(greedy, sampled, strict=True)) > 100
     meta = json.loads((tmp_path / "out" / "glide.json").read_text())
     assert meta["training"]["data"]["sampled_answers"] == 432
 

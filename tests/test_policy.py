@@ -12,6 +12,15 @@ import pytest
 import torch
 from conftest import build_tiny
 
+from redraft.decoding.costcache import (
+    cached_cost_curve,
+    curve_key,
+    curve_path,
+    default_directory,
+    load_curve,
+    save_curve,
+)
+from redraft.decoding.costmeasure import measure_cost_curve, time_forwards
 from redraft.policy import (
     AcceptanceTracker,
     CostCurve,
@@ -24,8 +33,6 @@ from redraft.policy import (
     subtree_parents,
     succession_priors,
 )
-from redraft.policy.cache import cached_cost_curve, curve_key, curve_path, default_directory, load_curve, save_curve
-from redraft.policy.measure import measure_cost_curve, time_forwards
 from redraft.policy.select import path_probabilities
 
 

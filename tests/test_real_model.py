@@ -75,8 +75,9 @@ def test_default_model_facts(real):
 
 def test_replay_from_corpus_is_exact_and_fast(real, plain_outputs):
     loaded, prompts = real
-    corpus = Corpus.from_spans([p + o for p, o in zip(prompts, plain_outputs)], vocab_size=loaded.vocab_size)
-    for ids, want in zip(prompts, plain_outputs):
+    corpus = Corpus.from_spans([p + o for p, o in zip(prompts, plain_outputs, strict=True)],
+                               vocab_size=loaded.vocab_size)
+    for ids, want in zip(prompts, plain_outputs, strict=True):
         engine = Engine(loaded.model, build_drafters(corpus, k=8), eos_token_ids=loaded.eos_token_ids, max_depth=8)
         res = engine.generate(ids, NGEN)
         assert res.output_ids == want
@@ -128,9 +129,10 @@ def _branchy_spans(loaded, prompt: list[int], answer: list[int]) -> list[list[in
 def test_tree_drafts_are_exact(real, plain_outputs):
     """Corpus token trees (merge=True, 3 branches) plus n-gram drafts: identical to plain greedy on every prompt."""
     loaded, prompts = real
-    corpus = _corpus(loaded, [s for p, o in zip(prompts, plain_outputs) for s in _branchy_spans(loaded, p, o)])
+    corpus = _corpus(loaded, [s for p, o in zip(prompts, plain_outputs, strict=True)
+                              for s in _branchy_spans(loaded, p, o)])
     branched = accepted = 0
-    for ids, want in zip(prompts, plain_outputs):
+    for ids, want in zip(prompts, plain_outputs, strict=True):
         target = RecordingTarget(loaded.model)
         engine = Engine(target, build_drafters(corpus, k=8, tree_branches=3), eos_token_ids=loaded.eos_token_ids,
                         max_depth=8, merge=True, tree_budget=32)
@@ -152,7 +154,7 @@ def test_exact_mode_settles_near_ties(real, plain_outputs, hf_outputs, monkeypat
     monkeypatch.setattr("redraft.decoding.engine.EXACT_PAY_PAUSE", 0)
     loaded, prompts = real
     margin = 0.3
-    corpus = _corpus(loaded, [p + o for p, o in zip(prompts, plain_outputs)])
+    corpus = _corpus(loaded, [p + o for p, o in zip(prompts, plain_outputs, strict=True)])
     settled = 0
     for i in (0, 2):  # the two answers with the most gaps under 0.3
         target = RecordingTarget(loaded.model)

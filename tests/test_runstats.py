@@ -53,3 +53,16 @@ def test_run_report_order_and_token_lines():
     assert [line.split(":")[0] for line in lines] == ["speculation", "corpus drafts", "speed", "[PROMPT_TOKENS] 2",
                                                       "[TOKENS] 3 generated"]
     assert run_report(a) == [speculation_line(a), speed_line(a)]  # no corpus open: no corpus line
+
+
+def test_source_stats_serialise_once_and_read_back():
+    """SourceStats.to_dict is the one serialised form (bench results, the server's statistics); add() reads it."""
+    from redraft.decoding.runstats import SourceStats
+
+    st = SourceStats(proposed=7, accepted=3, steps=2, paused=1)
+    d = st.to_dict(digits=2)
+    assert d == {"proposed": 7, "accepted": 3, "steps": 2, "paused": 1, "acceptance": 0.43}
+    back = SourceStats()
+    back.add(d)
+    assert back == st
+    assert SourceStats().to_dict()["acceptance"] is None  # nothing proposed: no rate, not 0%

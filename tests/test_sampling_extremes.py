@@ -56,7 +56,7 @@ def test_vanishing_temperature_chooses_the_argmax(rows, t, top_k, top_p, seed, p
     params = SamplingParams(temperature=t, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=seed)
     rows32 = [np.float32(r).tolist() for r in rows]
     got = choose(params, rows32, seen, position=seed % 1000)
-    for r, choice in zip(rows32, got):
+    for r, choice in zip(rows32, got, strict=True):
         scores = exact_penalised(r, seen if penalty != 1.0 else set(), penalty)
         best = max(scores)
         near = [i for i, x in enumerate(scores) if best - x <= 50 * Fraction(t)]

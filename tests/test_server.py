@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from conftest import plain_greedy
-from serverkit import CONTEXT, EOS, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
+from serverkit import CONTEXT, EOS, live_server, serve_args, words
 
 from redraft.bench.serve_bench import metric_value
 
@@ -113,6 +113,11 @@ def test_sampling_with_a_seed_is_reproducible(live):
               seed=1234, extra_body={"top_k": 20, "repetition_penalty": 1.1})
     a, b = client.completions.create(**kw), client.completions.create(**kw)
     assert a.choices[0].text == b.choices[0].text and stats(a)["seed"] == 1234
+    # the seed is what decides the sample: other seeds give other text, and none of it is the greedy text
+    others = {client.completions.create(**{**kw, "seed": s}).choices[0].text for s in (1, 2, 3)}
+    assert a.choices[0].text not in others and len(others) > 1
+    greedy = client.completions.create(**{**kw, "temperature": 0}).choices[0].text
+    assert greedy != a.choices[0].text and greedy not in others
 
 
 # ---- the corpus grows from answers ------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serverkit import CONTEXT, live_server, loaded, model_dir, serve_args, words  # noqa: F401 (fixtures)
+from serverkit import CONTEXT, live_server, serve_args, words
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverkit import live_server, loaded, model_dir, serve_args  # noqa: F401 (fixtures)
+from serverkit import live_server, serve_args
 
 REPO = Path(__file__).resolve().parents[1]
 P1, P2 = [10, 20, 30, 40], [50, 41, 32, 23]

@@ -380,7 +380,7 @@ def test_verified_kv_reads_the_chosen_layers_of_the_cache(tiny_llama):
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     kv = target.verified_kv([1, -2], 3)
     assert len(kv) == 2
-    for (k, v), layer in zip(kv, (1, 0)):
+    for (k, v), layer in zip(kv, (1, 0), strict=True):
         assert k.shape == v.shape == (1, cfg.num_key_value_heads, 3, head_dim) and k.dtype == target.dtype
         # the first 3 positions of that layer, as a fresh 3-token forward caches them
         ref = HFTarget(tiny_llama)

@@ -114,7 +114,7 @@ def linear_propose(stream: np.ndarray, context: np.ndarray, k: int, min_n: int =
 
 def with_separators(tokens: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     parts = []
-    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
         parts.append(tokens[a:b].astype(np.int64))
         parts.append(np.array([-1]))
     return np.concatenate(parts[:-1]) if parts else np.zeros(0, dtype=np.int64)

@@ -5,7 +5,7 @@ logits for all S rows (what a verify forward over the root plus S-1 drafted toke
 cropped back to the prefix after each. Repeats sweep S up and down alternately, so slow drift on a shared machine
 lands on every S alike; each S reports the median. A draft of d tokens pays only when it yields more than c(d+1)
 tokens per forward, so this curve says how deep drafts may go. The timing loop is the speculation policy's
-(:func:`redraft.policy.measure.time_forwards`): this table and the policy's cost curve measure the same way.
+(:func:`redraft.decoding.costmeasure.time_forwards`): this table and the policy's cost curve measure the same way.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         "samples_s": [[...], ...]}}}.
     """
     # torch-bound: `redraft bench` imports this module while registering its flags
+    from redraft.decoding.costmeasure import fit_prefix, time_forwards
     from redraft.decoding.target import HFTarget
-    from redraft.policy.measure import fit_prefix, time_forwards
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     rng = np.random.default_rng(seed)

@@ -1,6 +1,6 @@
 """`redraft bench run` and `redraft bench cost`: redraft side by side with the engines a user would pick instead.
 
-``bench run`` (issue #6):
+``bench run``:
 
 1. answers the replay questions with plain greedy decoding and freezes prompt + answer into a corpus;
 2. builds the workloads (see :mod:`redraft.bench.workloads`) against that corpus;
@@ -87,7 +87,7 @@ class RssSampler:
 # ---- the run ----------------------------------------------------------------------------------------------------
 def first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
     """First index where a and b differ (the shorter length if one is a prefix of the other); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))

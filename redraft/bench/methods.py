@@ -39,7 +39,7 @@ class RunRecord:
 
     ``forwards`` is None where the runtime does not expose it; ``accepted_per_forward`` (accepted draft tokens in
     each forward, prefill included) only exists for redraft methods; ``sources`` maps a draft source to its
-    proposed / accepted / steps counts.
+    counts (:meth:`redraft.decoding.runstats.SourceStats.to_dict`).
     """
 
     output_ids: list[int]
@@ -82,8 +82,7 @@ class EngineMethod(Method):
         # per-forward draft depths give acceptance by draft position (see the report); plain drafts nothing
         depths = list(res.draft_depth_per_forward) if self.engine.drafters else None
         return RunRecord(list(res.output_ids), dt, res.forwards, list(res.accepted_per_forward),
-                         {k: {"proposed": s.proposed, "accepted": s.accepted, "steps": s.steps}
-                          for k, s in res.sources.items()}, res.stop_reason, depths)
+                         {k: s.to_dict() for k, s in res.sources.items()}, res.stop_reason, depths)
 
 
 class HFGenerateMethod(Method):

@@ -52,8 +52,7 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
         agg = run.tokens_per_second
         ratios = [r["tok_s"] / base[r["question_id"]]["tok_s"] for r in rs
                   if r["question_id"] in base and base[r["question_id"]]["tok_s"] > 0]
-        sources = {s: {"proposed": st.proposed, "accepted": st.accepted, "steps": st.steps,
-                       "acceptance": st.acceptance if st.proposed else None} for s, st in run.sources.items()}
+        sources = {s: st.to_dict() for s, st in run.sources.items()}
         prop, acc = run.proposed, run.accepted
         mism = [r["question_id"] for r in rs if not r["identical"]]
         out[m] = {
@@ -116,7 +115,7 @@ def markdown(results: dict) -> str:
              "tok/s over the same questions in this run", ""]
     for m, c in results.get("cost_curves", {}).items():
         lines.append(f"- `{m}` decided with the cost curve c(n) (verify time of n draft tokens / a plain step): "
-                     + ", ".join(f"c({n}) {v:.2f}" for n, v in zip(c["sizes"], c["costs"])))
+                     + ", ".join(f"c({n}) {v:.2f}" for n, v in zip(c["sizes"], c["costs"], strict=True)))
     if results.get("cost_curves"):
         lines.append("")
     if results.get("skipped_methods"):
@@ -206,7 +205,7 @@ def plot_speedup(results: dict, path: Path) -> None:
                 ys.append(s["speedup"])
                 hatch.append(not s["all_identical"])
         bars = ax.bar(xs, ys, width, label=m, color=cmap(j % 10))
-        for b, h in zip(bars, hatch):
+        for b, h in zip(bars, hatch, strict=True):
             if h:
                 b.set_hatch("//")
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
@@ -238,7 +237,7 @@ def plot_tokens_per_forward(results: dict, path: Path) -> None:
     wls = list(results["workloads"])
     top = _deepest(results) + 1
     fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
-    for ax, w in zip(axes[0], wls):
+    for ax, w in zip(axes[0], wls, strict=True):
         runs = results["workloads"][w]["runs"]
         for m in results["methods"]:
             if not _drafting(runs, m):
@@ -271,7 +270,8 @@ def acceptance_by_position(accepted_per_forward: Sequence[Sequence[int]], depth:
     decode forwards (prefill excluded, drafted or not) that accepted at least d draft tokens.
     """
     if draft_depths is not None:
-        pairs = [(a, dd) for apf, dds in zip(accepted_per_forward, draft_depths) for a, dd in zip(apf, dds)]
+        pairs = [(a, dd) for apf, dds in zip(accepted_per_forward, draft_depths, strict=True)
+                 for a, dd in zip(apf, dds, strict=True)]
         out = []
         for d in range(1, depth + 1):
             n = sum(dd >= d for _, dd in pairs)
@@ -291,7 +291,7 @@ def plot_acceptance_by_position(results: dict, path: Path) -> None:
     depth = max(_deepest(results), 1)
     conditional = True
     fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
-    for ax, w in zip(axes[0], wls):
+    for ax, w in zip(axes[0], wls, strict=True):
         runs = results["workloads"][w]["runs"]
         for m in results["methods"]:
             rs = [r for r in runs if r["method"] == m and r.get("accepted_per_forward")]
@@ -348,7 +348,7 @@ def plot_policy(results: dict, method: str, path: Path) -> None:
     ax.set_ylabel("c(n), plain steps")
     ax.set_ylim(0, max(curve["costs"]) * 1.15)
     ax.set_title("cost curve (measured)", fontsize=9)
-    for ax, w in zip(axes[0][1:], wls):
+    for ax, w in zip(axes[0][1:], wls, strict=True):
         for r in results["workloads"][w]["runs"]:
             if r["method"] != method or not r.get("draft_depth_per_forward"):
                 continue

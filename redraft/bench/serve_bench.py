@@ -38,7 +38,7 @@ PHASES = ("repeat", "load", "overhead", "crash", "memory")
 
 @dataclass
 class ServeBenchConfig:
-    """Sizes of the phases (``redraft bench serve`` flags of the same names; the issue's sizes in brackets).
+    """Sizes of the phases (``redraft bench serve`` flags of the same names; a full-size run's sizes in brackets).
 
     Attributes:
         model: ``--model`` of every server and of the direct run (None = the bundled default).
@@ -187,7 +187,7 @@ def phase_repeat(cfg: ServeBenchConfig, work: Path) -> dict:
             "speedup": second["tokens_per_second"] / first["tokens_per_second"] if first["tokens_per_second"] else 0,
             "first_tokens_per_forward": first["tokens"] / max(1, first["forwards"]),
             "second_tokens_per_forward": second["tokens"] / max(1, second["forwards"]),
-            "identical": sum(a == b for a, b in zip(first["texts"], second["texts"])),
+            "identical": sum(a == b for a, b in zip(first["texts"], second["texts"], strict=True)),
             "corpus_acceptance": metric_value(m, "vllm:spec_decode_num_accepted_tokens_total", source="corpus")
             / max(1.0, metric_value(m, "vllm:spec_decode_num_draft_tokens_total", source="corpus"))}
 

@@ -190,7 +190,7 @@ def parse_workloads(spec: str, default_n: int) -> dict[str, int]:
             try:
                 counts[nm] = int(n) if n else default_n
             except ValueError:
-                raise ValueError(f"workload {part!r}: count {n!r} is not an integer")
+                raise ValueError(f"workload {part!r}: count {n!r} is not an integer") from None
             if counts[nm] < 1:
                 raise ValueError(f"workload {part!r}: count must be at least 1")
     if not counts:

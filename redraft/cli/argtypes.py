@@ -20,7 +20,7 @@ def percent(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (expected a percentage 0..100)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (expected a percentage 0..100)") from None
     if not 0 <= v <= 100:
         raise argparse.ArgumentTypeError(f"{text} is outside 0..100 (a percentage)")
     return v
@@ -31,7 +31,7 @@ def finite(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if v != v or v in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"{text} is not a finite number")
     return v
@@ -42,7 +42,7 @@ def integer(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer")
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def int_at_least(lo: int):
@@ -152,4 +152,4 @@ def cape_bins(text: str) -> CapeBins:
     try:
         return CapeBins.parse(text)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -83,7 +83,7 @@ def cmd_bench_run(args) -> int:
         counts = parse_workloads(args.workloads, args.questions)
         methods = parse_methods(args.methods)
     except ValueError as e:
-        raise SystemExit(f"redraft bench run: error: {e}")
+        raise SystemExit(f"redraft bench run: error: {e}") from None
     check_method_flags(args, methods)
     gguf = llama_cpp_gguf(args)
     given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS
@@ -155,7 +155,7 @@ def cmd_bench_serve(args) -> int:
     try:
         serve_bench.check_phases(phases)
     except ValueError as e:
-        raise SystemExit(f"redraft bench serve: error: {e}")
+        raise SystemExit(f"redraft bench serve: error: {e}") from None
     cfg = serve_bench.ServeBenchConfig(
         model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
         concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
@@ -165,7 +165,7 @@ def cmd_bench_serve(args) -> int:
     try:
         results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
     except (ValueError, RuntimeError) as e:
-        raise SystemExit(f"redraft bench serve: error: {e}")
+        raise SystemExit(f"redraft bench serve: error: {e}") from None
     finally:
         print(f"logs and corpora: {work}", file=sys.stderr)
     if args.json:
@@ -178,7 +178,7 @@ def corpus_sizes(text: str) -> list[int]:
     try:
         sizes = [int(float(s)) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts, e.g. 1e4,1e6") from None
     if not sizes or min(sizes) < 100:
         raise argparse.ArgumentTypeError(f"{text!r}: each size must be at least 100 tokens")
     return sizes
@@ -293,16 +293,18 @@ def register(sub) -> None:
     add_model_arg(p)
     p.add_argument("--phases", default=",".join(serve_bench.PHASES),
                    help=f"comma-separated subset of {', '.join(serve_bench.PHASES)} (default all)")
-    p.add_argument("--questions", type=positive, default=5, help="repeat: questions per pass (default 5; the issue: 20)")
+    p.add_argument("--questions", type=positive, default=5,
+                   help="repeat: questions per pass (default 5; a full-size run: 20)")
     p.add_argument("--max-tokens", type=positive, default=64, help="repeat/overhead: max_tokens (default 64)")
-    p.add_argument("--requests", type=positive, default=32, help="load/crash: requests (default 32; the issue: 200)")
+    p.add_argument("--requests", type=positive, default=32,
+                   help="load/crash: requests (default 32; a full-size run: 200)")
     p.add_argument("--concurrency", type=positive, default=4,
-                   help="load/crash: concurrent clients (default 4; the issue: 16)")
+                   help="load/crash: concurrent clients (default 4; a full-size run: 16)")
     p.add_argument("--load-distinct", type=positive, default=8, help="load: distinct questions (default 8)")
     p.add_argument("--load-max-tokens", type=positive, default=24, help="load/crash: max_tokens (default 24)")
     p.add_argument("--repeats", type=positive, default=3, help="overhead: timings per side, median (default 3)")
     p.add_argument("--memory-requests", type=positive, default=100,
-                   help="memory: requests (default 100; the issue: 10000)")
+                   help="memory: requests (default 100; a full-size run: 10000)")
     p.add_argument("--cap-tokens", type=positive, default=1_000_000, help="memory: the server's --cap-tokens")
     p.add_argument("--timeout", type=float_above(0, strict=True), default=1800.0,
                    help="most seconds per load/crash run (default 1800)")

@@ -157,7 +157,7 @@ def config_from_args(args) -> SpeculationConfig:
     try:
         return SpeculationConfig.from_args(args)
     except EnvError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def resolve_draft_args(args, config: SpeculationConfig | None = None) -> tuple[str | None, int, float]:
@@ -181,7 +181,7 @@ def check_model_or_exit(spec: str | None) -> None:
     try:
         check_model_spec(spec)
     except ModelLoadError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
@@ -189,7 +189,7 @@ def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool 
     try:
         return load_model(spec, dtype=dtype, quiet=quiet)
     except ModelLoadError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def open_corpus_or_exit(path: str | None, loaded: LoadedModel | None = None, force: bool = False):
@@ -210,7 +210,7 @@ def open_corpus_or_exit(path: str | None, loaded: LoadedModel | None = None, for
         return open_corpus(path, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer),
                            force=force)
     except CorpusError as e:
-        raise SystemExit(f"redraft: error: corpus refused: {e}")
+        raise SystemExit(f"redraft: error: corpus refused: {e}") from None
 
 
 def corpus_fits_model_or_exit(corpus, loaded: LoadedModel, force: bool = False):
@@ -263,7 +263,7 @@ def prompts_or_exit(path: str, command: str) -> list[str]:
     try:
         prompts = read_prompts(path)
     except PromptFileError as e:
-        raise SystemExit(f"redraft {command}: error: {e}")
+        raise SystemExit(f"redraft {command}: error: {e}") from None
     if not prompts:
         raise SystemExit(f"redraft {command}: error: {path} has no prompts")
     return prompts
@@ -300,7 +300,7 @@ def sampling_from_args(args):
                               top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed or 0,
                               **{name: getattr(args, name) for name, _ in SHAPING_FLAGS})
     except ValueError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None
 
 
 def announce_generation_config(loaded, args=None) -> None:
@@ -324,7 +324,7 @@ def announce_generation_config(loaded, args=None) -> None:
         line = describe(getattr(loaded.model, "generation_config", None), source, replaced,
                         hint="--no-generation-config to ignore" if args is not None else None)
     except GenerationConfigError as e:
-        raise SystemExit(f"redraft: error: {source}: {e}")
+        raise SystemExit(f"redraft: error: {source}: {e}") from None
     if line:
         print(line, file=sys.stderr)
 

@@ -52,7 +52,7 @@ def figures(plain: RunSummary, spec: RunSummary) -> dict:
 def compare(questions: list[dict], plain_results: list, spec_results: list) -> tuple[list[dict], dict]:
     """Per-question rows and the total for paired plain / drafted GenerationResults of ``questions``."""
     rows = []
-    for q, b, s in zip(questions, plain_results, spec_results):
+    for q, b, s in zip(questions, plain_results, spec_results, strict=True):
         plain, spec = RunSummary.of([b]), RunSummary.of([s])
         rows.append({"question_id": q["question_id"], **figures(plain, spec),
                      "corpus_proposed": spec.source("corpus").proposed,
@@ -102,7 +102,7 @@ def run_demo(args) -> int:
     try:  # replaces the file at once (temporary file + rename): an interrupted demo never leaves half a corpus
         write_text(corpus_path, [r.prompt_ids + r.output_ids for r in base])
     except CorpusError as e:
-        raise SystemExit(f"redraft demo: error: {e}")
+        raise SystemExit(f"redraft demo: error: {e}") from None
     corpus = open_corpus_or_exit(str(corpus_path), loaded)
     print(f"froze {len(base)} answers into {corpus_path} ({corpus.n_tokens} ids)", file=sys.stderr)
 

@@ -34,14 +34,14 @@ def freeze_logs(logs: list[str], out: str) -> int:
     try:
         spans = [span for log in logs for span in parse_token_log(log)]
     except PromptFileError as e:
-        raise SystemExit(f"redraft freeze: error: {e}")
+        raise SystemExit(f"redraft freeze: error: {e}") from None
     if not spans:
         raise SystemExit(f"redraft freeze: error: no [TOKENS] lines found in {', '.join(logs)}")
     if os.path.isfile(out):
         try:  # validates the existing corpus, keeps its format
             append_to_corpus(out, logs)
         except CorpusError as e:
-            raise SystemExit(f"redraft freeze: error: refusing to extend {out}: {e}")
+            raise SystemExit(f"redraft freeze: error: refusing to extend {out}: {e}") from None
     else:
         append_spans(out, spans)
     print(f"froze {len(spans)} spans ({sum(map(len, spans))} ids) into {out}", file=sys.stderr)
@@ -58,7 +58,7 @@ def existing_corpus_or_exit(out: str, loaded=None):
             return load_corpus(out)
         return load_corpus(out, vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer))
     except CorpusError as e:
-        raise SystemExit(f"redraft freeze: error: refusing to extend {out}: {e}")
+        raise SystemExit(f"redraft freeze: error: refusing to extend {out}: {e}") from None
 
 
 def freeze_prompts(args) -> int:
@@ -97,7 +97,7 @@ def freeze_prompts(args) -> int:
             if binary is not None and done:
                 binary.save(args.out, fmt="binary")  # atomic: a failed write leaves the corpus as it was
     except CorpusError as e:  # a full disk or a read-only file: one line, not a traceback
-        raise SystemExit(f"redraft freeze: error: {e}")
+        raise SystemExit(f"redraft freeze: error: {e}") from None
     print(f"froze {done} spans ({total} ids) into {args.out}", file=sys.stderr)
     return 0
 

@@ -31,7 +31,7 @@ def _directory(text: str, what: str):
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SystemExit(f"redraft glide train: error: cannot create {what} {text}: {e.strerror or e}")
+        raise SystemExit(f"redraft glide train: error: cannot create {what} {text}: {e.strerror or e}") from None
     return p
 
 
@@ -80,7 +80,7 @@ def cmd_train(args) -> int:
         try:  # a checkpoint that cannot be resumed is refused before any data work
             config_of(read_meta(out), out)
         except CheckpointError as e:
-            raise SystemExit(f"redraft glide train: error: {e}")
+            raise SystemExit(f"redraft glide train: error: {e}") from None
     device = args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"redraft glide train: error: --device {device}: no CUDA device is available here")
@@ -98,7 +98,7 @@ def cmd_train(args) -> int:
                              sample_temperature=args.sample_temperature, self_questions=args.self_questions,
                              topk=args.topk, command=" ".join(["redraft", *sys.argv[1:]]))
     except (CheckpointError, ValueError, OSError) as e:
-        raise SystemExit(f"redraft glide train: error: {e}")
+        raise SystemExit(f"redraft glide train: error: {e}") from None
     print(f"wrote {args.out}: {state.step} steps, {state.tokens} tokens, {state.seconds / 60:.1f} min of training",
           file=sys.stderr)
     return 0
@@ -123,7 +123,7 @@ def cmd_eval(args) -> int:
         try:
             kind = config_of(read_meta(path), path).cross_attention
         except CheckpointError as e:
-            raise SystemExit(f"redraft glide eval: error: {e}")
+            raise SystemExit(f"redraft glide eval: error: {e}") from None
         if kind != want:
             raise SystemExit(f"redraft glide eval: error: {flag} {path} is a {'GliDe' if kind else 'vanilla'} "
                              f"draft; {flag} takes a {'GliDe' if want else 'vanilla (--vanilla)'} checkpoint")
@@ -153,7 +153,7 @@ def cmd_eval(args) -> int:
     try:
         results = measure(loaded, configs, ids, args.ngen, tree_budget=args.tree_budget)
     except CheckpointError as e:
-        raise SystemExit(f"redraft glide eval: error: {e}")
+        raise SystemExit(f"redraft glide eval: error: {e}") from None
     print(table(results))
     if args.json:
         write_json(args.json, results, {"questions": ids, "ngen": args.ngen, "threads": torch.get_num_threads()})
@@ -168,7 +168,7 @@ def cmd_export(args) -> int:
     try:
         out = export_draft(args.src, args.dst, loaded.model)
     except CheckpointError as e:
-        raise SystemExit(f"redraft glide export: error: {e}")
+        raise SystemExit(f"redraft glide export: error: {e}") from None
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out}: {size / 1e6:.1f} MB (fp16 weights)", file=sys.stderr)
     return 0

@@ -88,8 +88,8 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
                              minacc=min(minacc, GLIDE_MINACC) if minacc is not None else None)
     except TargetMismatchError as e:
         if args.draft_model:
-            raise SystemExit(f"redraft: error: {e}")
+            raise SystemExit(f"redraft: error: {e}") from None
         raise SystemExit("redraft: error: the shipped GliDe draft is for the default model; with --model give "
-                         "--draft-model PATH (train one with 'redraft glide train')")
+                         "--draft-model PATH (train one with 'redraft glide train')") from None
     except CheckpointError as e:
-        raise SystemExit(f"redraft: error: {e}")
+        raise SystemExit(f"redraft: error: {e}") from None

@@ -40,7 +40,7 @@ from redraft.io.prompts import encode_prompt
 def common_prefix(ref: list[int], got: list[int]) -> int:
     """Length of the common prefix (tokens after a divergence follow a different context and do not count)."""
     n = 0
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=False):  # a prefix: stops at the shorter
         if a != b:
             break
         n += 1
@@ -52,7 +52,7 @@ def draft_depths(text: str) -> list[int]:
     try:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,5,8")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,5,8") from None
     if not ks or ks[0] < 1 or ks[-1] > MAX_DRAFT_DEPTH:
         raise argparse.ArgumentTypeError(f"{text!r}: draft depths must be in 1..{MAX_DRAFT_DEPTH}")
     return ks
@@ -118,8 +118,8 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
             engine = build_engine(loaded.model, spec, eos_token_ids=loaded.eos_token_ids,
                                   corpus=corpus if cfg["corpus"] else None)
             match, identical, first, run, ties, settle = 0, 0, None, RunSummary(), 0, 0
-            for q, p, ref in tqdm(list(zip(qs, prompts, refs)), desc=f"{dtype} {name} exact={exact}", unit="q",
-                                  file=sys.stderr):
+            for q, p, ref in tqdm(list(zip(qs, prompts, refs, strict=True)), desc=f"{dtype} {name} exact={exact}",
+                                  unit="q", file=sys.stderr):
                 res = engine.generate(p, args.ngen, sampling=sampling)
                 m = common_prefix(ref.output_ids, res.output_ids)
                 same = m == len(ref.output_ids) == len(res.output_ids)

@@ -34,6 +34,7 @@ from redraft.cli.common import (
 from redraft.corpus import CorpusError
 from redraft.decoding.runstats import RunSummary, run_report, speculation_line
 from redraft.decoding.stopping import StopStrings
+from redraft.decoding.textstream import TextStream
 from redraft.io.prompts import encode_prompt
 
 
@@ -98,29 +99,16 @@ def _learn(corpus, ids: list[int], output: list[int], path: str | None) -> bool:
 def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, learn: str | None) -> int:
     """One PROMPT: the reply streamed to stdout as it is generated, the report to stderr."""
     stop = StopStrings(loaded.tokenizer, args.stop)
-    hold = max((len(x) for x in stop.stops), default=1) - 1  # a stop string may still be completing
+    stream = TextStream(loaded.tokenizer, stop)
 
-    tok = loaded.tokenizer
-    out: list[int] = []
-    shown = 0
-
-    def stream(new):
-        nonlocal shown
-        out.extend(new)
-        text = tok.decode(out, skip_special_tokens=True)
-        # hold back a trailing replacement char (the next token may complete a multi-byte character) and
-        # anything that could be the start of a stop string
-        safe = len(text.rstrip("\ufffd")) - hold
-        if stop.text is not None:  # this step completed a stop string: show exactly what precedes it
-            safe = len(stop.text)
-        if safe > shown:
-            sys.stdout.write(text[shown:safe])
+    def show(new: list[int]) -> None:
+        delta = stream.feed(new)
+        if delta:
+            sys.stdout.write(delta)
             sys.stdout.flush()
-            shown = safe
 
-    res = engine.generate(ids, args.ngen, on_tokens=stream, sampling=sampling, stop=stop if stop else None)
-    text = stop.text if res.stop_reason == "stop" else tok.decode(out, skip_special_tokens=True)
-    sys.stdout.write(text[shown:] + "\n")
+    res = engine.generate(ids, args.ngen, on_tokens=show, sampling=sampling, stop=stop if stop else None)
+    sys.stdout.write(stream.finish() + "\n")
     sys.stdout.flush()
     _learn(corpus, ids, res.output_ids, learn)
     tokens = args.tokens or os.environ.get("TOKENS") == "1"

@@ -102,7 +102,7 @@ def build_server(args, loaded=None):
     try:  # the cheap checks first, before the model load
         tenants = Tenants.from_file(args.tenants) if args.tenants else Tenants()
     except TenantsError as e:
-        raise _fail(str(e))
+        raise _fail(str(e)) from None
     for path in args.corpus:
         if not os.path.isfile(path):
             raise _fail(f"--corpus {path}: no such file")
@@ -113,7 +113,7 @@ def build_server(args, loaded=None):
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,
                                 sync=args.sync, learn=not args.no_learn, shared=args.corpus)
     except CorporaError as e:
-        raise _fail(str(e))
+        raise _fail(str(e)) from None
     generator = Generator(loaded, corpora, config)
     return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue)
 
@@ -130,7 +130,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
         sock.listen(128)
     except OSError as e:
-        raise _fail(f"cannot listen on {host}:{port} ({e.strerror or e})")
+        raise _fail(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
     return sock
 
 

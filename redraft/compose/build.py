@@ -154,7 +154,7 @@ def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **
     if curve is None:
         if model is None:
             raise ValueError("build_policy: give the target model (its cost curve is measured) or a cost curve")
-        from redraft.policy.cache import cached_cost_curve
+        from redraft.decoding.costcache import cached_cost_curve
 
         curve = cached_cost_curve(model)
     return SpeculationPolicy(curve, max_nodes=max_nodes, **kw)

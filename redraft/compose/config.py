@@ -142,7 +142,7 @@ class SpeculationConfig:
             redraft.compose.env.EnvError: a variable that is not what it must be.
         """
         e = read_draft_env(environ)
-        base = {"corpus": e.corpus, "k": e.k, "minacc": e.minacc}
+        base: dict[str, Any] = {"corpus": e.corpus, "k": e.k, "minacc": e.minacc}
         base.update(overrides)
         return cls(**base)
 

@@ -47,8 +47,8 @@ def most_frequent_tree(conts, recency, branches: int) -> tuple[list, list, list]
     if isinstance(conts, np.ndarray):
         if conts.shape[1] == 0:
             return [], [], []
-        order = np.lexsort(conts.T[::-1])
-        children = _array_children(conts[order], np.asarray(recency)[order])
+        rows = np.lexsort(conts.T[::-1])
+        children = _array_children(conts[rows], np.asarray(recency)[rows])
         M = conts.shape[0]
     else:
         order = sorted(range(len(conts)), key=conts.__getitem__)
@@ -96,7 +96,7 @@ def _array_children(conts: np.ndarray, recency: np.ndarray):
         starts = [0, *cuts.tolist()]
         ends = [*cuts.tolist(), hi - lo]
         out = []
-        for s, e in zip(starts, ends):
+        for s, e in zip(starts, ends, strict=True):
             tok = int(col[s])
             if tok >= 0:  # -1: occurrences that stop here (separator or corpus end)
                 out.append((e - s, int(recency[lo + s:lo + e].max()), lo + s, lo + e, tok))

@@ -67,7 +67,7 @@ def periodic_tail(context, n: int) -> tuple[list[int], int] | None:
     return run, run[r - p]
 
 
-def spans_to_flat(spans: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def spans_to_flat(spans: Sequence[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(tokens int64 [n], offsets int64 [n_spans + 1]) from a list of spans; empty spans are dropped."""
     arrays = [np.asarray(s, dtype=np.int64).reshape(-1) for s in spans]
     arrays = [a for a in arrays if len(a)]
@@ -94,7 +94,7 @@ class Corpus:
 
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
-    def from_spans(cls, spans: Sequence[Sequence[int]], vocab_size: int | None = None,
+    def from_spans(cls, spans: Sequence[Sequence[int] | np.ndarray], vocab_size: int | None = None,
                    fingerprint: str | None = None) -> Corpus:
         """Build from spans (each a sequence of ids >= 0, oldest first). Empty spans are dropped.
 
@@ -158,9 +158,9 @@ class Corpus:
         queries: dict[int, bytes] = {}
         best_n, hits = 0, []
         for seg in reversed(segments):
-            q = queries.get(seg.width)
-            if q is None:
-                q = queries[seg.width] = seg.encode(tail)
+            if seg.width not in queries:
+                queries[seg.width] = seg.encode(tail)
+            q = queries[seg.width]
             # An older segment only matters if it matches strictly longer (newer wins ties).
             need = max(min_n, best_n + (0 if all_segments else 1))
             m = seg.longest(q, need)
@@ -215,6 +215,7 @@ class Corpus:
                 if best is None or (align, run) > best[0] or ((align, run) == best[0] and i < best[2] and
                                                               seg is best[1]):
                     best = ((align, run), seg, i)
+        assert best is not None  # n > 0: the newest hit at least is a candidate
         _, seg, i = best
         return n, seg.continuation(i, k)
 
@@ -250,6 +251,8 @@ class Corpus:
         for seg in self._segments:
             bases[id(seg)] = base
             base += seg.length + 1
+        conts: list[list[int]] | np.ndarray
+        recency: list[int] | np.ndarray
         if sum(len(o) for _, o in samples) <= TREE_SMALL:
             conts, recency = [], []
             for seg, offs in samples:
@@ -266,7 +269,7 @@ class Corpus:
                         np.array(counts, dtype=np.int64), match_length=n, occurrences=total)
 
     # ---- growth ---------------------------------------------------------------------------------------------
-    def append(self, span: Sequence[int]) -> None:
+    def append(self, span: Sequence[int] | np.ndarray) -> None:
         """Append one span (ids >= 0, < vocab_size); lookups see it at once and prefer it (it is the newest).
 
         Indexes the span as a small segment and merges tail segments of similar size (never the base segment),
@@ -284,7 +287,7 @@ class Corpus:
             a = self._segments.pop()
             self._segments.append(_merge([a, b], self.vocab_size))
 
-    def with_span(self, span: Sequence[int]) -> Corpus:
+    def with_span(self, span: Sequence[int] | np.ndarray) -> Corpus:
         """A new corpus: this one plus ``span`` (as :meth:`append`); this one is left unchanged.
 
         Copy-on-write for readers on other threads: the segments are immutable and shared, only the list is
@@ -310,7 +313,7 @@ class Corpus:
     def span_list(self) -> list[np.ndarray]:
         """All spans as a list of int64 arrays, oldest first."""
         tokens, offsets = self.spans()
-        return [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
 
     @property
     def segments(self) -> list[SuffixIndex]:

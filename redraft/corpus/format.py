@@ -39,8 +39,11 @@ import struct
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
+
+from redraft.io.atomic import atomic_path
 
 from .errors import CorpusError
 from .index import BLOCK, SAMPLE, SuffixIndex
@@ -194,22 +197,16 @@ def append_text(path, spans: Iterable[Sequence[int] | np.ndarray]) -> int:
 def write_text(path, spans: Iterable[Sequence[int] | np.ndarray]) -> int:
     """Write spans as a new text corpus replacing ``path``, in :func:`append_text`'s layout.
 
-    Atomic: the spans are appended to a temporary file next to ``path``, which is then renamed over it.
-    Returns the number of spans written. Raises CorpusError as :func:`append_text`.
+    Atomic (:func:`redraft.io.atomic.atomic_path`): the spans are appended to a temporary file next to ``path``,
+    which is then renamed over it. Returns the number of spans written. Raises CorpusError as :func:`append_text`.
     """
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
     try:
-        open(tmp, "w").close()
-        n = append_text(tmp, spans)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            open(tmp, "w").close()
+            n = append_text(tmp, spans)
         return n
     except OSError as e:
         raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _tail_state(path: str) -> tuple[bool, bool]:
@@ -235,28 +232,14 @@ def _tail_state(path: str) -> tuple[bool, bool]:
 # ---- binary -----------------------------------------------------------------------------------------------------
 
 def _write_atomic(path, write) -> None:
-    """Call write(binary file) on a temporary file next to `path`, flush it to disk, rename it over `path`.
-
-    Any failure (an OSError, which becomes CorpusError, or an interruption) removes the temporary file and leaves
-    `path` as it was (redraft.io.atomic does the same for the other files redraft writes; this package stays
-    numpy-only)."""
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    """Call write(binary file) on a temporary file next to `path` and rename it over `path`
+    (:func:`redraft.io.atomic.atomic_path`). Any failure (an OSError, which becomes CorpusError, or an interruption)
+    removes the temporary file and leaves `path` as it was."""
     try:
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
-        raise
-
-
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot write corpus ({e.strerror or e})") from e
 # ---- binary -----------------------------------------------------------------------------------------------------
 def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, fingerprint: str | None) -> None:
     """Write one index segment (None = an empty corpus) in the binary format, version 2 (with CRC-32s), with the
@@ -270,7 +253,7 @@ def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, finge
     samples = seg.samples if seg else np.zeros(0, dtype=np.uint64)
     arrays = {"sa": np.asarray(sa), "table": np.asarray(table), "samples": np.asarray(samples), "stream": stream}
     raw = {name: np.ascontiguousarray(arr).view(np.uint8) for name, arr in arrays.items()}
-    header = {
+    header: dict[str, Any] = {
         "token_width": seg.width if seg else 2,
         "length": seg.length if seg else 0,
         "n_tokens": seg.n_tokens if seg else 0,
@@ -280,7 +263,7 @@ def write_binary(path, seg: SuffixIndex | None, *, vocab_size: int | None, finge
         "fingerprint": fingerprint,
         "block": BLOCK,
         "sample": SAMPLE,
-        "arrays": {name: {"crc32": zlib.crc32(raw[name])} for name in arrays},
+        "arrays": {name: {"crc32": zlib.crc32(raw[name].data)} for name in arrays},
     }
     # Offsets depend on the header length, which depends on the offsets' digits: size it with a generous guess.
     guess = len(json.dumps(header)) + 400

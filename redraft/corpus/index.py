@@ -172,7 +172,7 @@ class SuffixIndex:
         self.samples = samples
         self._packers: dict[int, struct.Struct] = {}
         self._sa_mv = _int_view(sa)
-        self._samples_mv = memoryview(np.ascontiguousarray(samples).view(np.uint8)).cast("Q")
+        self._samples_mv = np.ascontiguousarray(samples).view(np.uint8).data.cast("Q")
         self._levels = _level_views(table, -(-len(sa) // BLOCK))
 
     # ---- construction -------------------------------------------------------------------------------------
@@ -381,8 +381,9 @@ class SuffixIndex:
 
 def _int_view(arr: np.ndarray) -> memoryview:
     """Native int memoryview of an int32/int64 array (fast scalar indexing; numpy may label it '<i')."""
-    code = {4: "i", 8: "q"}[arr.dtype.itemsize]
-    return memoryview(np.ascontiguousarray(arr).view(np.uint8)).cast(code)
+    if arr.dtype.itemsize not in (4, 8):
+        raise ValueError(f"expected an int32 or int64 array, got {arr.dtype}")
+    return np.ascontiguousarray(arr).view(np.uint8).data.cast("i" if arr.dtype.itemsize == 4 else "q")
 
 
 def _common_symbols(a: bytes, b: bytes, w: int) -> int:

@@ -25,13 +25,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from redraft.io.atomic import atomic_path, fsync_dir
+
 MAGIC = b"RDJ\x01"
 _HEAD = struct.Struct("<4sII")  # magic, n ids, crc32
 _COUNT = struct.Struct("<I")
 MAX_RECORD_IDS = 1 << 26  # a larger count can only be a damaged length field
 
 
-def encode_record(span: Sequence[int]) -> bytes:
+def encode_record(span: Sequence[int] | np.ndarray) -> bytes:
     """The journal bytes of one span (ids int, 0 <= id < 2**32). Raises ValueError for an empty span."""
     ids = np.asarray(span, dtype=np.int64).reshape(-1)
     if len(ids) == 0:
@@ -117,34 +119,12 @@ def read_journal(path, *, vocab_size: int | None = None) -> Replay:
     return scan(data, vocab_size=vocab_size, where=os.fspath(path))
 
 
-def write_journal(path, spans: Sequence[Sequence[int]]) -> None:
-    """Write a whole journal atomically: a temporary file, fsync, rename, fsync of the directory."""
-    tmp = f"{os.fspath(path)}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            for s in spans:
-                f.write(encode_record(s))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def fsync_dir(directory) -> None:
-    """Make a rename or file creation in ``directory`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def write_journal(path, spans: Sequence[Sequence[int] | np.ndarray]) -> None:
+    """Write a whole journal atomically (:func:`redraft.io.atomic.atomic_path`: a temporary file, fsync, rename,
+    fsync of the directory). Raises OSError; ``path`` is then unchanged."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        for s in spans:
+            f.write(encode_record(s))
 
 
 class JournalWriter:
@@ -165,7 +145,7 @@ class JournalWriter:
         if created:
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
-    def append(self, span: Sequence[int]) -> None:
+    def append(self, span: Sequence[int] | np.ndarray) -> None:
         """Write one record (and fsync when ``sync``). On an OSError the file is cut back to its previous size,
         so a failed write never leaves a torn record in the middle of the journal, and the error is raised."""
         rec = encode_record(span)

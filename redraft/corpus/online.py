@@ -23,9 +23,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from redraft.io.atomic import fsync_dir, is_temporary_name
+
 from .corpus import Corpus, check_ids, load_corpus
 from .errors import CorpusError
-from .journal import JournalWriter, fsync_dir, read_journal, write_journal
+from .journal import JournalWriter, read_journal, write_journal
 
 COMPACT_MIN_TOKENS = 1 << 16  # journal tokens before a compaction is worth its rebuild
 EVICT_TO = 0.75  # eviction keeps the newest spans up to this share of the cap, so it runs once per cap/4 tokens
@@ -110,7 +112,7 @@ class OnlineCorpus:
                 "dropped_spans": self.dropped_spans, "problems": len(self.problems)}
 
     # ---- writes -----------------------------------------------------------------------------------------------
-    def append(self, span: Sequence[int]) -> bool:
+    def append(self, span: Sequence[int] | np.ndarray) -> bool:
         """Add one span; lookups see it as soon as this returns, and it is in the journal (fsynced when ``sync``).
 
         While an eviction runs, an append that would hold more than HARD_CAP * cap ids waits for it, so memory stays
@@ -164,6 +166,7 @@ class OnlineCorpus:
                     worker.start()
             if not wait:
                 return
+            assert worker is not None  # the one started here or the one already running
             worker.join()
             if started:
                 return
@@ -189,10 +192,12 @@ class OnlineCorpus:
         return self._journal_tokens >= due
 
     def _path(self, kind: str, gen: int) -> str:
+        assert self.directory is not None  # generations on disk exist only with a directory
         return os.path.join(self.directory, f"{kind}-{gen:06d}.{'bin' if kind == 'base' else 'rdj'}")
 
     def _open(self) -> None:
         """Load the newest complete generation, replay its journal, remove leftovers."""
+        assert self.directory is not None  # called only with a directory
         os.makedirs(self.directory, exist_ok=True)
         gens: dict[str, set[int]] = {"base": set(), "journal": set()}
         for name in os.listdir(self.directory):
@@ -239,9 +244,10 @@ class OnlineCorpus:
         self.warn(f"{path}: rewritten with its {len(spans)} valid records (the damaged file is {path}.damaged)")
 
     def _remove_other_generations(self) -> None:
+        assert self.directory is not None  # called only with a directory
         for name in os.listdir(self.directory):
             m = _FILE.match(name)
-            stale = (m and int(m.group(2)) != self._gen) or name.endswith(".tmp")
+            stale = (m and int(m.group(2)) != self._gen) or is_temporary_name(name) or name.endswith(".tmp")
             if stale:
                 try:
                     os.unlink(os.path.join(self.directory, name))
@@ -276,10 +282,7 @@ class OnlineCorpus:
         gen = self._gen + 1
         if self.directory is not None and nxt.n_tokens:
             base = self._path("base", gen)
-            nxt.save(base + ".tmp", fmt="binary")
-            with open(base + ".tmp", "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(base + ".tmp", base)
+            nxt.save(base, fmt="binary")  # atomic: complete or absent
         with self._lock:
             pending, self._pending = self._pending or [], None
             if self.directory is not None:
@@ -287,7 +290,8 @@ class OnlineCorpus:
                 write_journal(self._path("journal", gen), pending)
                 old = self._journal
                 self._journal = JournalWriter(self._path("journal", gen), sync=self.sync)
-                old.close()
+                if old is not None:
+                    old.close()
                 self._gen = gen
             for s in pending:
                 nxt = nxt.with_span(s)

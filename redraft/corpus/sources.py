@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import TypeGuard
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def read_jsonl(path) -> list[list[int]]:
     return spans
 
 
-def _int_list(x) -> bool:
+def _int_list(x) -> TypeGuard[list[int]]:
     return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 
@@ -121,7 +122,7 @@ def _log_ids(m, path, lineno: int, what: str) -> list[int]:
         ids = [int(w) for w in words]
     except ValueError:
         bad = next(w for w in words if not re.fullmatch(rb"-?\d+", w))
-        raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer")
+        raise CorpusError(f"{path}:{lineno}: token {bad.decode('utf-8', 'replace')!r} is not an integer") from None
     if len(ids) != int(m.group(1)):
         raise CorpusError(f"{path}:{lineno}: line says {int(m.group(1))} ids but has "
                           f"{len(ids)} (truncated {what} line?)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 # Symbol width in bytes -> (big-endian numpy dtype, struct code, largest token id it can hold).
-WIDTHS = {
+WIDTHS: dict[int, tuple[np.dtype, str, int]] = {
     2: (np.dtype(">u2"), "H", 0xFFFF - 1),
     4: (np.dtype(">u4"), "I", 0xFFFFFFFF - 1),
 }

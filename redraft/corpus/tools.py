@@ -61,7 +61,7 @@ def append_to_corpus(corpus_path, inputs, *, vocab_size=None, fingerprint=None, 
     base = load_corpus(corpus_path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
     vocab = vocab_size if vocab_size is not None else base.vocab_size
     tokens, offsets, fp = _gather(list(inputs), vocab, base.fingerprint or fingerprint, force, progress)
-    spans = [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+    spans = [tokens[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)]
     if fmt == "text":
         append_text(corpus_path, spans)
         for span in spans:
@@ -154,7 +154,7 @@ def corpus_stats(path, *, vocab_size=None, fingerprint=None, force=False, top: i
     out["file_bytes_per_token"] = out["file_bytes"] / out["n_tokens"] if out["n_tokens"] else 0.0
     tokens, offsets = corpus.spans()
     out["distinct_ngrams"] = {n: distinct_ngrams(tokens, offsets, n) for n in ngram_sizes}
-    counts = Counter(tokens[a:b].tobytes() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+    counts = Counter(tokens[a:b].tobytes() for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True))
     out["top_repeated_spans"] = [
         {"count": c, "length": len(key) // 8, "head": np.frombuffer(key, dtype=np.int64)[:8].tolist()}
         for key, c in counts.most_common(top) if c > 1

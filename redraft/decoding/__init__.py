@@ -1,5 +1,7 @@
 """The decode step: the engine's loop, verify forwards, token choice, exact mode, the target model, stopping,
-the model's generation_config processors and run statistics.
+the model's generation_config processors and run statistics; streamed text (:mod:`redraft.decoding.textstream`);
+the verify cost curve measured with target forwards and cached (:mod:`redraft.decoding.costmeasure`,
+:mod:`redraft.decoding.costcache`), which the policy package only receives.
 
 Data flows one way through it: a drafted :class:`~redraft.tree.TokenTree` -> verify forward
 (:mod:`redraft.decoding.target`, :mod:`redraft.decoding.verify`) -> token choice (:mod:`redraft.decoding.sampling`)

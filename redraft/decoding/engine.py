@@ -318,7 +318,7 @@ class Engine:
             return [float(margins[r]) < self.exact_margin for r in rows]
         need = near_tie_threshold(logits[rows], self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
         if not chooser.processors:
-            return [float(margins[r]) < float(m) for r, m in zip(rows, need)]
+            return [float(margins[r]) < float(m) for r, m in zip(rows, need, strict=True)]
         # Logits processors (penalties, biases, masks) reshape each logit monotonically, so a choice holds for every
         # row within the noise iff it holds for the worst one: its logit lowered by half the threshold, the others
         # raised by it (a penalty's factor then scales the noise of exactly the logits it scales).
@@ -326,7 +326,7 @@ class Engine:
         worst = logits[rows].double() + (need.double() / 2).unsqueeze(-1)
         worst[range(len(rows)), chosen] -= need.double()
         got, gaps = chooser.choose(worst, [row_pos[r] for r in rows], [extra[r] for r in rows] if extra else None)
-        return [g != c or float(m) <= 0.0 for g, c, m in zip(got, chosen, gaps)]
+        return [g != c or float(m) <= 0.0 for g, c, m in zip(got, chosen, gaps, strict=True)]
 
     def _replay_plain(self, res: GenerationResult, buf: np.ndarray, n_ctx: int, prompt: list[int],
                       plain_len: int) -> tuple[list[int], int]:
@@ -381,7 +381,7 @@ class Engine:
         res.accepted_per_forward.append(len(path))
         res.draft_depth_per_forward.append(max(depths, default=0))
         proposed: dict[str, int] = {}
-        for s, depth in zip(tree.sources, tree.depths):
+        for s, depth in zip(tree.sources, tree.depths, strict=True):
             if judged is None or depth <= judged:
                 proposed[s] = proposed.get(s, 0) + 1
         res.source_per_forward.append(tuple(d.name for d in self.drafters if d.name in proposed))

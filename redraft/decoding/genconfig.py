@@ -198,7 +198,7 @@ def _convert(name: str, value):
         try:
             start, factor = value
         except (TypeError, ValueError):
-            raise bad("a (start, factor) pair")
+            raise bad("a (start, factor) pair") from None
         if not isinstance(start, int) or isinstance(start, bool) or start < 0 or not _number(factor):
             raise bad("a (start, factor) pair: an integer >= 0 and a number")
         return int(start), float(factor)

@@ -53,7 +53,15 @@ class SourceStats:
         """accepted / proposed draft tokens (0.0 when nothing was proposed)."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
+    def to_dict(self, digits: int | None = None) -> dict[str, int | float | None]:
+        """The one serialised form (JSON results, the server's statistics field): the counts plus ``acceptance``,
+        None when nothing was proposed; rounded to ``digits`` decimals when given. :meth:`add` reads it back."""
+        acc = round(self.acceptance, digits) if digits is not None else self.acceptance
+        return {**{key: getattr(self, key) for key in COUNTS}, "acceptance": acc if self.proposed else None}
+
     def add(self, counts) -> None:
+        """Add another source's counts: a SourceStats, anything with those attributes, or a mapping (its
+        :meth:`to_dict`); missing counts add 0."""
         for key in COUNTS:
             v = counts.get(key, 0) if isinstance(counts, Mapping) else getattr(counts, key, 0)
             setattr(self, key, getattr(self, key) + int(v or 0))

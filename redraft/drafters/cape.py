@@ -42,7 +42,7 @@ class CapeBins:
 
     def extras_for(self, p: float) -> int:
         """Number of sibling alternatives for a draft step whose top probability is ``p``."""
-        for t, e in zip(self.thresholds, self.extras):
+        for t, e in zip(self.thresholds, self.extras[:-1], strict=True):
             if p < t:
                 return e
         return self.extras[-1]
@@ -78,7 +78,7 @@ def expand(spine: Sequence[int], alternatives: Sequence[Sequence[int]], source: 
     tokens: list[int] = []
     parents: list[int] = []
     parent = -1
-    for tok, alts in zip(spine, alternatives):
+    for tok, alts in zip(spine, alternatives, strict=True):
         here = len(tokens)
         tokens.append(int(tok))
         parents.append(parent)

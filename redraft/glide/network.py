@@ -111,7 +111,7 @@ class CrossAttention(nn.Module):
     information, but which entry is newest depends on the draft depth (the block mask hides the last d entries
     from depth d), and rotary scores alone cannot express "the newest visible key" for every depth at once.
 
-    With ``cfg.cross_gate`` (ours, issue 15) the output goes through an RMSNorm whose per-channel gain starts at
+    With ``cfg.cross_gate`` (ours; docs/glide.md) the output goes through an RMSNorm whose per-channel gain starts at
     zero, so its size is a learned parameter in the residual stream's units (Flamingo's zero-initialised tanh gate,
     Alayrac et al. 2022, per channel). Why: without it, a draft trained from a zero o_proj ends with a
     cross-attention output ~20x the residual stream it is added to (measured, docs/glide.md): Adam moves every
@@ -180,7 +180,7 @@ def newest_entry(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, ro
                  n_queries: int) -> torch.Tensor:
     """Each query's newest visible target entry: [K | V] with K's rotary undone, zero where nothing is visible.
 
-    Why (ours, issue 15): a linear probe on the target's last-layer K/V at the position just before the root
+    Why (ours; docs/glide.md): a linear probe on the target's last-layer K/V at the position just before the root
     predicts the token after the root 7 points better than the root's embedding alone, but softmax attention with
     rotary scores cannot single out "the newest visible key" (which one it is depends on the draft depth). Every
     visible set here is a prefix (block mask, prefix mask, or everything), so the newest entry is at index

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
 
     corpus = work / "corpus.txt"
     corpus.unlink(missing_ok=True)
-    append_spans(corpus, [pr + out for pr, out in zip(plain["prompts"], plain["outputs"])])
+    append_spans(corpus, [pr + out for pr, out in zip(plain["prompts"], plain["outputs"], strict=True)])
     env_replay = {**env, "REDRAFT_DRAFT_CORPUS": str(corpus)}
     replay = spawn(args, args.k, work / "replay.json", env_replay)
     if replay is None:
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
 
 def report(plain: dict, replay: dict, args, corpus: Path) -> int:
     """Print the figures; 0 when every question's ids are identical, else 1."""
-    same = [a == b for a, b in zip(plain["outputs"], replay["outputs"])]
+    same = [a == b for a, b in zip(plain["outputs"], replay["outputs"], strict=True)]
     tps_plain = plain["tokens"] / plain["seconds"]
     tps_replay = replay["tokens"] / replay["seconds"]
     s = replay["spec"]
@@ -169,7 +169,7 @@ def report(plain: dict, replay: dict, args, corpus: Path) -> int:
     for i, ok in enumerate(same):
         if not ok:
             a, b = plain["outputs"][i], replay["outputs"][i]
-            j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             print(f"  question {i}: first difference at output token {j} ({a[j:j + 4]} vs {b[j:j + 4]})")
     return 0 if all(same) else 1
 

@@ -199,8 +199,8 @@ class SpanLearner:
     """Finished requests into the in-memory corpus (drafted from at once) and, on one rank, the learned file.
 
     The file is a text corpus written with :func:`redraft.io.freeze.append_spans` (one span per line, ``-1`` between
-    spans); the server's append-only journal, once it lands, replaces it. A write error turns file writes off with
-    one warning; generation goes on.
+    spans), which ``redraft run --corpus`` and the corpus tools read. A write error turns file writes off with one
+    warning; generation goes on.
     """
 
     def __init__(self, corpus: Corpus, path: str | None, write: bool) -> None:

@@ -1,13 +1,14 @@
 """Atomic file writes: a file redraft writes is complete or absent, never half-written.
 
-Every writer (bench results and plots, cost curves, GliDe checkpoints and training data, demo / oracle JSON, the
-policy's cost-curve cache) writes to a temporary file next to the target and renames it over the target once the
-write returned: ``os.replace`` within one directory is atomic on POSIX, so a reader (or a later ``--resume``)
-sees the old file or the new one. A write that fails or is interrupted removes its temporary file and leaves the
-old target untouched. Corpus files are written the same way by :mod:`redraft.corpus.format`, which keeps its own
-copy of this logic so that package needs numpy only.
+Every writer (corpus files and journals, bench results and plots, cost curves, GliDe checkpoints and training
+data, demo / oracle JSON, self-written questions) writes to a temporary file next to the target and renames it over
+the target once the write returned: ``os.replace`` within one directory is atomic on POSIX, so a reader (or a later
+``--resume``) sees the old file or the new one. The data is fsynced before the rename and the directory after it, so
+the new file also survives a crash of the machine. A write that fails or is interrupted removes its temporary file
+and leaves the old target untouched.
 
-A leaf module: standard library only, no torch.
+A leaf module: standard library only (no numpy, no torch, nothing else of redraft), so that the numpy-only
+:mod:`redraft.corpus` package writes its files through it too.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 _serial = itertools.count()
+TEMPORARY = re.compile(r"\..*\.tmp-\d+-\d+(\.[^.]*)?")
 
 
 def temporary_name(path: str | os.PathLike) -> Path:
@@ -27,6 +30,26 @@ def temporary_name(path: str | os.PathLike) -> Path:
     unique within this process: ``dir/.NAME.tmp-PID-N.SUFFIX``."""
     p = Path(path)
     return p.with_name(f".{p.stem}.tmp-{os.getpid()}-{next(_serial)}{p.suffix}")
+
+
+def is_temporary_name(name: str) -> bool:
+    """True for a file name :func:`temporary_name` makes (a leftover of an interrupted process, safe to remove)."""
+    return TEMPORARY.fullmatch(name) is not None
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename or file creation in ``directory`` durable (a no-op where directories cannot be opened or
+    synced, as on Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -52,6 +75,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        fsync_dir(tmp.parent)  # the rename itself is on disk
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename in (str(tmp), tmp):

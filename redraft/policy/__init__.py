@@ -2,11 +2,12 @@
 
 The rule
     A verify forward with n draft tokens costs c(n) plain 1-token steps, c(0) = 1, measured where redraft runs
-    (:mod:`~redraft.policy.measure`, cached by :mod:`~redraft.policy.cache` per model, dtype, device, thread count
-    and machine). Each candidate node i gets q(i) = P(accepted | parent accepted) from what was learned online
-    about its source at its depth (:mod:`~redraft.policy.acceptance`: decayed Beta counts, so the estimate follows
-    the last few forwards) blended with what the source knows about this draft (:mod:`~redraft.policy.priors`:
-    corpus continuation counts, match length). P(i) = product of q along the path is the chance the node is
+    (:class:`~redraft.policy.costcurve.CostCurve`; measured by :mod:`redraft.decoding.costmeasure` and cached by
+    :mod:`redraft.decoding.costcache` per model, dtype, device, thread count and machine). Each candidate node i
+    gets q(i) = P(accepted | parent accepted) from what was learned online about its source at its depth
+    (:mod:`~redraft.policy.acceptance`: decayed Beta counts, so the estimate follows the last few forwards)
+    blended with what the source knows about this draft (:mod:`~redraft.policy.priors`: corpus continuation counts,
+    match length). P(i) = product of q along the path is the chance the node is
     accepted, and a kept subtree K yields E(K) = 1 + sum_{i in K} P(i) tokens. The policy keeps the K that
     maximises
 
@@ -32,41 +33,38 @@ What it replaces
     per-node priors, and the depth bound comes out of the cost curve instead (an optional
     :func:`~redraft.policy.priors.depth_limit` reproduces SuffixDecoding's cap).
 
-How the engine calls it (one SpeculationPolicy per Engine; it keeps learning across generations)::
+How the engine calls it (one SpeculationPolicy per Engine; it keeps learning across generations), per verify
+forward, in :meth:`redraft.decoding.engine.Engine.generate`:
 
-    curve = cached_cost_curve(target)                # once at start-up (~3.5 s the first time on the 2-core dev CPU)
-    policy = SpeculationPolicy(curve, max_nodes=tree_budget)
-    # each step, after the drafters proposed a candidate tree (a chain is parents = [-1, 0, 1, ...]):
-    priors = source_priors(tree.parents, counts=tree.counts, match_length=tree.match_length)   # or None
-    sel = policy.plan(tree.parents, tree.sources, priors, max_depth=tokens_left - 1)
-    tree = tree restricted to sel.nodes               # subtree_parents(tree.parents, sel.nodes) renumbers
-    ... verify forward over the kept nodes, accepted path ...
-    for source, (depth, accepted) in source_outcomes(kept.parents, kept.sources, path).items():
-        policy.observe(source, depth, accepted)
+1. each drafter's proposal (a :class:`~redraft.tree.TokenTree`) goes into an :class:`~redraft.policy.apply.Candidates`,
+   which keeps per node its policy key (source and match length, :func:`~redraft.policy.apply.policy_key`) and its
+   prior (:func:`~redraft.policy.apply.proposal_priors`: corpus continuation counts, match length);
+2. :func:`~redraft.policy.apply.cut` asks :meth:`SpeculationPolicy.plan` which nodes to verify (within the step's
+   token and depth limits) and returns them as the verify tree; in priority mode the sources are tried in order and
+   the first proposal the policy keeps any of is verified;
+3. after the verify forward :func:`~redraft.policy.apply.observe_outcomes` feeds :meth:`SpeculationPolicy.observe`
+   what each source proposed and got accepted, counting only what the output reached.
 
-    # a single chain: policy.depth(source, len(chain), priors) -> tokens to keep, then observe(...)
-    # priority mode (first source with a proposal wins): plan the first candidate; if nothing is kept, the next.
+The policy is built with a curve: ``SpeculationPolicy(curve, max_nodes=...)``; the default one for a model on this
+machine is :func:`redraft.compose.build_policy` (the cached curve, measured first if missing: ~3.5 s on
+the 2-core development CPU).
 
 Limits: the curve is measured with chain forwards; a token tree's 4D mask can cost a little more (``redraft bench
 cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, against ~65 ms for a verify forward here.
 
-Modules: costcurve (c(n), interpolation), measure (timing forwards, shared with ``redraft bench cost``), cache
-(on-disk cache, atomic), acceptance (online per-source estimates), priors (source self-knowledge), select (the
-subtree choice), speculation (SpeculationPolicy: all of it per step, with probes), apply (the engine's side: a
-step's candidate tree with per-source priors and keys, the cut, the outcomes fed back).
-Everything but measure and cache is numpy only.
-
-The policy is built by the composition point, :func:`redraft.compose.build_engine` (from a
+Modules (numpy only, no target model): costcurve (c(n), interpolation), acceptance (online per-source
+estimates), priors (source self-knowledge), select (the subtree choice), speculation (SpeculationPolicy: all of it
+per step, with probes), apply (the engine's side: a step's candidate tree with per-source priors and keys, the cut,
+the outcomes fed back). The policy is built by the composition point, :func:`redraft.compose.build_engine` (from a
 :class:`~redraft.compose.SpeculationConfig` with the policy on, the default; ``redraft.compose.build_policy(model)``
 for one alone); every front end (``run``, ``demo``, ``bench run``'s ``policy`` method, ``serve``) builds through it.
 """
 
 from redraft.policy.acceptance import AcceptanceTracker
-from redraft.policy.cache import cached_cost_curve
 from redraft.policy.costcurve import CostCurve
 from redraft.policy.priors import count_priors, depth_limit, source_priors, succession_priors
 from redraft.policy.select import Selection, select_nodes, source_outcomes, subtree_parents
 from redraft.policy.speculation import SpeculationPolicy
 
-__all__ = ["AcceptanceTracker", "CostCurve", "Selection", "SpeculationPolicy", "cached_cost_curve", "count_priors",
+__all__ = ["AcceptanceTracker", "CostCurve", "Selection", "SpeculationPolicy", "count_priors",
            "depth_limit", "select_nodes", "source_outcomes", "source_priors", "subtree_parents", "succession_priors"]

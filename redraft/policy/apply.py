@@ -66,7 +66,7 @@ class Candidates:
         prior = proposal_priors(proposal) if added else None
         if prior is not None:
             mapped: list[int] = []  # proposal node -> candidate node (-1: dropped by the budget or depth)
-            for i, (t, p) in enumerate(zip(proposal.tokens, proposal.parents)):
+            for i, (t, p) in enumerate(zip(proposal.tokens, proposal.parents, strict=True)):
                 m = -1 if p >= 0 and mapped[p] < 0 else self.tree.child(-1 if p < 0 else mapped[p], t)
                 mapped.append(m)
                 if m >= before:
@@ -108,4 +108,3 @@ def observe_outcomes(policy: SpeculationPolicy, tree: TokenTree, keys: Sequence[
         if judged is not None:
             depth = min(depth, judged)
         policy.observe(source, depth, min(accepted, depth))
-

@@ -30,7 +30,8 @@ def node_depths(parents: Sequence[int]) -> np.ndarray:
     return depths
 
 
-def count_priors(parents: Sequence[int], counts: Sequence[float], root_count: float | None = None) -> np.ndarray:
+def count_priors(parents: Sequence[int], counts: Sequence[float] | np.ndarray,
+                 root_count: float | None = None) -> np.ndarray:
     """float64 [N]: count(node) / count(parent), clipped to [0, 1] (SuffixDecoding's continuation frequency).
 
     Args:
@@ -43,7 +44,7 @@ def count_priors(parents: Sequence[int], counts: Sequence[float], root_count: fl
     if len(counts) != len(parents):
         raise ValueError(f"count_priors: {len(counts)} counts for {len(parents)} nodes")
     if root_count is None:
-        root_count = float(sum(c for c, p in zip(counts, parents) if p < 0))
+        root_count = float(sum(c for c, p in zip(counts, parents, strict=True) if p < 0))
     denom = np.array([root_count if p < 0 else counts[p] for p in parents], dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(denom > 0, counts / np.where(denom > 0, denom, 1.0), 0.0)

@@ -45,7 +45,7 @@ class Selection:
         return len(self.nodes)
 
 
-def path_probabilities(parents: Sequence[int], cond: Sequence[float]) -> np.ndarray:
+def path_probabilities(parents: Sequence[int], cond: Sequence[float] | np.ndarray) -> np.ndarray:
     """float64 [N]: P(node accepted) = product of ``cond`` from the root's child down to the node."""
     prob = np.empty(len(parents))
     for i, p in enumerate(parents):
@@ -63,8 +63,8 @@ def with_ancestors(parents: Sequence[int], nodes: Iterable[int]) -> list[int]:
     return sorted(keep)
 
 
-def select_nodes(parents: Sequence[int], cond: Sequence[float], costs: np.ndarray, *, forced: Iterable[int] = (),
-                 budget: int | None = None, min_gain: float = 0.0) -> Selection:
+def select_nodes(parents: Sequence[int], cond: Sequence[float] | np.ndarray, costs: np.ndarray, *,
+                 forced: Iterable[int] = (), budget: int | None = None, min_gain: float = 0.0) -> Selection:
     """The subtree of ``parents`` to verify, maximising expected tokens / c(size).
 
     Args:

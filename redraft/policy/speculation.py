@@ -39,7 +39,7 @@ class SpeculationPolicy:
     """Chooses each step's verified draft from the measured cost curve and per-source acceptance.
 
     Args:
-        curve: the verify cost curve c(n) measured here (:func:`redraft.policy.cache.cached_cost_curve`).
+        curve: the verify cost curve c(n) measured here (:func:`redraft.decoding.costcache.cached_cost_curve`).
         max_nodes: most draft nodes in one verify forward (the tree budget; also the deepest chain).
         tracker: the acceptance estimates (default: a fresh :class:`AcceptanceTracker` over ``max_nodes`` levels).
         probe_overhead: the share of a plain step an idle source's probes may cost on average (> 0).
@@ -80,7 +80,7 @@ class SpeculationPolicy:
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
         cond = np.empty(len(parents))
-        for i, (p, s) in enumerate(zip(parents, sources)):
+        for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
             lvl = min(int(depths[i]), tr.max_depth) - 1
             if prior is not None and not np.isnan(prior[i]):
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))

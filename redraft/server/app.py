@@ -334,9 +334,7 @@ def _stats(job: Job, out: Outcome) -> dict[str, Any]:
     """The ``redraft`` extension field: this request's speculation statistics and timings."""
     res = out.result
     return {"tokens_per_forward": round(res.tokens_per_forward, 4), "forwards": res.forwards,
-            "sources": {name: {"proposed": st.proposed, "accepted": st.accepted,
-                               "acceptance": round(st.acceptance, 4), "drafts": st.steps}
-                        for name, st in res.sources.items()},
+            "sources": {name: st.to_dict(digits=4) for name, st in res.sources.items()},
             "queue_seconds": round(job.queue_seconds, 4), "generation_seconds": round(res.seconds, 4),
             "tokens_per_second": round(res.tokens_per_second, 2), "learned": out.learned,
             "seed": job.payload.sampling.seed}

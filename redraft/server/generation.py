@@ -21,6 +21,7 @@ from redraft.decoding.engine import GenerationResult
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
+from redraft.decoding.textstream import TextStream
 
 from .corpora import TenantCorpora
 from .scheduler import Cancelled, Job
@@ -45,38 +46,6 @@ class Outcome:
     text: str
     finish_reason: str
     learned: bool
-
-
-class TextStream:
-    """Turns a growing list of output ids into text deltas that never need to be taken back.
-
-    A trailing U+FFFD is held back (the next token may complete a multi-byte character), and so are the last
-    ``len(longest stop string) - 1`` characters (they may begin a stop string); once the engine finds a stop string
-    the text is cut before it. The deltas therefore concatenate to exactly the non-streamed text.
-    """
-
-    def __init__(self, tokenizer, stop: StopStrings) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
-        self.hold = max((len(s) for s in stop.stops), default=1) - 1
-        self.ids: list[int] = []
-        self.shown = 0
-
-    def feed(self, new: list[int]) -> str:
-        """Delta for newly emitted ids ('' when everything new must still be held back)."""
-        self.ids.extend(new)
-        if self.stop.text is not None:
-            text, safe = self.stop.text, len(self.stop.text)
-        else:
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            safe = len(text.rstrip("\ufffd")) - self.hold
-        if safe <= self.shown:
-            return ""
-        delta, self.shown = text[self.shown:safe], safe
-        return delta
-
-    def finish(self, final: str) -> str:
-        """What remains of ``final`` (the whole output text) after the deltas already given."""
-        return final[self.shown:]
 
 
 class Generator:

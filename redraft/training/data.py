@@ -155,7 +155,7 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     for b in range(B):
         done[b] = int(nxt[b]) in eos or max_new_tokens <= 1
     step_labels, step_ti, step_tl = [], [], []
-    for t in range(max_new_tokens - 1):
+    for _ in range(max_new_tokens - 1):
         if all(done):
             break
         for b in range(B):

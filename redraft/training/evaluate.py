@@ -82,14 +82,14 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
         engines.append(engine)
     results = [Result(c.label) for c in configs]
     # interleaved per question, so that load from other processes hits every configuration alike
-    for q, p in zip(question_ids, prompts):
-        for engine, res in zip(engines, results):
+    for q, p in zip(question_ids, prompts, strict=True):
+        for engine, res in zip(engines, results, strict=True):
             g = engine.generate(p, ngen)
             res.run.add(g)
             res.outputs.append(g.output_ids)
         print(f"  question {q} done", file=log, flush=True)
     for res in results:
-        res.identical = sum(a == b for a, b in zip(res.outputs, results[0].outputs))
+        res.identical = sum(a == b for a, b in zip(res.outputs, results[0].outputs, strict=True))
         acc = f"{res.acceptance:.1%}" if res.proposed else "-"
         print(f"  {res.label}: {res.tokens_per_forward:.2f} tokens/forward, acceptance {acc}, "
               f"{res.tokens_per_second:.1f} tok/s, identical {res.identical}/{res.questions}", file=log, flush=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from redraft.io.atomic import write_json
+
 TOPICS = (
     "cooking", "baking bread", "gardening", "houseplants", "personal finance", "saving for retirement", "budgeting",
     "the stock market", "cryptocurrency", "climate change", "renewable energy", "solar panels", "electric cars",
@@ -175,7 +177,5 @@ def load_or_make(path: Path, model, tokenizer, n: int, **kw) -> list[str]:
         return have[:n]
     qs = sample_questions(model, tokenizer, n, existing=have, **kw)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(qs, indent=0))
-    tmp.replace(path)
+    write_json(path, qs, indent=0)
     return qs

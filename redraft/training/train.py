@@ -55,7 +55,7 @@ class TrainConfig:
         cross_newest: GliDe draft that also reads the newest visible target entry directly (ours, see
             :func:`redraft.glide.network.newest_entry`).
         cross_gate: GliDe draft whose cross-attention output has a learned, zero-initialised size (ours, see
-            :class:`redraft.glide.network.CrossAttention`); on by default since issue 15 (False = issue 5's drafts).
+            :class:`redraft.glide.network.CrossAttention`); on by default (False = the ungated drafts of docs/glide.md).
         soft_weight: weight of the target's top-k distribution in the loss (0 = greedy labels only; needs
             records with top-k, see :func:`redraft.training.objective.draft_loss`).
         device: where the draft trains ("cpu", "cuda", "cuda:1", ...); the records stay in CPU memory.
@@ -227,7 +227,7 @@ class Trainer:
         """Endless (epoch, batch records, block offset) stream, deterministic given the seed; skips done steps."""
         step, epoch = 0, 0
         while True:
-            for i, idx in enumerate(self._epoch_batches(epoch)):
+            for idx in self._epoch_batches(epoch):
                 if step >= self.state.step:
                     rng = random.Random(self.cfg.seed * 7919 + step)
                     offset = rng.randrange(self.cfg.block) if self.cfg.offset_jitter else 0

@@ -1,4 +1,6 @@
-"""The measured cost curve, cached on disk per model, dtype, thread count and machine.
+"""The measured cost curve, cached on disk per model, dtype, thread count and machine (the default policy is built on
+it by :func:`redraft.compose.build_policy`). The policy package itself only takes a
+:class:`~redraft.policy.costcurve.CostCurve`; measuring one runs target forwards, so it lives here, beside the target.
 
 A curve measured on one machine says nothing about another (a GPU verifies 64 tokens for about the price of one;
 a 2-core CPU does not), nor about the same machine with another thread count or dtype. The cache key holds all of
@@ -18,11 +20,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from redraft.decoding.costmeasure import measure_cost_curve
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.policy.costcurve import CostCurve
-from redraft.policy.measure import measure_cost_curve
 
 SCHEMA = "redraft-cost-curve/1"
 
@@ -101,7 +103,10 @@ def load_curve(path: str | os.PathLike, key: dict) -> CostCurve | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("key") != key:
             raise ValueError("its key does not match this model/machine")
-        return CostCurve.from_dict(data.get("curve"))
+        curve = data.get("curve")
+        if not isinstance(curve, dict):
+            raise ValueError("it holds no curve object")
+        return CostCurve.from_dict(curve)
     except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         warnings.warn(f"cost curve cache {path}: ignored ({e}); measuring again", RuntimeWarning, stacklevel=2)
         return None
@@ -142,3 +147,4 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
         curve = measure(model, key["sizes"], prefix=prefix, repeats=repeats)
         save_curve(path, key, curve)
     return curve
+
