@@ -11,8 +11,6 @@ from pathlib import Path
 # Draft depth (tokens along one path). Colibri's COLI_CORPUS_K default and cap.
 CORPUS_K_DEFAULT = 8
 MAX_DRAFT_DEPTH = 48
-# `redraft serve` drafts adaptively up to this depth: its learned corpus is mostly replays, where deep drafts pay
-SERVE_CORPUS_K_MAX = 32
 
 # Corpus acceptance guard (Colibri's COLI_CORPUS_MINACC): pause for CORPUS_PAUSE emitted tokens when acceptance
 # over the last window (three drafts' worth of tokens, at least CORPUS_WINDOW) is below CORPUS_MINACC.

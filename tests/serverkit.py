@@ -35,8 +35,11 @@ def save_tiny_model(d: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """The tiny model saved once per test module (conftest.py shares this fixture with every test module)."""
-    return save_tiny_model(tmp_path_factory.mktemp("serve-model"))
+    """The tiny model saved once per test module (conftest.py shares this fixture with every test module). While the module runs,
+    redraft's cache (the server's cost curve) is a temporary directory: never the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("serve-cache")))
+        yield save_tiny_model(tmp_path_factory.mktemp("serve-model"))
 
 
 @pytest.fixture(scope="module")

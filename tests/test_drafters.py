@@ -10,9 +10,10 @@ from conftest import VOCAB, plain_greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
-from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.drafters.frozen_corpus import K_MAX, clamp_k
 from redraft.tree import TokenTree
 

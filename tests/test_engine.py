@@ -28,12 +28,13 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.runstats import speculation_line
 from redraft.defaults import EXACT_SAFETY
-from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]

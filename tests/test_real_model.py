@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from conftest import RecordingTarget, generate_tracking, top2_gap
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
 from redraft.decoding.sampling import SamplingParams
-from redraft.drafters import build_drafters
 
 pytestmark = pytest.mark.slow
 

@@ -253,13 +253,10 @@ def phase_load(cfg: ServeBenchConfig, work: Path) -> dict:
 def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
-    from redraft.decoding.engine import Engine
-
     # torch-bound: the direct run
-    from redraft.drafters import build_drafters
+    from redraft.compose import SpeculationConfig, build_engine, build_policy
     from redraft.io.loading import load_model
     from redraft.io.prompts import encode_prompt
-    from redraft.server.generation import DraftSettings
 
     question = _questions(1)[0]
     http, direct = [], []
@@ -278,10 +275,10 @@ def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
         torch.set_num_threads(cfg.threads)
     loaded = load_model(cfg.model, quiet=True)
     ids = encode_prompt(loaded.tokenizer, [{"role": "user", "content": question}], chat=True)  # as the server
-    d = DraftSettings()  # the server's draft sources at their defaults, no corpus (a --no-learn server)
+    spec = SpeculationConfig()  # the server's speculation at its defaults, no corpus (a --no-learn server)
+    policy = build_policy(loaded.model, max_nodes=spec.policy_nodes)  # one, learning across repeats as the server's
     for _ in range(cfg.repeats):
-        engine = Engine(loaded.model, build_drafters(None, k=d.k, minacc=d.minacc, ngram=d.ngram, k_max=d.k_max),
-                        eos_token_ids=loaded.eos_token_ids, max_depth=max(d.k, d.k_max or 0))
+        engine = build_engine(loaded.model, spec, eos_token_ids=loaded.eos_token_ids, policy=policy)
         res = engine.generate(ids, cfg.max_tokens)
         direct.append((res.tokens_per_second, loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True)))
     h, d = sorted(x for x, _ in http), sorted(x for x, _ in direct)

@@ -13,13 +13,13 @@ import sys
 from redraft.cli.common import (
     add_dtype_arg,
     add_model_arg,
+    add_speculation_args,
     add_threads_arg,
+    config_from_args,
     int_between,
     load_model_or_exit,
-    percent,
     positive,
 )
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX
 from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
@@ -52,14 +52,7 @@ def register(sub) -> None:
     p.add_argument("--cap-tokens", type=positive, default=DEFAULT_CAP_TOKENS, metavar="N",
                    help=f"most ids in each tenant's learned corpus; the oldest spans are evicted beyond it "
                         f"(default {DEFAULT_CAP_TOKENS:,})")
-    p.add_argument("--k", type=int_between(1, MAX_DRAFT_DEPTH), default=CORPUS_K_DEFAULT,
-                   help=f"corpus draft depth (default {CORPUS_K_DEFAULT})")
-    p.add_argument("--k-max", type=int_between(1, MAX_DRAFT_DEPTH), default=SERVE_CORPUS_K_MAX,
-                   help=f"adaptive corpus depth: doubles while drafts are accepted whole, up to K "
-                        f"(default {SERVE_CORPUS_K_MAX})")
-    p.add_argument("--minacc", type=percent, default=100 * CORPUS_MINACC, metavar="PCT",
-                   help=f"pause a corpus source whose acceptance falls below PCT%% (default {100 * CORPUS_MINACC:g})")
-    p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    add_speculation_args(p)  # the policy or fixed depths, as `redraft run`
     p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
     add_threads_arg(p)
     p.set_defaults(func=cmd_serve)
@@ -78,6 +71,20 @@ def model_id_of(loaded, served_name: str | None) -> str:
     return os.path.basename(os.path.normpath(str(loaded.name))) or str(loaded.name)
 
 
+def speculation_config(args):
+    """How requests draft: :meth:`redraft.compose.SpeculationConfig.from_args` on the shared draft flags (the
+    environment's ``REDRAFT_CORPUS_K`` / ``..._MINACC`` too, as ``redraft run``); ``--corpus`` files are the shared
+    corpus, not a draft-corpus path.
+
+    Raises:
+        SystemExit: a bad environment value; ``--k-max`` not above ``--k``.
+    """
+    cfg = config_from_args(args)
+    if cfg.k_max is not None and cfg.k_max <= cfg.depth:
+        raise _fail(f"--k-max {cfg.k_max}: no effect unless above the draft depth --k {cfg.depth}")
+    return cfg
+
+
 def build_server(args, loaded=None):
     """Everything but the socket: tenants, model, corpora, generator and :class:`redraft.server.app.Server`.
 
@@ -88,9 +95,10 @@ def build_server(args, loaded=None):
     # torch-bound: the generator runs the engine
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora
-    from redraft.server.generation import DraftSettings, Generator
+    from redraft.server.generation import Generator
     from redraft.server.tenants import Tenants, TenantsError
 
+    config = speculation_config(args)
     try:  # the cheap checks first, before the model load
         tenants = Tenants.from_file(args.tenants) if args.tenants else Tenants()
     except TenantsError as e:
@@ -106,9 +114,7 @@ def build_server(args, loaded=None):
                                 sync=args.sync, learn=not args.no_learn, shared=args.corpus)
     except CorporaError as e:
         raise _fail(str(e)) from None
-    draft = DraftSettings(k=args.k, k_max=max(args.k, args.k_max), minacc=args.minacc / 100.0,
-                          ngram=not args.no_ngram)
-    generator = Generator(loaded, corpora, draft)
+    generator = Generator(loaded, corpora, config)
     return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue)
 
 

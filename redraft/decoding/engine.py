@@ -101,7 +101,7 @@ class Engine:
             repetition penalty, no-repeat n-grams, minimum lengths, ... see :mod:`redraft.decoding.genconfig`), as HF
             ``generate(do_sample=False)`` does; False = ignore it; or a ``GenerationConfig`` to use instead.
             Its sampling settings are never applied (``sampling=`` asks for sampling).
-        policy: a :class:`~redraft.policy.SpeculationPolicy` (e.g. :func:`redraft.decoding.costcache.policy_for`), or
+        policy: a :class:`~redraft.policy.SpeculationPolicy` (built by :func:`redraft.compose.build_policy`), or
             None for fixed depths. With a policy, drafters propose up to ``max_depth`` and the policy chooses each
             step how much of the proposal to verify (depth; for trees the nodes, at most ``tree_budget``) from the
             measured cost curve and the acceptance it learns; it keeps learning across generations. Priority mode

@@ -131,23 +131,3 @@ class GlideDrafter:
         if self.guard is not None:
             self.guard.record(min(proposed, self._depth or proposed), accepted, emitted)
 
-
-def load_glide_drafter(path, model, *, gamma: int = GLIDE_GAMMA, cape: CapeBins | bool | None = None,
-                       head_vocab: int | None = None, target=None, guard: AcceptanceGuard | None = None,
-                       name: str = "glide") -> GlideDrafter:
-    """A GliDe drafter from a checkpoint directory, for ``model`` (a transformers causal LM).
-
-    Args:
-        cape: CapeBins, True for the paper's bins, or None/False for chain drafts.
-        head_vocab: N > 0 = reduced-vocabulary head of the N most frequent training tokens.
-        target: an HFTarget, or None: the engine binds its own before every generation.
-    Raises:
-        redraft.glide.checkpoint.CheckpointError / TargetMismatchError: see :func:`redraft.glide.checkpoint.load_draft`.
-    """
-    from redraft.glide.checkpoint import load_draft
-
-    draft = load_draft(path, model, head_vocab=head_vocab)
-    bins = CapeBins() if cape is True else (cape or None)
-    if name == "glide" and not draft.cfg.cross_attention:
-        name = "vanilla draft"  # a baseline checkpoint: say so in the run report
-    return GlideDrafter(draft, target, gamma=gamma, cape=bins, guard=guard, name=name)

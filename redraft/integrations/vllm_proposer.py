@@ -7,7 +7,7 @@ slot_mappings=...)`` (vllm/v1/worker/gpu_model_runner.py, ``propose_draft_token_
 draft ids per batch row. vLLM v1 verifies chains only, so each request gets one chain: the corpus draft (longest
 context suffix found in the corpus, :meth:`redraft.corpus.Corpus.propose`, the engine's contract and index) when it
 has one, else the n-gram draft over the live context, each behind its own per-request acceptance guard, exactly as
-:func:`redraft.drafters.build_drafters` sets them up for redraft's engine.
+:func:`redraft.compose.build_drafters` sets them up for redraft's engine.
 
 Configuration (read once, at construction: a bad value stops vLLM at start-up, not at the first request).
 ``speculative_config`` accepts no extra fields (vLLM's config classes forbid them), so only
@@ -37,21 +37,16 @@ from multiprocessing.util import Finalize
 
 import numpy as np
 
+from redraft.compose.build import build_drafters
+from redraft.compose.env import ENV_CORPUS, ENV_FORCE, ENV_K, ENV_LEARN, ENV_MINACC, ENV_NGRAM, first_set
 from redraft.corpus import Corpus, CorpusError, load_corpus
-from redraft.defaults import CORPUS_MINACC, MAX_DRAFT_DEPTH
-from redraft.drafters import build_drafters
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.io.freeze import append_spans
 
 # under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
 log = logging.getLogger("vllm.redraft")
 
-ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
-ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
-ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
-ENV_NGRAM = ("REDRAFT_NGRAM",)
-ENV_LEARN = ("REDRAFT_LEARN_CORPUS",)
-ENV_FORCE = ("REDRAFT_CORPUS_FORCE",)
 
 
 class ProposerConfigError(ValueError):
@@ -64,7 +59,7 @@ class ProposerSettings:
 
     k: int
     corpus: str | None = None
-    corpus_k: int = 8
+    corpus_k: int = CORPUS_K_DEFAULT
     minacc: float = CORPUS_MINACC
     ngram: bool = True
     learn: str | None = None
@@ -72,11 +67,7 @@ class ProposerSettings:
 
 
 def _env(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
-    for n in names:
-        v = environ.get(n)
-        if v not in (None, ""):
-            return n, v
-    return names[0], None
+    return first_set(names, environ)  # the one reader: redraft.compose.env
 
 
 def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> ProposerSettings:

@@ -1,7 +1,12 @@
 """One request through the engine: the tenant's drafters, stop strings, text deltas, then learning the answer.
 
-Runs on the scheduler's generation thread. The engine is built per request (it is a thin object) around one
-shared :class:`~redraft.decoding.target.HFTarget`, so the model and its KV cache buffers exist once.
+Runs on the scheduler's generation thread. The engine is built per request (it is a thin object) by
+:func:`redraft.compose.build_engine` around one shared :class:`~redraft.decoding.target.HFTarget`, so the model and
+its KV cache buffers exist once. Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as
+``redraft run``: the cost-aware policy by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or
+``--minacc``. The cost curve is measured once per server (cached on disk as the CLI caches it); what the policy
+learns (acceptance per draft source) is kept per tenant, in memory only, so one tenant's traffic never changes
+another tenant's draft depths (timing would show them).
 """
 
 from __future__ import annotations
@@ -10,28 +15,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
 from redraft.corpus import CorpusError
-from redraft.decoding.engine import Engine, GenerationResult
+from redraft.decoding.engine import GenerationResult
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, SERVE_CORPUS_K_MAX
-from redraft.drafters import build_drafters
 
 from .corpora import TenantCorpora
 from .scheduler import Cancelled, Job
-
-
-@dataclass
-class DraftSettings:
-    """How requests draft: corpus depth ``k`` (adaptive up to ``k_max``), guard threshold ``minacc`` (fraction),
-    n-gram drafts from the live context on or off."""
-
-    k: int = CORPUS_K_DEFAULT
-    k_max: int | None = SERVE_CORPUS_K_MAX
-    minacc: float = CORPUS_MINACC
-    ngram: bool = True
 
 
 @dataclass
@@ -61,16 +54,23 @@ class Generator:
     Args:
         loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids).
         corpora: the tenants' learned corpora and the shared corpus.
-        draft: :class:`DraftSettings`.
+        config: how requests draft (:class:`~redraft.compose.SpeculationConfig`; default: the policy, n-gram
+            drafts, exact mode, as ``redraft run``). Its ``corpus`` path is ignored: ``corpora`` are the corpora.
         on_learned: called with the tenant after its corpus grew (metrics).
+        curve: the policy's :class:`~redraft.policy.CostCurve`; None = this model's cached curve, measured at
+            construction when missing (a few seconds on a CPU, once per model, dtype, thread count and machine).
     """
 
-    def __init__(self, loaded, corpora: TenantCorpora, draft: DraftSettings,
-                 on_learned: Callable[[str], None] | None = None) -> None:
+    def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
+                 on_learned: Callable[[str], None] | None = None, curve=None) -> None:
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
         self.target = HFTarget(loaded.model)
-        self.corpora, self.draft, self.on_learned = corpora, draft, on_learned
+        self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
+        self.curve = None
+        if self.config.policy_on:  # measured once per server, before the first request (not inside one)
+            self.curve = curve if curve is not None else build_policy(loaded.model).curve
+        self.policies: dict = {}  # tenant -> SpeculationPolicy: learned acceptance, never shared across tenants
 
     @property
     def context_length(self) -> int | None:
@@ -82,20 +82,31 @@ class Generator:
 
     def drafters(self, tenant: str) -> list:
         """Draft sources in priority order: the tenant's learned corpus, the shared corpus, n-gram lookup."""
-        d = self.draft
         own = self.corpora.get(tenant)
-        drafters = build_drafters(own, k=d.k, minacc=d.minacc, ngram=d.ngram, k_max=d.k_max)
+        drafters = drafters_for(self.config, own)
         if self.corpora.shared is not None:
-            # named apart from the tenant's learned corpus: its own statistics
-            shared = build_drafters(self.corpora.shared, k=d.k, minacc=d.minacc, ngram=False, k_max=d.k_max,
-                                    corpus_name="shared")[0]
+            # named apart from the tenant's learned corpus: its own statistics (and the policy's own estimates)
+            shared = drafters_for(self.config, self.corpora.shared, corpus_name="shared", ngram=False)[0]
             drafters.insert(1 if own is not None else 0, shared)
         return drafters
 
+    def policy(self, tenant: str):
+        """The tenant's :class:`~redraft.policy.SpeculationPolicy` (None without the policy): one per tenant, all
+        on the server's one cost curve."""
+        if self.curve is None:
+            return None
+        if tenant not in self.policies:
+            self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
+        return self.policies[tenant]
+
+    def engine(self, tenant: str):
+        """The engine for one request of ``tenant``: its drafters and its policy."""
+        return build_engine(self.target, self.config, eos_token_ids=self.eos, drafters=self.drafters(tenant),
+                            policy=self.policy(tenant))
+
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
-        engine = Engine(self.target, self.drafters(job.tenant), eos_token_ids=self.eos,
-                        max_depth=max(self.draft.k, self.draft.k_max or 0))
+        engine = self.engine(job.tenant)
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
 

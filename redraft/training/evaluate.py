@@ -58,10 +58,9 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     Raises:
         ValueError: the first configuration is not plain greedy.
     """
-    from redraft.decoding.engine import Engine
+    from redraft.compose import SpeculationConfig, build_engine, glide_drafter
     from redraft.decoding.target import HFTarget
-    from redraft.drafters.base import AcceptanceGuard
-    from redraft.drafters.glide import load_glide_drafter
+    from redraft.defaults import MAX_DRAFT_DEPTH
     from redraft.io.prompts import encode_prompt
     from redraft.io.questions import load_questions
 
@@ -74,10 +73,11 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
         target = HFTarget(loaded.model)
         drafters = []
         if c.path is not None:
-            drafters = [load_glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape,
-                                           head_vocab=c.head_vocab or None, target=target,
-                                           guard=AcceptanceGuard(c.minacc) if c.minacc is not None else None)]
-        engine = Engine(target, drafters, eos_token_ids=loaded.eos_token_ids, merge=True, tree_budget=tree_budget)
+            drafters = [glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape, head_vocab=c.head_vocab or None,
+                                      target=target, minacc=c.minacc)]
+        # the draft model alone, no policy (its guard, if any, is the GliDe drafter's own); depth capped at 48 only
+        spec = SpeculationConfig(k=MAX_DRAFT_DEPTH, policy=False, ngram=False, tree_budget=tree_budget)
+        engine = build_engine(target, spec, eos_token_ids=loaded.eos_token_ids, drafters=drafters)
         engine.generate(prompts[0][:8], 2)  # warm-up
         engines.append(engine)
     results = [Result(c.label) for c in configs]
