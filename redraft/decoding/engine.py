@@ -19,7 +19,7 @@ from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import HFTarget
+from redraft.decoding.target import HFTarget, PrefixKV
 from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
 from redraft.defaults import EXACT_PAY_PAUSE, EXACT_PAY_WINDOW, EXACT_SAFETY, EXACT_SETTLE_SAFETY, MAX_DRAFT_DEPTH
 from redraft.drafters.base import AcceptanceGuard, Drafter
@@ -52,6 +52,7 @@ class GenerationResult:
         near_ties: rows exact mode did not trust (top-2 gap under the near-tie threshold).
         settle_forwards: forwards exact mode ran to recompute such rows the way plain decoding does (draft-free
             recomputes and replays of the cache); included in ``forwards``.
+        prefix_hit_tokens: prompt tokens whose KV entries came from ``generate(prefix=...)`` (not computed here).
     """
 
     prompt_ids: list[int]
@@ -67,6 +68,7 @@ class GenerationResult:
     margins: list[float] = field(default_factory=list)
     near_ties: int = 0
     settle_forwards: int = 0
+    prefix_hit_tokens: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -172,7 +174,8 @@ class Engine:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
-                 exact: bool | None = None, record_margins: bool = False) -> GenerationResult:
+                 exact: bool | None = None, record_margins: bool = False,
+                 prefix: PrefixKV | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens.
 
         Args:
@@ -192,10 +195,16 @@ class Engine:
                 the accepted drafts save (16-bit dtypes: most rows are near-ties), drafting pauses for
                 EXACT_PAY_PAUSE tokens, so exact mode costs about what plain decoding costs.
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
+            prefix: KV entries of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's
+                automatic prefix caching): the first forward then feeds only the rest of the prompt. Those entries
+                were computed by other forward shapes, so in exact mode no row computed on them is taken for plain
+                decoding's: each is judged like a verify row, and a near-tie that stays one rebuilds the cache from
+                an empty one.
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
-            ValueError: empty prompt, or a prompt that already fills the model's context.
+            ValueError: empty prompt, a prompt that already fills the model's context, or a ``prefix`` that is not
+                a proper prefix of the prompt (at least one prompt token must remain to be fed).
             GenerationConfigError: a generation_config field processors cannot take (a ValueError).
         """
         prompt = [int(t) for t in prompt_ids]
@@ -204,6 +213,9 @@ class Engine:
         max_len = self.target.max_length or (len(prompt) + max_new_tokens + 1)
         if len(prompt) >= max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens fills the model's context length ({max_len})")
+        if prefix is not None and (prefix.length >= len(prompt) or list(prefix.ids) != prompt[:prefix.length]):
+            raise ValueError(f"prefix: its {prefix.length} ids are not a proper prefix of the {len(prompt)}-token "
+                             "prompt")
         exact = self.exact if exact is None else exact
         gc = self.generation_config
         if gc is True:
@@ -224,8 +236,12 @@ class Engine:
         for d in self.drafters:
             d.bind(self.target)
             d.begin(buf[:n_ctx])
-        self.target.reset()
         t0 = time.perf_counter()
+        if prefix is None or not prefix.length:
+            self.target.reset()
+        else:  # plain_len stays 0: rows computed on reused entries are never taken for plain decoding's
+            self.target.seed(prefix)
+            pending, res.prefix_hit_tokens = prompt[prefix.length:], prefix.length
 
         while True:
             remaining = max_new_tokens - len(res.output_ids)

@@ -19,6 +19,7 @@ from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, SERVE_CORPUS_K_MAX
 from redraft.drafters import build_drafters
 
 from .corpora import TenantCorpora
+from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
 
 
@@ -94,14 +95,17 @@ class Generator:
         corpora: the tenants' learned corpora and the shared corpus.
         draft: :class:`DraftSettings`.
         on_learned: called with the tenant after its corpus grew (metrics).
+        prefix_cache: a :class:`~redraft.server.prefix_cache.PrefixCache` (each request starts from its tenant's
+            longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.
     """
 
     def __init__(self, loaded, corpora: TenantCorpora, draft: DraftSettings,
-                 on_learned: Callable[[str], None] | None = None) -> None:
+                 on_learned: Callable[[str], None] | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
         self.target = HFTarget(loaded.model)
         self.corpora, self.draft, self.on_learned = corpora, draft, on_learned
+        self.prefix_cache = prefix_cache
 
     @property
     def context_length(self) -> int | None:
@@ -137,8 +141,12 @@ class Generator:
             if delta:
                 emit(delta)
 
+        cache = self.prefix_cache
+        hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
         res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None)
+                              stop=stop if stop else None, prefix=hit)
+        if cache is not None:
+            remember(cache, job.tenant, self.target, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
         rest = stream.finish(text)
