@@ -208,3 +208,32 @@ def test_no_cors_headers_without_origins(model_dir, loaded):
         pre = httpx.options(f"{srv.url}/chat/completions", timeout=10, headers={
             "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
         assert pre.status_code == 405
+
+
+# ---- the agent benchmark phase ----------------------------------------------------------------------------------------
+
+def test_agent_phase_reuses_prefixes_and_keeps_answers_identical(model_dir, loaded):
+    """``bench serve``'s agent phase against in-process servers of the tiny model (short system prompt: its context
+    is 640 tokens): answers identical across the four runs, hits only with reuse, replays drafted."""
+    from contextlib import ExitStack
+
+    from redraft.bench.agent_bench import AgentBenchConfig, run_agent_phase
+
+    started: list[tuple[str, bool]] = []
+    with ExitStack() as stack:
+        def start(name: str, reuse: bool):
+            started.append((name, reuse))
+            extra = [] if reuse else ["--prefix-cache-tokens", "0"]
+            srv = stack.enter_context(live_server(serve_args(model_dir, "--no-ngram", *extra), loaded))
+            return srv.base, lambda: None
+
+        cfg = AgentBenchConfig(conversations=2, turns=3, max_tokens=8, system=words([5, 6, 7, 8, 9]),
+                               observation=words([11, 12, 13]))
+        res = run_agent_phase(start, cfg)
+    assert started == [("agent-no_reuse", False), ("agent-reuse", True)]
+    assert res["requests"] == 6 and res["answers"] == 18 and res["identical"] == 18
+    assert res["first_no_reuse_prefix_hit_tokens"] == res["second_no_reuse_prefix_hit_tokens"] == 0
+    assert res["first_reuse_prefix_hit_tokens"] > 0
+    assert res["second_reuse_prefix_hit_tokens"] > res["first_reuse_prefix_hit_tokens"]  # whole prompts cached
+    assert res["second_reuse_tokens_per_forward"] > res["first_reuse_tokens_per_forward"]  # answers replayed
+    assert res["first_speedup_with_reuse"] > 0 and res["replay_speedup_with_reuse"] > 0
