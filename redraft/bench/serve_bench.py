@@ -50,6 +50,7 @@ class ServeBenchConfig:
         cap_tokens: memory: the server's ``--cap-tokens``. timeout: most seconds per load/crash run.
         threads: torch threads of the servers and of the direct run (None = torch's choice).
         agent_conversations, agent_turns, agent_max_tokens: agent: tasks, requests per task, max_tokens each.
+        agent_k: agent: the servers' fixed corpus draft depth (``--k K --k-max K``; None = their defaults).
     """
 
     model: str | None = None
@@ -67,6 +68,7 @@ class ServeBenchConfig:
     agent_conversations: int = 2
     agent_turns: int = 5
     agent_max_tokens: int = 48
+    agent_k: int | None = None
 
 
 def ask(client, base: str, question: str, max_tokens: int, timeout: float = 600.0) -> tuple[int, dict, float]:
@@ -314,6 +316,8 @@ def phase_memory(cfg: ServeBenchConfig, work: Path) -> dict:
 def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
     def start(name: str, reuse: bool):
         extra = [] if reuse else ["--prefix-cache-tokens", "0"]
+        if cfg.agent_k:
+            extra += ["--k", str(cfg.agent_k), "--k-max", str(cfg.agent_k)]
         srv = ServerProcess(cfg.model, work / f"{name}.log", *extra, threads=cfg.threads)
         try:
             return srv.wait_ready(), srv.stop

@@ -161,7 +161,7 @@ def cmd_bench_serve(args) -> int:
         concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
         repeats=args.repeats, memory_requests=args.memory_requests, cap_tokens=args.cap_tokens,
         timeout=args.timeout, threads=getattr(args, "threads", None), agent_conversations=args.agent_conversations,
-        agent_turns=args.agent_turns, agent_max_tokens=args.agent_max_tokens)
+        agent_turns=args.agent_turns, agent_max_tokens=args.agent_max_tokens, agent_k=args.agent_k)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
     try:
         results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
@@ -308,6 +308,9 @@ def register(sub) -> None:
     p.add_argument("--agent-conversations", type=positive, default=2, help="agent: tasks (default 2)")
     p.add_argument("--agent-turns", type=positive, default=5, help="agent: requests per task (default 5)")
     p.add_argument("--agent-max-tokens", type=positive, default=48, help="agent: max_tokens per request (default 48)")
+    p.add_argument("--agent-k", type=draft_depth, default=None, metavar="K",
+                   help="agent: the servers draft from their corpus K tokens deep (--k K --k-max K; default: the "
+                        "server's adaptive depth)")
     p.add_argument("--timeout", type=float_above(0, strict=True), default=1800.0,
                    help="most seconds per load/crash run (default 1800)")
     add_threads_arg(p)
