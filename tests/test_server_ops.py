@@ -237,3 +237,13 @@ def test_agent_phase_reuses_prefixes_and_keeps_answers_identical(model_dir, load
     assert res["second_reuse_prefix_hit_tokens"] > res["first_reuse_prefix_hit_tokens"]  # whole prompts cached
     assert res["second_reuse_tokens_per_forward"] > res["first_reuse_tokens_per_forward"]  # answers replayed
     assert res["first_speedup_with_reuse"] > 0 and res["replay_speedup_with_reuse"] > 0
+
+
+@pytest.mark.parametrize("flag,value", [("--prefix-cache-tokens", "-1"), ("--prefix-cache-tokens", "many"),
+                                        ("--max-tokens-default", "0")])
+def test_bad_operator_flags_are_refused_by_the_parser(flag, value, capsys):
+    from redraft.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", flag, value])
+    assert e.value.code == 2 and flag in capsys.readouterr().err
