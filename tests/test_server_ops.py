@@ -27,8 +27,15 @@ def tenants_file(tmp_path_factory):
 def live(model_dir, loaded, tenants_file):
     """Two tenants, n-gram drafts on, a prefix cache of 2,000 tokens, browsers from one origin, chat capped at 12."""
     args = serve_args(model_dir, "--tenants", str(tenants_file), "--prefix-cache-tokens", "2000",
-                      "--cors-origins", "http://localhost:3000", "--max-tokens-default", "12", quiet=False)
+                      "--cors-origins", "http://localhost:3000", "--max-tokens-default", "12")
     with live_server(args, loaded) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def logged(model_dir, loaded, tenants_file):
+    """Two tenants, writing the access log (each test waits for the lines it expects, so none spills over)."""
+    with live_server(serve_args(model_dir, "--tenants", str(tenants_file), quiet=False), loaded) as srv:
         yield srv
 
 
@@ -112,10 +119,10 @@ def _log_lines(capsys, *wanted: str, timeout: float = 10.0) -> list[str]:
             return lines
 
 
-def test_access_log_line_per_request(live, capsys):
+def test_access_log_line_per_request(logged, capsys):
     capsys.readouterr()
-    r = _complete(live, "key-b", [20, 21, 22], 5)
-    httpx.get(f"{live.base}/health", timeout=10)
+    r = _complete(logged, "key-b", [20, 21, 22], 5)
+    httpx.get(f"{logged.base}/health", timeout=10)
     lines = _log_lines(capsys, '"POST /v1/completions" 200', '"GET /health" 200')
     gen = [ln for ln in lines if '"POST /v1/completions" 200' in ln]
     assert len(gen) == 1, lines
@@ -128,9 +135,9 @@ def test_access_log_line_per_request(live, capsys):
     assert any('"GET /health" 200 tenant=- ' in ln for ln in lines)
 
 
-def test_unauthorized_request_is_logged_with_its_status(live, capsys):
+def test_unauthorized_request_is_logged_with_its_status(logged, capsys):
     capsys.readouterr()
-    r = httpx.post(f"{live.url}/completions", json={"prompt": [1], "max_tokens": 1}, timeout=10)
+    r = httpx.post(f"{logged.url}/completions", json={"prompt": [1], "max_tokens": 1}, timeout=10)
     assert r.status_code == 401 and r.headers["x-request-id"]
     assert any('"POST /v1/completions" 401' in ln for ln in _log_lines(capsys, '"POST /v1/completions" 401'))
 
