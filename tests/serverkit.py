@@ -54,10 +54,13 @@ def words(ids) -> str:
     return " ".join(f"t{i:02d}" for i in ids)
 
 
-def serve_args(model_dir, *extra: str):
+def serve_args(model_dir, *extra: str, quiet: bool = True):
+    """Parsed ``redraft serve`` arguments for the tiny model; ``--quiet`` unless asked (access-log lines are written
+    after each response is sent, so they would spill into other tests' output)."""
     from redraft.cli import build_parser
 
-    return build_parser().parse_args(["serve", "--model", str(model_dir), "--port", "0", *extra])
+    return build_parser().parse_args(["serve", "--model", str(model_dir), "--port", "0", *extra,
+                                      *(["--quiet"] if quiet else [])])
 
 
 class Live:

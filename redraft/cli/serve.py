@@ -18,11 +18,13 @@ from redraft.cli.common import (
     config_from_args,
     int_between,
     load_model_or_exit,
+    nonneg,
     positive,
 )
 from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
+DEFAULT_PREFIX_CACHE_TOKENS = 16_384
 
 
 def register(sub) -> None:
@@ -54,6 +56,21 @@ def register(sub) -> None:
                         f"(default {DEFAULT_CAP_TOKENS:,})")
     add_speculation_args(p)  # the policy or fixed depths, as `redraft run`
     p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
+    p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
+                   metavar="N",
+                   help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
+                        f"all tenants (least recently used evicted first), and start each request from the longest "
+                        f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
+                        f"SmolLM2-135M takes ~46 KB a token)")
+    p.add_argument("--max-tokens-default", type=positive, default=None, metavar="N",
+                   help="token cap of a chat request that sends no max_tokens (default: up to the end of the "
+                        "context, as vLLM; completions keep OpenAI's default of 16)")
+    p.add_argument("--cors-origins", nargs="+", action="extend", default=[], metavar="ORIGIN",
+                   help="origins browser front ends may call from, e.g. http://localhost:3000, or '*' for any "
+                        "(answers CORS preflight OPTIONS requests); default: none")
+    p.add_argument("--quiet", action="store_true",
+                   help="no access-log line per request on stderr (status, tenant, tokens, tokens per forward, "
+                        "prefix-hit tokens, seconds, request id)")
     add_threads_arg(p)
     p.set_defaults(func=cmd_serve)
 
@@ -96,6 +113,8 @@ def build_server(args, loaded=None):
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora
     from redraft.server.generation import Generator
+    from redraft.server.options import ServerOptions
+    from redraft.server.prefix_cache import PrefixCache
     from redraft.server.tenants import Tenants, TenantsError
 
     config = speculation_config(args)
@@ -114,8 +133,12 @@ def build_server(args, loaded=None):
                                 sync=args.sync, learn=not args.no_learn, shared=args.corpus)
     except CorporaError as e:
         raise _fail(str(e)) from None
-    generator = Generator(loaded, corpora, config)
-    return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue)
+    prefix_cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache_tokens else None
+    generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache)
+    options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
+                            max_tokens_default=args.max_tokens_default)
+    return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue,
+                  options=options)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -145,7 +168,9 @@ def cmd_serve(args) -> int:
     where = args.corpus_dir or "memory only"
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
-          f"{', not learning' if args.no_learn else ''})", file=sys.stderr, flush=True)
+          f"{', not learning' if args.no_learn else ''}, prefix cache "
+          f"{f'{args.prefix_cache_tokens:,} tokens' if args.prefix_cache_tokens else 'off'})", file=sys.stderr,
+          flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

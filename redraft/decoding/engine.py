@@ -21,7 +21,7 @@ from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step, verify_step
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import HFTarget
+from redraft.decoding.target import HFTarget, PrefixKV
 from redraft.defaults import MAX_DRAFT_DEPTH
 from redraft.drafters.base import Drafter
 from redraft.policy.apply import Candidates, cut, observe_outcomes
@@ -53,6 +53,7 @@ class GenerationResult:
         near_ties: rows exact mode did not trust (top-2 gap under the near-tie threshold).
         settle_forwards: forwards exact mode ran to recompute such rows the way plain decoding does (draft-free
             recomputes and replays of the cache); included in ``forwards``.
+        prefix_hit_tokens: prompt tokens whose KV entries came from ``generate(prefix=...)`` (not computed here).
     """
 
     prompt_ids: list[int]
@@ -68,6 +69,7 @@ class GenerationResult:
     margins: list[float] = field(default_factory=list)
     near_ties: int = 0
     settle_forwards: int = 0
+    prefix_hit_tokens: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -172,7 +174,8 @@ class Engine:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
-                 exact: bool | None = None, record_margins: bool = False) -> GenerationResult:
+                 exact: bool | None = None, record_margins: bool = False,
+                 prefix: PrefixKV | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens: draft -> verify -> accept -> emit, one verify forward a step.
 
         Args:
@@ -184,20 +187,24 @@ class Engine:
             exact: settle near-tie rows the way plain decoding computes them (default: the engine's ``exact``;
                 :class:`redraft.decoding.settling.ExactMode`).
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
+            prefix: KV entries of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's):
+                only the rest of the prompt is fed; exact mode judges rows on those entries like verify rows.
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
-            ValueError: empty prompt, or a prompt that already fills the model's context.
+            ValueError: empty prompt, a prompt that already fills the model's context, or a ``prefix`` that is not
+                a proper prefix of the prompt (at least one prompt token must remain to be fed).
             GenerationConfigError: a generation_config field processors cannot take (a ValueError).
         """
-        prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens)
+        prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens, prefix)
         chooser = self._chooser(prompt, sampling, max_new_tokens)
         exactness = ExactMode(self.target, self.exact_margin) if (self.exact if exact is None else exact) else None
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
         context = np.empty(len(prompt) + max(max_new_tokens, 0) + 1, dtype=np.int64)  # prompt + output
         context[:len(prompt)] = prompt
-        n_ctx, pending = len(prompt), prompt  # pending: tokens not yet in the KV cache; the last is the tree's root
-        self._begin(context[:n_ctx])
+        n_ctx = len(prompt)
+        res.prefix_hit_tokens = self._begin(context[:n_ctx], prefix)
+        pending = prompt[res.prefix_hit_tokens:]  # tokens not yet in the KV cache; the last is the tree's root
         t0 = time.perf_counter()
         while (remaining := max_new_tokens - len(res.output_ids)) > 0 and n_ctx < max_len:
             # draft (accepted + bonus must fit both the token budget and the context window)
@@ -237,21 +244,32 @@ class Engine:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _begin(self, prompt: np.ndarray) -> None:
-        """A new sequence: bind and begin every drafter, empty the target's KV cache."""
+    def _begin(self, prompt: np.ndarray, prefix: PrefixKV | None = None) -> int:
+        """A new sequence: bind and begin every drafter; empty the target's KV cache, or seed it with ``prefix``
+        (exact mode never takes rows computed on reused entries for plain decoding's). Returns the prompt tokens
+        whose KV entries came from ``prefix``."""
         for d in self.drafters:
             d.bind(self.target)
             d.begin(prompt)
-        self.target.reset()
+        if prefix is None or not prefix.length:
+            self.target.reset()
+            return 0
+        self.target.seed(prefix)
+        return prefix.length
 
-    def _check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], int]:
-        """The prompt as a list of ints and the context length it must stay under (ValueError when it does not)."""
+    def _check_prompt(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                      prefix: PrefixKV | None = None) -> tuple[list[int], int]:
+        """The prompt as a list of ints and the context length it must stay under (ValueError when it does not, or
+        when ``prefix`` is not a proper prefix of the prompt)."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
         max_len = self.target.max_length or (len(prompt) + max_new_tokens + 1)
         if len(prompt) >= max_len:
             raise ValueError(f"prompt of {len(prompt)} tokens fills the model's context length ({max_len})")
+        if prefix is not None and (prefix.length >= len(prompt) or list(prefix.ids) != prompt[:prefix.length]):
+            raise ValueError(f"prefix: its {prefix.length} ids are not a proper prefix of the {len(prompt)}-token "
+                             "prompt")
         return prompt, max_len
 
     def _chooser(self, prompt: list[int], sampling: SamplingParams | None, max_new_tokens: int) -> TokenChooser:

@@ -8,8 +8,32 @@ verified_kv for drafters that read the target's cache).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class PrefixKV:
+    """The target's KV entries for the first tokens of a sequence, to start another sequence that begins with them.
+
+    Attributes:
+        ids: the tokens the entries belong to (length n).
+        kv: per decoder layer, (keys, values): FloatTensors [1, H_kv, n, D] in the model dtype, keys after the
+            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: the target
+            copies them when it is seeded (:meth:`HFTarget.seed`), so one entry can seed any number of sequences.
+
+    The entries were computed by whatever forwards built them (a prefill over an earlier prompt, verify forwards),
+    so their rows differ from plain decoding's by rounding: the engine treats rows computed on them as it treats
+    verify rows in exact mode.
+    """
+
+    ids: tuple[int, ...]
+    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
 
 class HFTarget:
@@ -44,6 +68,37 @@ class HFTarget:
 
         self.cache = DynamicCache()
         self.length = 0
+
+    def seed(self, prefix: PrefixKV) -> None:
+        """Start a new sequence whose KV cache holds ``prefix``'s entries (``length`` = its token count).
+
+        Raises:
+            ValueError: ``prefix.kv`` has another number of layers than the model, or entries of another length.
+        """
+        from transformers import DynamicCache
+
+        n_layers = getattr(self.model.config, "num_hidden_layers", len(prefix.kv))
+        if len(prefix.kv) != n_layers:
+            raise ValueError(f"seed: the prefix has KV entries for {len(prefix.kv)} layers; the model has {n_layers}")
+        if any(k.shape[-2] != prefix.length or v.shape[-2] != prefix.length for k, v in prefix.kv):
+            raise ValueError(f"seed: KV entries do not hold the prefix's {prefix.length} positions")
+        self.cache = DynamicCache()
+        for i, (k, v) in enumerate(prefix.kv):
+            self.cache.update(k, v, i)  # copies: the next forward's concatenation never writes into the prefix
+        self.length = prefix.length
+
+    def snapshot(self, ids: Sequence[int]) -> PrefixKV:
+        """The cached entries of the first ``len(ids)`` positions, which must hold exactly ``ids``, as a
+        :class:`PrefixKV` (views, no copy: the cache replaces its tensors rather than writing into them).
+
+        Raises:
+            ValueError: more ids than cached positions.
+        """
+        n = len(ids)
+        if not 0 < n <= self.length:
+            raise ValueError(f"snapshot: {n} positions asked, {self.length} cached")
+        return PrefixKV(tuple(int(t) for t in ids),
+                        tuple((layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in self.cache.layers))
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,

@@ -16,13 +16,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from redraft.io.prompts import encode_prompt, uses_chat_template
 
+from .access_log import AccessLog
 from .generation import Generator, Outcome, Work
 from .metrics import ServerMetrics
+from .options import ServerOptions
 from .scheduler import Cancelled, Job, QueueFull, Scheduler, ShuttingDown
 from .schemas import APIError, ParsedRequest, parse_json, parse_request
 from .tenants import Tenants
@@ -39,11 +42,13 @@ class Server:
         generator: runs jobs (model, tokenizer, corpora, draft settings).
         tenants: API keys. model_id: the served model's id (``model`` in requests and responses).
         max_queue: most waiting requests (503 beyond). max_body: most request body bytes (413 beyond).
+        options: :class:`~redraft.server.options.ServerOptions` (access log, CORS, chat's default max_tokens).
     """
 
     def __init__(self, generator: Generator, tenants: Tenants, model_id: str, *, max_queue: int = 256,
-                 max_body: int = 8 << 20) -> None:
+                 max_body: int = 8 << 20, options: ServerOptions | None = None) -> None:
         self.generator, self.tenants, self.model_id, self.max_body = generator, tenants, model_id, max_body
+        self.options = options or ServerOptions()
         self.metrics = ServerMetrics(model_id)
         self.scheduler = Scheduler(self._run, max_queue=max_queue, on_queue=self.metrics.waiting.set)
         self.created = int(time.time())
@@ -65,6 +70,8 @@ class Server:
         finally:
             self.metrics.running.set(0)
         self.metrics.finished(out.result, out.finish_reason)
+        if self.generator.prefix_cache is not None:
+            self.metrics.prefix_cache(out.result, self.generator.prefix_cache)
         self.metrics.latency.observe(time.perf_counter() - job.arrived)
         if job.first_token is not None:
             self.metrics.ttft.observe(job.first_token - job.arrived)
@@ -81,6 +88,7 @@ class Server:
         if t is None:
             raise APIError(401, "missing or unknown API key (send 'Authorization: Bearer KEY')",
                            code="invalid_api_key")
+        request.state.tenant = t  # for the access log
         return t
 
     async def body(self, request: Request) -> dict:
@@ -108,7 +116,8 @@ class Server:
                                 "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
         max_tokens = req.max_tokens
         if max_tokens is None:
-            max_tokens = min(DEFAULT_COMPLETION_TOKENS, room) if req.kind == "completion" else room
+            default = DEFAULT_COMPLETION_TOKENS if req.kind == "completion" else self.options.max_tokens_default
+            max_tokens = room if default is None else min(default, room)
         if max_tokens > room:
             where = f"this model's context of {ctx} tokens" if ctx else f"the limit of {NO_CONTEXT_LIMIT} tokens"
             raise APIError(400, f"'max_tokens' {max_tokens} is too large: the prompt's {len(ids)} tokens plus "
@@ -144,6 +153,7 @@ class Server:
         tenant = self.tenant(request)
         req = parse_request(await self.body(request), kind)
         job = Job(tenant=tenant, payload=self.work(req), loop=asyncio.get_running_loop())
+        request.state.job = job  # for the access log
         try:
             self.scheduler.submit(job)
         except (QueueFull, ShuttingDown) as e:
@@ -265,7 +275,10 @@ class Server:
                 self._corpus_gauges(t)
             return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-        return _CountRequests(app, self.metrics)
+        if self.options.cors_origins:
+            app.add_middleware(CORSMiddleware, allow_origins=self.options.cors_origins, allow_methods=["*"],
+                               allow_headers=["*"], expose_headers=["x-request-id"])
+        return AccessLog(_CountRequests(app, self.metrics), enabled=self.options.access_log)
 
 
 class _CountRequests:
@@ -337,6 +350,7 @@ def _stats(job: Job, out: Outcome) -> dict[str, Any]:
             "sources": {name: st.to_dict(digits=4) for name, st in res.sources.items()},
             "queue_seconds": round(job.queue_seconds, 4), "generation_seconds": round(res.seconds, 4),
             "tokens_per_second": round(res.tokens_per_second, 2), "learned": out.learned,
+            "prefix_hit_tokens": res.prefix_hit_tokens,
             "seed": job.payload.sampling.seed}
 
 

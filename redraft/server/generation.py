@@ -24,6 +24,7 @@ from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
 
 from .corpora import TenantCorpora
+from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
 
 
@@ -59,14 +60,18 @@ class Generator:
         on_learned: called with the tenant after its corpus grew (metrics).
         curve: the policy's :class:`~redraft.policy.CostCurve`; None = this model's cached curve, measured at
             construction when missing (a few seconds on a CPU, once per model, dtype, thread count and machine).
+        prefix_cache: a :class:`~redraft.server.prefix_cache.PrefixCache` (each request starts from its tenant's
+            longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.
     """
 
     def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
-                 on_learned: Callable[[str], None] | None = None, curve=None) -> None:
+                 on_learned: Callable[[str], None] | None = None, curve=None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
         self.target = HFTarget(loaded.model)
         self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
+        self.prefix_cache = prefix_cache
         self.curve = None
         if self.config.policy_on:  # measured once per server, before the first request (not inside one)
             self.curve = curve if curve is not None else build_policy(loaded.model).curve
@@ -117,8 +122,12 @@ class Generator:
             if delta:
                 emit(delta)
 
+        cache = self.prefix_cache
+        hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
         res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None)
+                              stop=stop if stop else None, prefix=hit)
+        if cache is not None:
+            remember(cache, job.tenant, self.target, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
         rest = stream.finish(text)

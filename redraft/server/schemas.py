@@ -102,6 +102,7 @@ _EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of 
              "a list of {role, content} objects", "stop": "a string or a list of strings",
              "stream_options": "an object like {\"include_usage\": true}", "metadata": "an object of strings"}
 _ROLES = {"system", "developer", "user", "assistant"}
+MAX_STOP_STRINGS = 4  # OpenAI's limit on 'stop'
 
 
 @dataclass
@@ -166,8 +167,12 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     if max_tokens is not None and max_tokens < 1:
         param = "max_completion_tokens" if kind == "chat" and req.max_completion_tokens is not None else "max_tokens"
         raise APIError(400, f"'{param}' must be at least 1, got {max_tokens}", param=param)
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                       param="stop")
     out = ParsedRequest(kind=kind, model=req.model, sampling=_sampling(req), max_tokens=max_tokens,
-                        stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []), stream=stream,
+                        stop=stop, stream=stream,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage))
     if kind == "completion":
         out.prompt = _prompt(req.prompt)
