@@ -32,6 +32,8 @@ NGRAM_PAUSE = 64
 GRAMMAR_MINACC = 0.3
 GRAMMAR_WINDOW = 24
 GRAMMAR_PAUSE = 64
+# Tool-call text conventions `redraft serve --tool-call-parser` knows (redraft/server/toolcalls.py), default first.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 # A GliDe draft pays from ~26% acceptance per draft level here (docs/glide.md): its guard is capped at 25%.
 GLIDE_MINACC = 0.25

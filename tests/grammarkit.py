@@ -35,9 +35,10 @@ def bpe_tokenizer(vocab_size: int = 320):
     return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=EOS_TEXT, bos_token="<|im_start|>")
 
 
-def tiny_for(tokenizer, seed: int = 5):
+def tiny_for(tokenizer, seed: int = 5, **overrides):
     """A tiny random Llama whose vocabulary is the tokenizer's."""
-    return build_tiny("llama", "sdpa", seed=seed, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    return build_tiny("llama", "sdpa", seed=seed, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                      **overrides)
 
 
 def reference_constrained(model, constraint, prompt: list[int], n: int, eos: int) -> list[int]:
@@ -57,3 +58,17 @@ def reference_constrained(model, constraint, prompt: list[int], n: int, eos: int
         if t == eos:
             break
     return out
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_bpe_model(d):
+    """The tiny Llama and the BPE tokenizer (with a ChatML template that does not render tools) saved in ``d``,
+    loadable by ``redraft serve --model d``."""
+    tok = bpe_tokenizer()
+    tok.chat_template = CHATML
+    tok.save_pretrained(d)
+    tiny_for(tok, max_position_embeddings=1024).save_pretrained(d)  # room for the tool instructions
+    return d

@@ -19,7 +19,7 @@ from redraft.cli.common import (
     percent,
     positive,
 )
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX, TOOL_CALL_PARSERS
 from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
@@ -60,6 +60,12 @@ def register(sub) -> None:
     p.add_argument("--minacc", type=percent, default=100 * CORPUS_MINACC, metavar="PCT",
                    help=f"pause a corpus source whose acceptance falls below PCT%% (default {100 * CORPUS_MINACC:g})")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=TOOL_CALL_PARSERS[0],
+                   help="how the model writes tool calls: hermes = <tool_call>{json}</tool_call> blocks (ChatML "
+                        "models), llama3_json = a bare {\"name\", \"parameters\"} answer (default "
+                        f"{TOOL_CALL_PARSERS[0]}); also the syntax tool_choice required/named is forced into")
+    p.add_argument("--no-grammar-drafts", action="store_true",
+                   help="do not propose the tokens a response_format or tool-call grammar forces as drafts")
     p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
     add_threads_arg(p)
     p.set_defaults(func=cmd_serve)
@@ -107,9 +113,10 @@ def build_server(args, loaded=None):
     except CorporaError as e:
         raise _fail(str(e))
     draft = DraftSettings(k=args.k, k_max=max(args.k, args.k_max), minacc=args.minacc / 100.0,
-                          ngram=not args.no_ngram)
+                          ngram=not args.no_ngram, grammar=not args.no_grammar_drafts)
     generator = Generator(loaded, corpora, draft)
-    return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue)
+    return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue,
+                  tool_call_parser=args.tool_call_parser)
 
 
 def listen(host: str, port: int) -> socket.socket:

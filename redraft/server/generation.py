@@ -17,41 +17,52 @@ from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, SERVE_CORPUS_K_MAX
 from redraft.drafters import build_drafters
+from redraft.drafters.grammar import GrammarDrafter
 
 from .corpora import TenantCorpora
 from .scheduler import Cancelled, Job
+from .toolcalls import ContentFilter
 
 
 @dataclass
 class DraftSettings:
     """How requests draft: corpus depth ``k`` (adaptive up to ``k_max``), guard threshold ``minacc`` (fraction),
-    n-gram drafts from the live context on or off."""
+    n-gram drafts from the live context on or off, grammar drafts (the tokens a request's output grammar forces)
+    on or off."""
 
     k: int = CORPUS_K_DEFAULT
     k_max: int | None = SERVE_CORPUS_K_MAX
     minacc: float = CORPUS_MINACC
     ngram: bool = True
+    grammar: bool = True
 
 
 @dataclass
 class Work:
-    """What a job asks for: prompt ids, the exact cap on new tokens, sampling and stop strings."""
+    """What a job asks for: prompt ids, the exact cap on new tokens, sampling (with the output's grammar
+    constraint, if any) and stop strings; ``tool_calls``: the tool-call format to parse the answer with (a
+    :class:`~redraft.server.toolcalls.ToolCallFormat`), None when the answer cannot hold calls."""
 
     prompt_ids: list[int]
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
+    tool_calls: object | None = None
 
 
 @dataclass
 class Outcome:
     """A finished generation: the engine's result, the final text (cut before a stop string) and the OpenAI
-    finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context)."""
+    finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context, ``tool_calls``
+    when the answer holds tool calls). With tool calls, ``tool_calls`` holds them in OpenAI's shape and ``content``
+    the text outside them (None when empty); otherwise ``tool_calls`` is None and ``content`` is ``text``."""
 
     result: GenerationResult
     text: str
     finish_reason: str
     learned: bool
+    tool_calls: list[dict] | None = None
+    content: str | None = None
 
 
 class TextStream:
@@ -125,10 +136,21 @@ class Generator:
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
-        engine = Engine(self.target, self.drafters(job.tenant), eos_token_ids=self.eos,
+        drafters = self.drafters(job.tenant)
+        if work.sampling.constraint is not None and self.draft.grammar:
+            drafters.insert(0, GrammarDrafter(work.sampling.constraint))  # priority grammar > corpus > n-gram
+        engine = Engine(self.target, drafters, eos_token_ids=self.eos,
                         max_depth=max(self.draft.k, self.draft.k_max or 0))
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
+        content = ContentFilter(work.tool_calls) if work.tool_calls is not None else None
+        if content is not None:
+            emit_text = emit
+
+            def emit(delta: str) -> None:
+                shown = content.feed(delta)
+                if shown:
+                    emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
             if job.cancel.is_set():
@@ -141,9 +163,19 @@ class Generator:
                               stop=stop if stop else None)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
-        rest = stream.finish(text)
-        if rest:
-            emit(rest)
+        calls, answer = None, text
+        if content is not None:
+            answer, calls = work.tool_calls.parse(text)
+            rest = content.finish(answer)
+            if rest:
+                emit_text(rest)
+            calls = calls or None
+            if calls is None:
+                answer = text
+        else:
+            rest = stream.finish(text)
+            if rest:
+                emit(rest)
         # learn before the response completes: the journal record is synced when the client sees the end
         learned = False
         own = self.corpora.get(job.tenant)
@@ -156,7 +188,9 @@ class Generator:
         if learned and self.on_learned is not None:
             self.on_learned(job.tenant)
         reason = "length" if res.stop_reason in ("length", "context") else "stop"
-        return Outcome(result=res, text=text, finish_reason=reason, learned=learned)
+        if calls and reason == "stop":  # a cut-off answer stays "length", its complete calls still returned
+            reason = "tool_calls"
+        return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer)
 
 
 def reproduces(corpus, prompt: list[int], output: list[int], k: int = 48) -> bool:
