@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from redraft.grammar.constraint import GrammarError
+
 
 class GrammarState:
     """The grammar state of one generation (built by :meth:`Constraint.start <redraft.grammar.Constraint.start>`).
@@ -61,7 +63,8 @@ class GrammarState:
 
     def allowed(self, extra: tuple[int, ...] = ()) -> np.ndarray | None:
         """Bool [V]: the tokens the grammar allows after the committed output plus ``extra``; None when ``extra``
-        leaves the grammar (no constraint applies there)."""
+        leaves the grammar (no constraint applies there). Raises GrammarError when no token at all may follow the
+        committed output (a grammar this vocabulary cannot spell)."""
         m = self.state_after(extra)
         if m.is_error():
             return None
@@ -69,6 +72,11 @@ class GrammarState:
         out = np.zeros(self.vocab, dtype=bool)
         n = min(self.vocab, bits.size)
         out[:n] = bits[:n].astype(bool)
+        if not out.any():
+            if extra:
+                return None  # a drafted path into a dead end: plain decoding never gets there unless it is forced
+            raise GrammarError(f"{self.constraint.description}: no token of this vocabulary can continue the "
+                               f"output after {len(self.committed)} tokens")
         return out
 
     def forced(self, limit: int) -> list[int]:

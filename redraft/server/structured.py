@@ -86,8 +86,9 @@ def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_f
     try:
         tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
     except GrammarError as e:
-        raise APIError(400, f"structured output is not available for this model: {e}",
-                       param="response_format" if fmt is not None else "tool_choice") from e
+        param = "response_format" if fmt is not None else "tool_choice"
+        raise APIError(400, f"'{param}' cannot be honoured: structured output is not available for this model ({e})",
+                       param=param) from e
     try:
         if fmt is not None and fmt.kind == "json_object":
             return Constraint.json_object(tok, vocab_size)
