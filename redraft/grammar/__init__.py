@@ -5,7 +5,8 @@
 (:mod:`redraft.drafters.grammar`) proposes the tokens a state forces.
 """
 
-from redraft.grammar.constraint import JSON_OPTIONS, Constraint, GrammarError, grammar_tokenizer, json_rule
+from redraft.grammar.constraint import JSON_OPTIONS, Constraint, grammar_tokenizer, json_rule
+from redraft.grammar.errors import GrammarError
 from redraft.grammar.state import GrammarState
 
 __all__ = ["JSON_OPTIONS", "Constraint", "GrammarError", "GrammarState", "grammar_tokenizer", "json_rule"]

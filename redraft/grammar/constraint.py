@@ -19,14 +19,12 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from redraft.grammar.errors import GrammarError
+
 # JSON whitespace is fixed: ", " between items and ": " after keys, no other whitespace, as
 # json.dumps writes it. Fixed whitespace makes every separator a forced token (a grammar draft); OpenAI's strict
 # structured output allows any whitespace, which a model trained on json.dumps output rarely uses anyway.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class GrammarError(ValueError):
-    """A schema or grammar llguidance cannot compile; the message says what is wrong."""
 
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

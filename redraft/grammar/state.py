@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from redraft.grammar.constraint import GrammarError
+from redraft.grammar.errors import GrammarError
 
 
 class GrammarState:
