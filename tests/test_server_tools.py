@@ -83,10 +83,9 @@ def test_required_tool_call_parses_with_valid_arguments(live):
 
 def test_named_function_is_the_one_called(live):
     r = chat(live, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}})
-    calls = r.choices[0].message.tool_calls
-    assert calls and all(c.function.name == "get_time" for c in calls)
-    for c in calls:
-        jsonschema.validate(json.loads(c.function.arguments), TIME)
+    (call,) = r.choices[0].message.tool_calls  # exactly one call, parallel_tool_calls or not
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), TIME)
 
 
 def test_streamed_tool_call_equals_the_whole_one(live):

@@ -98,7 +98,9 @@ def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_f
         raise APIError(400, f"'response_format.json_schema.schema' cannot be enforced: {e}",
                        param="response_format.json_schema.schema") from e
     try:
-        return Constraint.lark(call_format.grammar(tools.forced, tools.parallel), tok, vocab_size,
+        # a named function is called once (as OpenAI and vLLM do); required: one or more with parallel_tool_calls
+        parallel = tools.parallel and tools.choice == "required"
+        return Constraint.lark(call_format.grammar(tools.forced, parallel), tok, vocab_size,
                                f"{call_format.name} tool call")
     except GrammarError as e:
         raise APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools") from e
