@@ -212,3 +212,23 @@ def test_fallback_prompt_describes_tools_and_rewrites_the_history():
     assert msgs[2] == {"role": "assistant", "content": fmt.render("get_time", {"zone": "utc"})}
     assert msgs[3] == {"role": "user", "content": "<tool_response>\n12:00\n</tool_response>"}
     assert chat_messages(history, ToolRequest(tools=tools.tools, choice="none"), fmt, native=False)[0] == ASK[0]
+
+
+def test_a_template_that_renders_tools_gets_them_natively():
+    from grammarkit import CHATML, bpe_tokenizer
+
+    from redraft.server.tools import encode_chat, template_renders_tools
+
+    plain_tok, native_tok = bpe_tokenizer(), bpe_tokenizer()
+    plain_tok.chat_template = CHATML
+    native_tok.chat_template = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }} "
+                                "{% endfor %}<|im_end|>\n{% endif %}" + CHATML)
+    assert not template_renders_tools(plain_tok) and template_renders_tools(native_tok)
+    tools = ToolRequest(tools=[t["function"] for t in TOOLS])
+    fmt = FORMATS["hermes"]
+    native = native_tok.decode(encode_chat(native_tok, ASK, tools, fmt))
+    assert "get_weather get_time" in native and "<tools>" not in native  # the template's own rendering only
+    fallback = plain_tok.decode(encode_chat(plain_tok, ASK, tools, fmt))
+    assert "<tools>" in fallback and "get_weather" in fallback
+    none = ToolRequest(tools=tools.tools, choice="none")
+    assert "get_weather" not in native_tok.decode(encode_chat(native_tok, ASK, none, fmt))

@@ -11,8 +11,8 @@ Request fields (OpenAI's chat completions API):
 - history: assistant messages with ``tool_calls`` (``content`` may be null) and ``tool`` messages with
   ``tool_call_id``.
 
-The tools reach the model through its chat template when the template renders them (``apply_chat_template(...,
-tools=...)`` changes the prompt); otherwise through a system message written by the tool-call format
+The tools reach the model through its chat template when the template renders them (passing ``tools`` to the
+template changes the prompt: :func:`redraft.io.prompts.template_renders_tools`); otherwise through a system message written by the tool-call format
 (:meth:`ToolCallFormat.instructions`), with past calls written in the format's own syntax and tool results as user
 turns wrapped in ``<tool_response>`` (the Hermes 2 Pro template's convention).
 """
@@ -23,6 +23,9 @@ import json
 import threading
 import weakref
 from dataclasses import dataclass, field
+
+from redraft.io.prompts import encode_prompt
+from redraft.io.prompts import template_renders_tools as renders_tools
 
 from .schemas import APIError
 from .toolcalls import ToolCallFormat
@@ -138,13 +141,7 @@ def template_renders_tools(tokenizer) -> bool:
     """Whether the tokenizer's chat template writes tools into the prompt (cached per tokenizer)."""
     with _LOCK:
         if tokenizer not in _RENDERS:
-            probe = [{"type": "function", "function": {"name": "redraft_probe_tool", "parameters": {"type": "object"}}}]
-            msgs = [{"role": "user", "content": "hi"}]
-            try:
-                text = tokenizer.apply_chat_template(msgs, tools=probe, tokenize=False, add_generation_prompt=True)
-                _RENDERS[tokenizer] = "redraft_probe_tool" in text
-            except Exception:  # a template that refuses the tools argument does not render them
-                _RENDERS[tokenizer] = False
+            _RENDERS[tokenizer] = renders_tools(tokenizer)
         return _RENDERS[tokenizer]
 
 
@@ -185,10 +182,7 @@ def encode_chat(tokenizer, messages: list[dict], tools: ToolRequest | None, fmt:
     """Prompt ids of a conversation with tools and/or tool calls (see :func:`chat_messages`)."""
     native = template_renders_tools(tokenizer)
     msgs = chat_messages(messages, tools, fmt, native)
-    kw = {}
+    offered = None
     if native and tools is not None and tools.choice != "none":
-        kw["tools"] = [{"type": "function", "function": t} for t in tools.tools]
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, **kw)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+        offered = [{"type": "function", "function": t} for t in tools.tools]
+    return encode_prompt(tokenizer, msgs, chat=True, tools=offered)
