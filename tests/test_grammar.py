@@ -216,3 +216,72 @@ def test_grammar_drafter_follows_a_diverging_context(kit):
     prop = d.propose(c, 16)
     assert prop is None or prop.tokens == [eos]
     assert len(d.propose(prompt, 2).tokens) <= 2
+
+
+@pytest.mark.parametrize("curve", ["cpu", "flat"])
+def test_grammar_drafts_under_the_cost_aware_policy(kit, curve):
+    """The engine with a speculation policy (the CLI's default) cuts grammar drafts like any source's: still
+    lossless, and on a flat cost curve the forced tokens are verified."""
+    from redraft.defaults import MAX_DRAFT_DEPTH
+    from redraft.drafters import NgramDrafter
+    from redraft.policy import CostCurve, SpeculationPolicy
+
+    tok, model, eos, person = kit
+    c = CostCurve.flat(64) if curve == "flat" else \
+        CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48), (1.0, 1.6, 2.0, 1.7, 1.75, 2.1, 2.9, 4.2, 5.5))
+    pol = SpeculationPolicy(c, max_nodes=MAX_DRAFT_DEPTH)
+    for text in PROMPTS:
+        prompt = tok.encode(text)
+        base = plain(kit, prompt, person)
+        res = Engine(model, [GrammarDrafter(person), NgramDrafter(k=MAX_DRAFT_DEPTH)], eos_token_ids=[eos],
+                     policy=pol).generate(prompt, N, sampling=SamplingParams(constraint=person))
+        assert res.output_ids == base.output_ids
+        if curve == "flat":
+            assert res.sources["grammar"].accepted > 0
+
+
+class RandomTreeDrafter:
+    """Random token trees mixing the right continuation (from a known output) with random ids: each node follows
+    the right path with probability ``p_right``, else takes a random id; random parents make real trees."""
+
+    name, guard = "random", None
+
+    def __init__(self, full, vocab, seed, p_right):
+        self.full, self.vocab, self.p_right = full, vocab, p_right
+        self.rng = np.random.default_rng(seed)
+
+    def bind(self, target):
+        pass
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, max_depth):
+        n = int(self.rng.integers(1, 9))
+        tokens, parents, depth = [], [], []
+        for i in range(n):
+            parent = int(self.rng.integers(-1, i)) if i else -1
+            d = depth[parent] + 1 if parent >= 0 else 1
+            if d > max_depth:
+                break
+            at = len(context) + d - 1
+            right = at < len(self.full) and self.rng.random() < self.p_right
+            tokens.append(self.full[at] if right else int(self.rng.integers(0, self.vocab)))
+            parents.append(parent)
+            depth.append(d)
+        return TokenTree.from_parents(tokens, parents, self.name) if tokens else None
+
+    def observe(self, *a):
+        pass
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_token_trees_under_a_grammar_equal_plain(kit, seed):
+    tok, model, eos, person = kit
+    prompt = tok.encode(PROMPTS[seed % len(PROMPTS)])
+    want = plain(kit, prompt, person).output_ids
+    d = RandomTreeDrafter(prompt + want, len(tok), seed, p_right=[0.5, 0.8, 0.95][seed % 3])
+    res = Engine(model, [d, GrammarDrafter(person)], eos_token_ids=[eos], merge=bool(seed % 2)).generate(
+        prompt, N, sampling=SamplingParams(constraint=person))
+    assert res.output_ids == want
+    assert res.sources["random"].accepted > 0  # trees were verified, and parts of them accepted
