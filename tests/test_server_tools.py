@@ -232,3 +232,40 @@ def test_a_template_that_renders_tools_gets_them_natively():
     assert "<tools>" in fallback and "get_weather" in fallback
     none = ToolRequest(tools=tools.tools, choice="none")
     assert "get_weather" not in native_tok.decode(encode_chat(native_tok, ASK, none, fmt))
+
+
+def test_auto_mode_grammar_leaves_text_free_and_enforces_a_begun_call():
+    """tool_choice auto: free text (every token but the special ones), but once '<tool_call>' is written the call
+    must be a valid call of a tool; the forced part after the wrapper is what grammar drafts propose."""
+    from grammarkit import bpe_tokenizer, tiny_for
+
+    from redraft.decoding.engine import Engine
+    from redraft.decoding.sampling import SamplingParams
+    from redraft.grammar import Constraint, grammar_tokenizer
+
+    tok = bpe_tokenizer()
+    eos = tok.eos_token_id
+    fmt = FORMATS["hermes"]
+    c = Constraint.lark(fmt.lazy_grammar([t["function"] for t in TOOLS], special=False),
+                        grammar_tokenizer(tok, len(tok), [eos]), len(tok))
+    m = c.matcher()
+    assert m.consume_tokens(tok.encode("the weather is sunny today "))
+    assert m.consume_tokens(tok.encode("<tool_call>"))
+    forced = tok.decode(m.compute_ff_tokens())
+    assert forced.startswith('\n{"name": "get_')  # which tool is still a choice
+    bad = m.deep_copy()
+    assert not bad.consume_tokens(tok.encode('\n{"name": "rm_rf"'))
+    good = m.deep_copy()
+    assert good.consume_tokens(tok.encode('\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'))
+    assert good.consume_tokens(tok.encode(" done"))  # text may follow the call
+    # a model that writes no call decodes exactly as without the grammar (no special token in its answer)
+    model = tiny_for(tok, seed=9)
+    prompt = tok.encode("the weather in paris")
+    free = Engine(model, [], eos_token_ids=[eos]).generate(prompt, 40).output_ids
+    held = Engine(model, [], eos_token_ids=[eos]).generate(prompt, 40, sampling=SamplingParams(constraint=c)).output_ids
+    specials = set(tok.all_special_ids) - {eos}
+    first_special = next((i for i, t in enumerate(free) if t in specials), len(free))
+    assert held[:first_special] == free[:first_special]
+    assert not set(held) & specials
+    assert fmt.lazy_grammar([t["function"] for t in TOOLS], special=False) is not None
+    assert FORMATS["llama3_json"].lazy_grammar([t["function"] for t in TOOLS], special=False) is None

@@ -61,23 +61,29 @@ class GrammarState:
             self._forks[extra] = m
         return m
 
-    def allowed(self, extra: tuple[int, ...] = ()) -> np.ndarray | None:
-        """Bool [V]: the tokens the grammar allows after the committed output plus ``extra``; None when ``extra``
-        leaves the grammar (no constraint applies there). Raises GrammarError when no token at all may follow the
-        committed output (a grammar this vocabulary cannot spell)."""
+    def bitmask(self, extra: tuple[int, ...] = ()) -> np.ndarray | None:
+        """uint8 [ceil(V / 32) * 4]: the allowed tokens after the committed output plus ``extra``, one bit per token
+        (little-endian within each byte, llguidance's layout); None when ``extra`` leaves the grammar (no constraint
+        applies there). Raises GrammarError when no token at all may follow the committed output (a grammar this
+        vocabulary cannot spell)."""
         m = self.state_after(extra)
         if m.is_error():
             return None
-        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        out = np.zeros(self.vocab, dtype=bool)
-        n = min(self.vocab, bits.size)
-        out[:n] = bits[:n].astype(bool)
-        if not out.any():
+        bits = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
+        if not bits.any():
             if extra:
                 return None  # a drafted path into a dead end: plain decoding never gets there unless it is forced
             raise GrammarError(f"{self.constraint.description}: no token of this vocabulary can continue the "
                                f"output after {len(self.committed)} tokens")
-        return out
+        return bits
+
+    def allowed(self, extra: tuple[int, ...] = ()) -> np.ndarray | None:
+        """Bool [V]: the tokens the grammar allows after the committed output plus ``extra`` (see :meth:`bitmask`;
+        None when no constraint applies there)."""
+        bits = self.bitmask(extra)
+        if bits is None:
+            return None
+        return np.unpackbits(bits, bitorder="little")[:self.vocab].astype(bool)
 
     def forced(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces after the committed output (its only possible continuation;
@@ -96,12 +102,15 @@ class GrammarState:
             raise ValueError(f"grammar state: a row of {input_ids.shape[1]} ids is shorter than the prompt and the "
                              f"committed output ({start}); commit() was not called with the emitted tokens")
         extra = input_ids[:, start:].tolist()
-        keep = torch.ones(scores.shape, dtype=torch.bool)
-        for r, path in enumerate(extra):
-            allowed = self.allowed(tuple(path))
-            if allowed is not None:
-                n = min(allowed.size, scores.shape[1])
-                keep[r] = False  # ids past the grammar's vocabulary are never allowed
-                keep[r, :n] = torch.from_numpy(allowed[:n])
-                self.masks += 1
-        return scores.masked_fill(~keep, float("-inf"))
+        V = scores.shape[1]
+        masks = [self.bitmask(tuple(path)) for path in extra]
+        rows = [r for r, m in enumerate(masks) if m is not None]
+        if not rows:
+            return scores
+        keep = np.unpackbits(np.stack([masks[r] for r in rows]), axis=1, bitorder="little")[:, :V].astype(bool)
+        if keep.shape[1] < V:  # ids past the grammar's vocabulary are never allowed
+            keep = np.pad(keep, ((0, 0), (0, V - keep.shape[1])))
+        self.masks += len(rows)
+        out = scores.clone()
+        out[rows] = scores[rows].masked_fill(~torch.from_numpy(keep), float("-inf"))
+        return out

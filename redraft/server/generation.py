@@ -48,6 +48,7 @@ class Work:
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
     tool_calls: object | None = None
+    single_call: bool = False  # parallel_tool_calls false: only the first call counts
 
 
 @dataclass
@@ -166,6 +167,8 @@ class Generator:
         calls, answer = None, text
         if content is not None:
             answer, calls = work.tool_calls.parse(text)
+            if work.single_call:
+                calls = calls[:1]
             rest = content.finish(answer)
             if rest:
                 emit_text(rest)

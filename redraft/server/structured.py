@@ -75,17 +75,23 @@ def check_combination(fmt: ResponseFormat | None, tools: ToolRequest | None) -> 
 
 def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_format: ToolCallFormat, tokenizer,
                    vocab_size: int, eos_token_ids) -> Constraint | None:
-    """The request's output constraint, or None for free text.
+    """The request's output constraint, or None for free text: the response format's schema; a forced tool call
+    (``required`` / named); with ``tool_choice: "auto"``, free text whose tool calls must be valid once begun
+    (:meth:`ToolCallFormat.lazy_grammar`; None for a tokenizer llguidance cannot read or a format without a
+    wrapper).
 
     Raises:
         APIError: 400 naming ``response_format...schema`` or ``tools`` when the grammar library cannot compile the
             schema; 400 on ``response_format`` for a tokenizer llguidance cannot read.
     """
-    if fmt is None and (tools is None or tools.forced is None):
+    auto = fmt is None and tools is not None and tools.choice == "auto"
+    if fmt is None and (tools is None or (tools.forced is None and not auto)):
         return None
     try:
         tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
     except GrammarError as e:
+        if auto:
+            return None  # tool calls in text are still parsed, only not enforced
         param = "response_format" if fmt is not None else "tool_choice"
         raise APIError(400, f"'{param}' cannot be honoured: structured output is not available for this model ({e})",
                        param=param) from e
@@ -97,6 +103,16 @@ def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_f
     except GrammarError as e:
         raise APIError(400, f"'response_format.json_schema.schema' cannot be enforced: {e}",
                        param="response_format.json_schema.schema") from e
+    if auto:  # free text, but a call that begins must be a valid call
+        marker = call_format.begin.strip()
+        special = bool(marker) and marker in getattr(tokenizer, "get_added_vocab", dict)()
+        source = call_format.lazy_grammar(tools.tools, special)
+        if source is None:
+            return None
+        try:
+            return Constraint.lark(source, tok, vocab_size, f"{call_format.name} tool calls in text")
+        except GrammarError as e:
+            raise APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools") from e
     try:
         # a named function is called once (as OpenAI and vLLM do); required: one or more with parallel_tool_calls
         parallel = tools.parallel and tools.choice == "required"

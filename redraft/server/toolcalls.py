@@ -27,7 +27,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from redraft.grammar import json_rule
+from redraft.grammar import JSON_OPTIONS, json_rule
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,25 @@ class ToolCallFormat:
         call = f"call: {json.dumps(self.begin)} obj {json.dumps(self.end)}" if self.begin else "call: obj"
         start = f"start: call ({json.dumps(self.separator)} call)*" if parallel else "start: call"
         return "\n".join([start, call, f"obj: {alts}", *rules])
+
+    def lazy_grammar(self, tools: list[dict], special: bool) -> str | None:
+        """For ``tool_choice: "auto"``: a Lark grammar of free text in which every call, once its wrapper begins,
+        must be a valid call of one of ``tools`` (llguidance's structural tags: the wrapper is a lazy trigger).
+        Free text may use every token but the tokenizer's special ones (EOS aside). None for a format without a
+        wrapper (a bare JSON answer cannot be told from text until it is complete).
+
+        Args:
+            special: the wrapper's opening tag is one special token of the tokenizer (Hermes / Qwen vocabularies).
+        """
+        import llguidance
+
+        if not self.begin:
+            return None
+        tags = [llguidance.StructTag(
+            trigger=self.begin.strip(), begin=f'{self.begin}{{"name": {json.dumps(t["name"])}, "{self.arguments_key}": ',
+            grammar={**(t.get("parameters") or {"type": "object"}), "x-guidance": JSON_OPTIONS}, end="}" + self.end)
+            for t in tools]
+        return llguidance.StructTag.to_grammar(tags, assume_special=special)
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, calls) of an answer: calls as OpenAI ``tool_calls`` entries (``arguments`` a JSON string);
