@@ -24,6 +24,14 @@ CORPUS_PAUSE = 256
 # 1.04x against 1.10 and 1.03x with 50% / 256, identical outputs.
 NGRAM_MINACC = 0.2
 NGRAM_PAUSE = 64
+# Grammar drafts (tokens a grammar forces): a forced token is almost always accepted, but llguidance spells forced
+# text in its own tokenization, which the model may split differently; below GRAMMAR_MINACC over GRAMMAR_WINDOW
+# drafted tokens the source pauses for GRAMMAR_PAUSE emitted tokens.
+GRAMMAR_MINACC = 0.3
+GRAMMAR_WINDOW = 24
+GRAMMAR_PAUSE = 64
+# Tool-call text conventions `redraft serve --tool-call-parser` knows (redraft/server/toolcalls.py), default first.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 # A GliDe draft pays from ~26% acceptance per draft level here (docs/glide.md): its guard is capped at 25%.
 GLIDE_MINACC = 0.25

@@ -4,8 +4,8 @@ verify -> accepted tokens) and each layer can be read, tested and reused without
 From the bottom up (``LAYERS``):
 
 0. ``redraft.defaults``, ``redraft.tree``, ``redraft.io`` (prompt, model and file helpers);
-1. ``redraft.corpus`` (numpy only) and ``redraft.glide`` (the draft network), side by side: neither imports the
-   other;
+1. ``redraft.corpus`` (numpy only), ``redraft.glide`` (the draft network) and ``redraft.grammar`` (output
+   constraints and their per-row masks), side by side: none imports another;
 2. ``redraft.io.freeze``: prompt files and ``[TOKENS]`` logs -> corpus spans; it reads the corpus formats, so it sits
    above the corpus although it lives with the other file helpers;
 3. ``redraft.drafters``; 4. ``redraft.policy`` (numpy only: it takes a cost curve, never a model);
@@ -29,7 +29,7 @@ FRONT_END = 7
 # dotted prefix -> layer; the longest matching prefix places a module
 LAYERS: dict[str, int] = {
     "redraft": FRONT_END, "redraft.defaults": 0, "redraft.tree": 0, "redraft.io": 0,
-    "redraft.corpus": 1, "redraft.glide": 1,
+    "redraft.corpus": 1, "redraft.glide": 1, "redraft.grammar": 1,
     "redraft.io.freeze": 2,
     "redraft.drafters": 3,
     "redraft.policy": 4,

@@ -6,6 +6,7 @@ Registering the parser imports neither the server nor torch; :func:`build_server
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -21,6 +22,7 @@ from redraft.cli.common import (
     nonneg,
     positive,
 )
+from redraft.defaults import TOOL_CALL_PARSERS
 from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
@@ -55,6 +57,12 @@ def register(sub) -> None:
                    help=f"most ids in each tenant's learned corpus; the oldest spans are evicted beyond it "
                         f"(default {DEFAULT_CAP_TOKENS:,})")
     add_speculation_args(p)  # the policy or fixed depths, as `redraft run`
+    p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=TOOL_CALL_PARSERS[0],
+                   help="how the model writes tool calls: hermes = <tool_call>{json}</tool_call> blocks (ChatML "
+                        "models), llama3_json = a bare {\"name\", \"parameters\"} answer (default "
+                        f"{TOOL_CALL_PARSERS[0]}); also the syntax tool_choice required/named is forced into")
+    p.add_argument("--no-grammar-drafts", action="store_true",
+                   help="do not propose the tokens a response_format or tool-call grammar forces as drafts")
     p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
     p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
                    metavar="N",
@@ -97,6 +105,7 @@ def speculation_config(args):
         SystemExit: a bad environment value; ``--k-max`` not above ``--k``.
     """
     cfg = config_from_args(args)
+    cfg = dataclasses.replace(cfg, grammar=not getattr(args, "no_grammar_drafts", False))
     if cfg.k_max is not None and cfg.k_max <= cfg.depth:
         raise _fail(f"--k-max {cfg.k_max}: no effect unless above the draft depth --k {cfg.depth}")
     return cfg
@@ -138,7 +147,7 @@ def build_server(args, loaded=None):
     options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
                             max_tokens_default=args.max_tokens_default)
     return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue,
-                  options=options)
+                  options=options, tool_call_parser=args.tool_call_parser)
 
 
 def listen(host: str, port: int) -> socket.socket:

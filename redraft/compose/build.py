@@ -31,6 +31,7 @@ from redraft.defaults import (
 )
 from redraft.drafters.base import AcceptanceGuard, Drafter
 from redraft.drafters.frozen_corpus import CorpusDrafter
+from redraft.drafters.grammar import GrammarDrafter
 from redraft.drafters.ngram import NgramDrafter
 
 
@@ -139,6 +140,13 @@ def drafters_for(config: SpeculationConfig, corpus=None, *, glide=None, corpus_n
     return build_drafters(corpus, k=config.depth, minacc=config.guard_minacc,
                           ngram=config.ngram if ngram is None else ngram, tree_branches=config.tree,
                           k_max=config.adaptive_max, glide=glide, corpus_name=corpus_name, policy=config.policy_on)
+
+
+def grammar_drafters(config: SpeculationConfig, constraint) -> list[Drafter]:
+    """The grammar drafter for a request whose output is constrained by ``constraint`` (a
+    :class:`~redraft.grammar.Constraint`), or none (no constraint, or ``config.grammar`` off). It goes first:
+    grammar > corpus > n-gram, as Colibri orders its draft sources."""
+    return [GrammarDrafter(constraint)] if constraint is not None and config.grammar else []
 
 
 def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **kw):

@@ -60,6 +60,8 @@ class SpeculationConfig:
         generation_config: shape logits with the model's generation_config as HF ``generate(do_sample=False)``.
         force: use a binary corpus whose tokenizer fingerprint differs from the model's.
         glide: a :class:`GlideSettings`, or None for no draft model.
+        grammar: grammar drafts: where a request's output grammar (a JSON schema, a forced tool call) allows one
+            continuation only, propose it (first in priority, before the corpus and n-gram drafts).
     """
 
     corpus: str | None = None
@@ -74,6 +76,7 @@ class SpeculationConfig:
     generation_config: bool = True
     force: bool = False
     glide: GlideSettings | None = field(default=None)
+    grammar: bool = True
 
     def __post_init__(self) -> None:
         for name, lo, hi in (("k", 1, MAX_DRAFT_DEPTH), ("k_max", 1, MAX_DRAFT_DEPTH), ("tree_budget", 1, None)):

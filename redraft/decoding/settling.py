@@ -103,9 +103,8 @@ class ExactMode:
             self.target.crop(step.n_past)
             self.spend(1)  # the forward that found the near-tie emitted nothing
         n_ctx = len(committed)
-        pending = list(step.pending) if n_ctx == n_prompt else [int(committed[-1])]
-        if not self.rebuild:
-            return pending, 0
+        if not self.rebuild:  # the cache holds every committed token's entry but the last kept one's
+            return [int(t) for t in committed[self.target.length:n_ctx]], 0
         self.target.crop(self.plain_len)
         feed = [] if self.plain_len or n_ctx == n_prompt else [list(committed[:n_prompt])]
         feed += [[int(t)] for t in committed[max(self.plain_len, n_prompt):n_ctx - 1]]
@@ -114,7 +113,8 @@ class ExactMode:
         self.plain_len = self.target.length
         self.settle_forwards += len(feed)
         self.spend(len(feed))
-        return pending, len(feed)
+        # the prompt when its own entries went too (none computed as plain decoding computes them), else the last token
+        return [int(t) for t in committed[self.target.length:n_ctx]], len(feed)
 
     def emitted(self, n: int) -> None:
         """A forward emitted ``n`` tokens: it saved ``n - 1`` forwards; a drafting pause runs down by ``n``."""

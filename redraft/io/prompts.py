@@ -28,22 +28,40 @@ def uses_chat_template(tokenizer, chat: bool | None = None) -> bool:
     return getattr(tokenizer, "chat_template", None) is not None if chat is None else chat
 
 
-def encode_prompt(tokenizer, prompt: str | Messages, *, chat: bool | None = None) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | Messages, *, chat: bool | None = None,
+                  tools: list[dict] | None = None) -> list[int]:
     """Token ids for a user prompt, or for a conversation ending with a user turn.
 
     Args:
         tokenizer: a transformers tokenizer (``apply_chat_template`` and ``__call__`` are used).
-        prompt: the user's text, or chat messages (``{"role": ..., "content": ...}``, oldest first).
+        prompt: the user's text, or chat messages (``{"role": ..., "content": ...}``, oldest first; other keys
+            such as ``tool_calls`` go to the template as they are; a None content is written as "").
         chat: force the chat template on/off; None = use it when the tokenizer has one.
+        tools: OpenAI tool objects for a template that renders tools (:func:`template_renders_tools`); None = none.
     Returns:
         list of int token ids (prompt only; the generation prompt is appended when templated).
     """
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    messages = [dict(m, content=normalize_prompt(m["content"])) for m in messages]
+    messages = [dict(m, content=normalize_prompt(m["content"] or "")) for m in messages]
     if uses_chat_template(tokenizer, chat):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        kw = {"tools": tools} if tools else {}
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kw)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
     text = "\n\n".join(m["content"] for m in messages)
     return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+def template_renders_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template writes OpenAI ``tools`` into the prompt (rendering a probe tool
+    changes the text); False for a template that refuses the ``tools`` argument or has none."""
+    if not uses_chat_template(tokenizer):
+        return False
+    probe = [{"type": "function", "function": {"name": "redraft_probe_tool", "parameters": {"type": "object"}}}]
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=probe, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # jinja raises for templates that cannot take the argument
+        return False
+    return "redraft_probe_tool" in text

@@ -9,6 +9,7 @@ format, ending with ``data: [DONE]``. Every response carries the request's specu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -28,7 +29,10 @@ from .metrics import ServerMetrics
 from .options import ServerOptions
 from .scheduler import Cancelled, Job, QueueFull, Scheduler, ShuttingDown
 from .schemas import APIError, ParsedRequest, parse_json, parse_request
+from .structured import check_combination, constraint_for, parse_response_format
 from .tenants import Tenants
+from .toolcalls import DEFAULT_FORMAT, FORMATS
+from .tools import encode_chat, history_calls, parse_tools
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 NO_CONTEXT_LIMIT = 32768  # max_tokens cap for a model that does not state its context length
@@ -43,12 +47,15 @@ class Server:
         tenants: API keys. model_id: the served model's id (``model`` in requests and responses).
         max_queue: most waiting requests (503 beyond). max_body: most request body bytes (413 beyond).
         options: :class:`~redraft.server.options.ServerOptions` (access log, CORS, chat's default max_tokens).
+        tool_call_parser: how the model writes tool calls (a key of :data:`redraft.server.toolcalls.FORMATS`).
     """
 
     def __init__(self, generator: Generator, tenants: Tenants, model_id: str, *, max_queue: int = 256,
-                 max_body: int = 8 << 20, options: ServerOptions | None = None) -> None:
+                 max_body: int = 8 << 20, options: ServerOptions | None = None,
+                 tool_call_parser: str = DEFAULT_FORMAT) -> None:
         self.generator, self.tenants, self.model_id, self.max_body = generator, tenants, model_id, max_body
         self.options = options or ServerOptions()
+        self.tool_format = FORMATS[tool_call_parser]
         self.metrics = ServerMetrics(model_id)
         self.scheduler = Scheduler(self._run, max_queue=max_queue, on_queue=self.metrics.waiting.set)
         self.created = int(time.time())
@@ -107,7 +114,8 @@ class Server:
         if req.model is not None and req.model != self.model_id:
             raise APIError(404, f"the model '{req.model}' does not exist; this server serves '{self.model_id}'",
                            param="model", code="model_not_found")
-        ids = self._prompt_ids(req)
+        tools, fmt = self._structure(req)
+        ids = self._prompt_ids(req, tools)
         ctx = self.generator.context_length
         room = ctx - len(ids) if ctx else NO_CONTEXT_LIMIT
         if ctx and room <= 0:
@@ -123,15 +131,38 @@ class Server:
             raise APIError(400, f"'max_tokens' {max_tokens} is too large: the prompt's {len(ids)} tokens plus "
                                 f"{max_tokens} exceed {where} (at most {room} here)", param="max_tokens",
                            code="context_length_exceeded")
-        return Work(prompt_ids=ids, max_tokens=max_tokens, sampling=req.sampling, stop=req.stop)
+        sampling = req.sampling
+        g = self.generator
+        constraint = constraint_for(fmt, tools, self.tool_format, g.tokenizer, g.vocab_size, g.eos)
+        if constraint is not None:
+            sampling = dataclasses.replace(sampling, constraint=constraint)
+        return Work(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=req.stop,
+                    tool_calls=self.tool_format if tools is not None and tools.calls_possible else None,
+                    single_call=tools is not None and not tools.parallel)
 
-    def _prompt_ids(self, req: ParsedRequest) -> list[int]:
+    def _structure(self, req: ParsedRequest):
+        """The request's tools (:class:`~redraft.server.tools.ToolRequest` or None) and response format
+        (:class:`~redraft.server.structured.ResponseFormat` or None), checked; the history's tool calls checked."""
+        if req.kind != "chat":
+            return None, None
+        tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        fmt = parse_response_format(req.response_format)
+        check_combination(fmt, tools)
+        for i, m in enumerate(req.messages):
+            if m.get("tool_calls"):
+                m["tool_calls"] = history_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        return tools, fmt
+
+    def _prompt_ids(self, req: ParsedRequest, tools=None) -> list[int]:
         tok = self.generator.tokenizer
         if req.kind == "chat":
             if not uses_chat_template(tok):
                 raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
             try:
-                ids = encode_prompt(tok, req.messages, chat=True)
+                if tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in req.messages):
+                    ids = encode_chat(tok, req.messages, tools, self.tool_format)
+                else:
+                    ids = encode_prompt(tok, req.messages, chat=True)
             except Exception as e:  # jinja raises for conversations its template refuses (roles out of order...)
                 raise APIError(400, f"the chat template refused these messages ({e})", param="messages") from e
         elif isinstance(req.prompt, str):
@@ -176,11 +207,13 @@ class Server:
         chat = req.kind == "chat"
         created = int(time.time())
 
-        def chunk(text: str | None, finish: str | None = None, role: bool = False, **extra) -> str:
+        def chunk(text: str | None, finish: str | None = None, role: bool = False, calls=None, **extra) -> str:
             if chat:
                 delta = {} if text is None else {"content": text}
                 if role:
                     delta = {"role": "assistant", "content": ""}
+                if calls:
+                    delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -196,6 +229,8 @@ class Server:
                     yield chunk(value)
                     continue
                 if kind == "done":
+                    if value.tool_calls:
+                        yield chunk(None, calls=value.tool_calls)
                     yield chunk(None, value.finish_reason, redraft=_stats(job, value))
                     if req.include_usage:
                         yield _event({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -356,8 +391,10 @@ def _stats(job: Job, out: Outcome) -> dict[str, Any]:
 
 def _body(req: ParsedRequest, rid: str, model_id: str, job: Job, out: Outcome) -> dict:
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
-                  "finish_reason": out.finish_reason}
+        message = {"role": "assistant", "content": out.text}
+        if out.tool_calls:
+            message = {"role": "assistant", "content": out.content, "tool_calls": out.tool_calls}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": out.finish_reason}
     else:
         choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
     return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
+from redraft.compose.build import grammar_drafters
 from redraft.corpus import CorpusError
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.sampling import SamplingParams
@@ -26,27 +27,36 @@ from redraft.decoding.textstream import TextStream
 from .corpora import TenantCorpora
 from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
+from .toolcalls import ContentFilter
 
 
 @dataclass
 class Work:
-    """What a job asks for: prompt ids, the exact cap on new tokens, sampling and stop strings."""
+    """What a job asks for: prompt ids, the exact cap on new tokens, sampling (with the output's grammar
+    constraint, if any) and stop strings; ``tool_calls``: the tool-call format to parse the answer with (a
+    :class:`~redraft.server.toolcalls.ToolCallFormat`), None when the answer cannot hold calls."""
 
     prompt_ids: list[int]
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
+    tool_calls: object | None = None
+    single_call: bool = False  # parallel_tool_calls false: only the first call counts
 
 
 @dataclass
 class Outcome:
     """A finished generation: the engine's result, the final text (cut before a stop string) and the OpenAI
-    finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context)."""
+    finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context, ``tool_calls``
+    when the answer holds tool calls). With tool calls, ``tool_calls`` holds them in OpenAI's shape and ``content``
+    the text outside them (None when empty); otherwise ``tool_calls`` is None and ``content`` is ``text``."""
 
     result: GenerationResult
     text: str
     finish_reason: str
     learned: bool
+    tool_calls: list[dict] | None = None
+    content: str | None = None
 
 
 class Generator:
@@ -85,15 +95,17 @@ class Generator:
     def vocab_size(self) -> int:
         return self.target.vocab_size
 
-    def drafters(self, tenant: str) -> list:
-        """Draft sources in priority order: the tenant's learned corpus, the shared corpus, n-gram lookup."""
+    def drafters(self, tenant: str, constraint=None) -> list:
+        """Draft sources in priority order: the request's output grammar (``constraint``, see
+        :func:`redraft.compose.build.grammar_drafters`), the tenant's learned corpus, the shared corpus, n-gram
+        lookup."""
         own = self.corpora.get(tenant)
         drafters = drafters_for(self.config, own)
         if self.corpora.shared is not None:
             # named apart from the tenant's learned corpus: its own statistics (and the policy's own estimates)
             shared = drafters_for(self.config, self.corpora.shared, corpus_name="shared", ngram=False)[0]
             drafters.insert(1 if own is not None else 0, shared)
-        return drafters
+        return grammar_drafters(self.config, constraint) + drafters
 
     def policy(self, tenant: str):
         """The tenant's :class:`~redraft.policy.SpeculationPolicy` (None without the policy): one per tenant, all
@@ -104,16 +116,24 @@ class Generator:
             self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
         return self.policies[tenant]
 
-    def engine(self, tenant: str):
+    def engine(self, tenant: str, constraint=None):
         """The engine for one request of ``tenant``: its drafters and its policy."""
-        return build_engine(self.target, self.config, eos_token_ids=self.eos, drafters=self.drafters(tenant),
-                            policy=self.policy(tenant))
+        return build_engine(self.target, self.config, eos_token_ids=self.eos,
+                            drafters=self.drafters(tenant, constraint), policy=self.policy(tenant))
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
-        engine = self.engine(job.tenant)
+        engine = self.engine(job.tenant, work.sampling.constraint)
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
+        content = ContentFilter(work.tool_calls) if work.tool_calls is not None else None
+        if content is not None:
+            emit_text = emit
+
+            def emit(delta: str) -> None:
+                shown = content.feed(delta)
+                if shown:
+                    emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
             if job.cancel.is_set():
@@ -130,9 +150,21 @@ class Generator:
             remember(cache, job.tenant, self.target, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
-        rest = stream.finish(text)
-        if rest:
-            emit(rest)
+        calls, answer = None, text
+        if content is not None:
+            answer, calls = work.tool_calls.parse(text)
+            if work.single_call:
+                calls = calls[:1]
+            rest = content.finish(answer)
+            if rest:
+                emit_text(rest)
+            calls = calls or None
+            if calls is None:
+                answer = text
+        else:
+            rest = stream.finish(text)
+            if rest:
+                emit(rest)
         # learn before the response completes: the journal record is synced when the client sees the end
         learned = False
         own = self.corpora.get(job.tenant)
@@ -145,7 +177,9 @@ class Generator:
         if learned and self.on_learned is not None:
             self.on_learned(job.tenant)
         reason = "length" if res.stop_reason in ("length", "context") else "stop"
-        return Outcome(result=res, text=text, finish_reason=reason, learned=learned)
+        if calls and reason == "stop":  # a cut-off answer stays "length", its complete calls still returned
+            reason = "tool_calls"
+        return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer)
 
 
 def reproduces(corpus, prompt: list[int], output: list[int], k: int = 48) -> bool:

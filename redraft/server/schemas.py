@@ -45,12 +45,11 @@ _NOOP_COMMON: dict[str, tuple] = {
 }
 _NOOP_COMPLETION = {**_NOOP_COMMON, "logprobs": _NONE, "echo": (None, False), "best_of": (None, 1),
                     "suffix": _NONE}
-_NOOP_CHAT = {**_NOOP_COMMON, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
-              "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-              "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
+_NOOP_CHAT = {**_NOOP_COMMON, "logprobs": (None, False), "top_logprobs": (None, 0),
+              "functions": (None, []), "function_call": (None, "none"),
+              "store": (None, False), "modalities": (None, ["text"]),
               "audio": _NONE, "prediction": _NONE, "reasoning_effort": _NONE, "verbosity": _NONE,
-              "web_search_options": _NONE, "service_tier": (None, "auto", "default"),
-              "parallel_tool_calls": (None, True, False)}
+              "web_search_options": _NONE, "service_tier": (None, "auto", "default")}
 
 
 class _Strict(BaseModel):
@@ -88,6 +87,8 @@ class Message(_Strict):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None  # assistant turns (checked by server/tools.py)
+    tool_call_id: str | None = None  # tool turns
 
 
 class ChatBody(_Common):
@@ -96,12 +97,17 @@ class ChatBody(_Common):
     metadata: dict[str, str] | None = None  # stored-completion tags; no effect on output
     prompt_cache_key: str | None = None  # a cache routing hint; no effect on output
     safety_identifier: str | None = None  # an end-user id; no effect on output
+    # tool calling and structured output: shapes checked here, contents by server/tools.py and server/structured.py
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
 
 
 _EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of those", "messages":
              "a list of {role, content} objects", "stop": "a string or a list of strings",
              "stream_options": "an object like {\"include_usage\": true}", "metadata": "an object of strings"}
-_ROLES = {"system", "developer", "user", "assistant"}
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_STRINGS = 4  # OpenAI's limit on 'stop'
 
 
@@ -114,6 +120,9 @@ class ParsedRequest:
         prompt: text or token ids (completions). messages: [{role, content}] with text content (chat).
         max_tokens: the cap asked for (None = the endpoint's default). sampling: :class:`SamplingParams`.
         stop: stop strings. stream, include_usage: SSE streaming, and a final usage chunk in it.
+        tools, tool_choice, parallel_tool_calls, response_format: the chat fields as sent (None = not sent);
+            the server checks them with :func:`redraft.server.tools.parse_tools` and
+            :func:`redraft.server.structured.parse_response_format`.
     """
 
     kind: Literal["completion", "chat"]
@@ -125,6 +134,10 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
 
 
 def parse_json(raw: bytes) -> dict:
@@ -178,6 +191,8 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
         out.prompt = _prompt(req.prompt)
     else:
         out.messages = _messages(req.messages)
+        out.tools, out.tool_choice = req.tools, req.tool_choice
+        out.parallel_tool_calls, out.response_format = req.parallel_tool_calls, req.response_format
     return out
 
 
@@ -218,10 +233,15 @@ def _messages(messages: list[Message]) -> list[dict]:
         if m.role not in _ROLES:
             raise APIError(400, f"messages[{i}].role {m.role!r} is not supported (expected one of "
                                 f"{', '.join(sorted(_ROLES))})", param=f"messages[{i}].role")
-        if m.content is None:
-            raise APIError(400, f"messages[{i}].content is missing (tool calls are not supported)",
+        if m.tool_calls is not None and m.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls is only allowed on assistant messages",
+                           param=f"messages[{i}].tool_calls")
+        if m.content is None and not m.tool_calls:
+            raise APIError(400, f"messages[{i}].content is missing (null is allowed only beside tool_calls)",
                            param=f"messages[{i}].content")
-        if isinstance(m.content, str):
+        if m.content is None:
+            text = None
+        elif isinstance(m.content, str):
             text = m.content
         else:
             for j, part in enumerate(m.content):
@@ -229,7 +249,12 @@ def _messages(messages: list[Message]) -> list[dict]:
                     raise APIError(400, f"messages[{i}].content[{j}] of type {part.type!r} is not supported "
                                         "(text parts only)", param=f"messages[{i}].content")
             text = "".join(part.text for part in m.content)
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": text}
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
     return out
 
 
