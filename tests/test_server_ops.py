@@ -61,7 +61,7 @@ def test_agent_turns_reuse_the_conversation_and_match_plain_greedy(live, loaded)
     prompt = [3, 14, 15, 9, 26, 5]
     hits_before, queries_before = _metric(live, "vllm:prefix_cache_hits_total"), \
         _metric(live, "vllm:prefix_cache_queries_total")
-    hit_sum = 0
+    hit_sum, prev = 0, prompt
     for turn in range(3):
         want, out = _plain_text(loaded, prompt, 20)
         body = _complete(live, "key-a", prompt, 20).json()
