@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .corpus import Corpus, check_ids, load_corpus
+from .corpus import CONTEXT_N, Corpus, check_ids, load_corpus
 from .errors import CorpusError
 from .journal import JournalWriter, fsync_dir, read_journal, write_journal
 
@@ -87,13 +87,15 @@ class OnlineCorpus:
         """The current snapshot (never modified after it is published)."""
         return self._corpus
 
-    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8):
+    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8, context_n: int | None = CONTEXT_N):
         """:meth:`Corpus.propose` on the current snapshot."""
-        return self._corpus.propose(context, k, min_n=min_n, max_n=max_n)
+        return self._corpus.propose(context, k, min_n=min_n, max_n=max_n, context_n=context_n)
 
-    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8):
+    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8,
+                     context_n: int | None = CONTEXT_N):
         """:meth:`Corpus.propose_tree` on the current snapshot."""
-        return self._corpus.propose_tree(context, k, branches=branches, min_n=min_n, max_n=max_n)
+        return self._corpus.propose_tree(context, k, branches=branches, min_n=min_n, max_n=max_n,
+                                         context_n=context_n)
 
     @property
     def n_tokens(self) -> int:

@@ -2,7 +2,9 @@
 
 At each step the longest suffix (n = max_n down to min_n) of the live context is looked up in a frozen corpus of
 earlier outputs and the span that followed its most recent occurrence is proposed, up to K tokens, never across a
-``-1`` span separator. An acceptance guard pauses the source while its proposals keep failing, so a prompt unrelated
+``-1`` span separator. Where all max_n ids match, the occurrence whose preceding context matches the live context
+longest wins (up to context_n ids back; the most recent among equals), so a replayed templated prompt drafts its own
+stored answer. An acceptance guard pauses the source while its proposals keep failing, so a prompt unrelated
 to the corpus costs nothing. The lookup is an index query (see :mod:`redraft.corpus`), not a corpus scan.
 """
 
@@ -12,7 +14,7 @@ import sys
 
 import numpy as np
 
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_MAX_N, SUFFIX_MIN_N
+from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_CONTEXT_N, SUFFIX_MAX_N, SUFFIX_MIN_N
 from redraft.drafters.base import AcceptanceGuard
 from redraft.tree import TokenTree
 
@@ -31,9 +33,11 @@ class CorpusDrafter:
     """Drafts the continuation of the live context's longest suffix found in a frozen corpus.
 
     Args:
-        corpus: a :class:`redraft.corpus.Corpus` (anything with ``propose(context, k, min_n, max_n)``).
+        corpus: a :class:`redraft.corpus.Corpus` (anything with ``propose(context, k, min_n, max_n, context_n)``).
         k: draft depth in tokens (clamped to 1..48).
         min_n, max_n: suffix lengths tried, longest first (default 8 down to 3).
+        context_n: where all max_n ids match, the match is extended back up to this many context ids and the
+            occurrence with the longest matching preceding context wins (default 4096; None or <= max_n: off).
         guard: acceptance guard (default: MINACC 50% over >= 24 proposed tokens, pause 256 tokens).
         tree_branches: 0 = a single chain from the most recent occurrence; B > 0 = the B most frequent
             continuations as a token tree (needs tree verification, i.e. ``Engine(merge=True)`` or a tree budget).
@@ -45,8 +49,9 @@ class CorpusDrafter:
 
     def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
                  guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None,
-                 name: str = "corpus") -> None:
+                 name: str = "corpus", context_n: int | None = SUFFIX_CONTEXT_N) -> None:
         self.name = name
+        self.context_n = context_n
         self.corpus = corpus
         self.k = clamp_k(k)
         self.k_max = max(self.k, clamp_k(k_max)) if k_max is not None else self.k
@@ -74,13 +79,13 @@ class CorpusDrafter:
         try:
             if self.tree_branches > 0:
                 br = self.corpus.propose_tree(context, k, branches=self.tree_branches,
-                                              min_n=self.min_n, max_n=self.max_n)
+                                              min_n=self.min_n, max_n=self.max_n, context_n=self.context_n)
                 if br is None or len(br.tokens) == 0:
                     return None
                 return TokenTree.from_parents(br.tokens.tolist(), br.parents.tolist(), self.name,
                                               counts=br.counts.tolist(), match_length=br.match_length,
                                               occurrences=br.occurrences)
-            n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n)
+            n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n, context_n=self.context_n)
         except Exception as e:  # a broken corpus must never crash a generation: turn the source off
             self.failed = True
             # printed, not warnings.warn: a warnings filter (or the once-per-location default in a process that
