@@ -127,9 +127,9 @@ def test_templated_replays_draft_their_own_answers(tiny_llama):
     prompts = [rng.integers(3, 70, 6).tolist() + TEMPLATE for _ in range(8)]
     answers = [plain_greedy(tiny_llama, p, n_new) for p in prompts]
     assert len({tuple(a[:4]) for a in answers}) > 1  # different answers, or the test proves nothing
-    corpus = Corpus.from_spans([p + a for p, a in zip(prompts, answers)])
+    corpus = Corpus.from_spans([p + a for p, a in zip(prompts, answers, strict=True)])
     colibri_rejected = 0
-    for p, want in zip(prompts, answers):
+    for p, want in zip(prompts, answers, strict=True):
         drafter = CorpusDrafter(corpus, k=16, guard=AcceptanceGuard(0.0))
         res = Engine(tiny_llama, [drafter], max_depth=16).generate(p, n_new)
         assert res.output_ids == want

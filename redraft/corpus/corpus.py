@@ -280,6 +280,22 @@ class Corpus:
         return Branches(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
                         np.array(counts, dtype=np.int64), match_length=n, occurrences=total)
 
+    def holds(self, span: Sequence[int]) -> bool:
+        """Whether the corpus already holds ``span`` (ids, any integer sequence): all of it, contiguously, inside
+        one stored span (possibly a longer one).
+
+        This is the "already learned" test: a span is prompt + answer, and when the corpus holds it the lookup
+        matches every replay step's whole context (prompt + answer so far) at that occurrence with the same
+        suffix-array search propose() runs, so storing it again adds nothing a replay could draft. An empty span
+        is held. Cost: one binary search per segment plus the rows of span[:-1] (see SuffixIndex.holds).
+        """
+        ids = np.asarray(span, dtype=np.int64).reshape(-1)
+        if len(ids) == 0:
+            return True
+        if ids.min() < 0:
+            return False
+        return any(seg.holds(ids) for seg in reversed(self._segments))
+
     # ---- growth ---------------------------------------------------------------------------------------------
     def append(self, span: Sequence[int]) -> None:
         """Append one span (ids >= 0, < vocab_size); lookups see it at once and prefer it (it is the newest).

@@ -140,6 +140,17 @@ class OnlineCorpus:
             self.compact(wait=False)
         return True
 
+    def learn(self, span: Sequence[int]) -> bool:
+        """Append ``span`` unless the corpus already holds it (:meth:`Corpus.holds`: all of it contiguously inside
+        one stored span), so a repeated request never stores its answer twice, whatever was drafted for it.
+
+        Returns True when the span was appended. Same errors as :meth:`append`. Two writers learning the same
+        span at the same moment may both append it (the check reads the published snapshot, without the lock).
+        """
+        if self._corpus.holds(span):
+            return False
+        return self.append(span)
+
     def _add(self, tokens: np.ndarray) -> None:
         if self._journal is not None:
             self._journal.append(tokens)

@@ -55,9 +55,11 @@ class TenantCorpora:
         return self.learned.get(tenant)
 
     def learn_span(self, tenant: str, span: Sequence[int]) -> bool:
-        """Append a finished generation (prompt + output ids) to the tenant's corpus; False when not learning."""
+        """Learn a finished generation (prompt + output ids) into the tenant's corpus unless it already holds them
+        (:meth:`OnlineCorpus.learn`). Returns whether the corpus grew; False when not learning. Raises OSError
+        (journal write) or CorpusError (id outside the vocabulary); the corpus is then unchanged."""
         c = self.learned.get(tenant)
-        return c.append(span) if c is not None else False
+        return c.learn(span) if c is not None else False
 
     def close(self) -> None:
         for c in self.learned.values():
