@@ -16,7 +16,6 @@ journal wins, and leftovers of an unfinished compaction are removed.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -24,13 +23,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .corpus import CONTEXT_N, Corpus, check_ids, load_corpus
+from .directory import GENERATION_FILE
 from .errors import CorpusError
 from .journal import JournalWriter, fsync_dir, read_journal, write_journal
 
 COMPACT_MIN_TOKENS = 1 << 16  # journal tokens before a compaction is worth its rebuild
 EVICT_TO = 0.75  # eviction keeps the newest spans up to this share of the cap, so it runs once per cap/4 tokens
 HARD_CAP = 2  # appends wait for a running eviction rather than hold more than HARD_CAP * cap ids
-_FILE = re.compile(r"^(base|journal)-(\d{6,})\.(bin|rdj)$")
+
 
 
 def _stderr_warning(msg: str) -> None:
@@ -80,6 +80,17 @@ class OnlineCorpus:
             self._open()
         if self._over_cap():
             self.compact()
+
+    @classmethod
+    def in_memory(cls, corpus: Corpus, **kw) -> OnlineCorpus:
+        """An OnlineCorpus without a directory that starts from ``corpus`` (e.g. one read by
+        :func:`redraft.corpus.directory.read_directory` on a process that must not write it). kw: as the
+        constructor's, ``directory`` excepted."""
+        oc = cls(None, vocab_size=corpus.vocab_size, fingerprint=corpus.fingerprint, **kw)
+        oc._corpus = corpus
+        if oc._over_cap():
+            oc.compact()
+        return oc
 
     # ---- reads: no lock, one snapshot per call ------------------------------------------------------------------
     @property
@@ -209,7 +220,7 @@ class OnlineCorpus:
         os.makedirs(self.directory, exist_ok=True)
         gens: dict[str, set[int]] = {"base": set(), "journal": set()}
         for name in os.listdir(self.directory):
-            m = _FILE.match(name)
+            m = GENERATION_FILE.match(name)
             if m:
                 gens[m.group(1)].add(int(m.group(2)))
         self._gen = max(gens["journal"], default=0)
@@ -253,7 +264,7 @@ class OnlineCorpus:
 
     def _remove_other_generations(self) -> None:
         for name in os.listdir(self.directory):
-            m = _FILE.match(name)
+            m = GENERATION_FILE.match(name)
             stale = (m and int(m.group(2)) != self._gen) or name.endswith(".tmp")
             if stale:
                 try:
