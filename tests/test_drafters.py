@@ -192,7 +192,7 @@ class BrokenCorpus:
     def __init__(self):
         self.calls = 0
 
-    def propose(self, context, k, min_n=3, max_n=8):
+    def propose(self, context, k, min_n=3, max_n=8, context_n=None):
         self.calls += 1
         raise OSError("disk gone")
 
