@@ -106,13 +106,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the server (default torch's)")
     ap.add_argument("--work", required=True, help="directory for the server's log and corpora (created)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--from-corpus-dir", default=None, metavar="DIR",
+                    help="start the server from a copy of this learned corpus directory (an earlier run's "
+                         "WORK/corpora): both passes are then replays")
+    ap.add_argument("--no-engine", action="store_true", help="skip the in-process side-by-side comparison")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.from_corpus_dir:
+        import shutil
+
+        shutil.copytree(args.from_corpus_dir, work / "corpora", dirs_exist_ok=True)
     prompts = templated_prompts(args.questions)
     served = serve_passes(prompts, args.max_tokens, work, args.threads)
     first, second = served["passes"]
-    side = engine_side_by_side(prompts, args.max_tokens, served["corpus_dir"])
+    side = None if args.no_engine else engine_side_by_side(prompts, args.max_tokens, served["corpus_dir"])
     result = {
         "questions": len(prompts), "max_tokens": args.max_tokens,
         "serve_first_tokens_per_forward": first["tokens"] / max(1, first["forwards"]),
@@ -120,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         "serve_identical": sum(a == b for a, b in zip(first["texts"], second["texts"], strict=True)),
         "corpus_tokens_after_first": first["corpus_tokens"], "corpus_tokens_after_second": second["corpus_tokens"],
         "learned_first": first["learned"], "learned_second": second["learned"],
-        "k48_longest_context_tokens_per_forward": side["longest_context"]["tokens_per_forward"],
-        "k48_eight_ids_tokens_per_forward": side["eight_ids"]["tokens_per_forward"],
-        "k48_identical": side["identical"],
     }
+    if side is not None:
+        result.update(k48_longest_context_tokens_per_forward=side["longest_context"]["tokens_per_forward"],
+                      k48_eight_ids_tokens_per_forward=side["eight_ids"]["tokens_per_forward"],
+                      k48_identical=side["identical"])
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

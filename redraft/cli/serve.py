@@ -55,8 +55,9 @@ def register(sub) -> None:
     p.add_argument("--k", type=int_between(1, MAX_DRAFT_DEPTH), default=CORPUS_K_DEFAULT,
                    help=f"corpus draft depth (default {CORPUS_K_DEFAULT})")
     p.add_argument("--k-max", type=int_between(1, MAX_DRAFT_DEPTH), default=SERVE_CORPUS_K_MAX,
-                   help=f"adaptive corpus depth: doubles while drafts are accepted whole, up to K "
-                        f"(default {SERVE_CORPUS_K_MAX})")
+                   help=f"adaptive corpus depth: doubles while drafts are accepted whole, and a match past 8 "
+                        f"context ids (a replay) drafts as many ids as it matched, up to K (default "
+                        f"{SERVE_CORPUS_K_MAX})")
     p.add_argument("--minacc", type=percent, default=100 * CORPUS_MINACC, metavar="PCT",
                    help=f"pause a corpus source whose acceptance falls below PCT%% (default {100 * CORPUS_MINACC:g})")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")

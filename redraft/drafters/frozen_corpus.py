@@ -42,7 +42,8 @@ class CorpusDrafter:
         tree_branches: 0 = a single chain from the most recent occurrence; B > 0 = the B most frequent
             continuations as a token tree (needs tree verification, i.e. ``Engine(merge=True)`` or a tree budget).
         k_max: adaptive depth: while drafts are accepted whole, the next one is twice as deep, up to k_max
-            (1..48); any rejection goes back to k. None = always k (Colibri's behaviour). Replays are where
+            (1..48); any rejection goes back to k; a match of n > max_n context ids drafts up to min(n, k_max)
+            ids at once. None = always k (Colibri's behaviour). Replays are where
             deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
         name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
     """
@@ -76,6 +77,8 @@ class CorpusDrafter:
         if self.failed or not self.guard.active or max_depth <= 0:
             return None
         k = min(self.depth, max_depth)
+        if self.k_max > self.depth and self.context_n:
+            k = min(self.k_max, max_depth)  # an extended match may earn a deeper draft (below)
         try:
             if self.tree_branches > 0:
                 br = self.corpus.propose_tree(context, k, branches=self.tree_branches,
@@ -95,6 +98,10 @@ class CorpusDrafter:
             return None
         if n == 0 or len(ids) == 0:
             return None
+        # Adaptive depth: a match reaching past max_n (the occurrence shares n ids of preceding context, as a
+        # replay's does) drafts up to n ids at once, capped by k_max: one draft id per matched id, SuffixDecoding's
+        # depth cap (arXiv 2411.04975); shorter matches keep the doubling depth.
+        ids = ids[:max(self.depth, n if n > self.max_n else 0)]
         tree = TokenTree.chain(ids.tolist(), self.name)
         tree.match_length = n
         return tree
