@@ -193,8 +193,9 @@ class Corpus:
         alone). The longest match (up to max(max_n, context_n) ids) selects the occurrences; among them:
         - the most recent one, if its continuation has k ids (Colibri's rule);
         - otherwise, if the context ends in a periodic run (a run of one id, or any period up to PERIOD_CAP that
-          repeats at least once), the occurrences preceded in the corpus by the same run length (aligned: in a
-          replay, the same place), else by the longest part of the run the corpus has;
+          repeats at least once) at least as long as the match, the occurrences preceded in the corpus by the same
+          run length (aligned: in a replay, the same place), else by the longest part of the run the corpus has (a
+          match reaching past the run is aligned already);
         - then the most recent one with k ids of continuation, else the longest continuation, most recent first
           (SuffixIndex.best_occurrence, which also states the bounds of that search).
         So runs and periodic stretches are drafted at full depth: spans [[7] * 100 + [1, 2, 3]] and context
