@@ -154,11 +154,21 @@ class Corpus:
         context (module doc)."""
         if not self._segments or min_n < 1 or max_n < min_n:
             return 0, []
-        tail = context[-max(max_n, context_n or 0):]
-        tail = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
+        n, hits = self._longest_of(context[-max_n:], min_n, all_segments)
+        if n == max_n and context_n is not None and context_n > max_n and len(context) > max_n:
+            # all max_n ids match: extend the match as far back as it goes (a second search, so that lookups
+            # matching fewer ids, e.g. novel text, cost what they did)
+            n, hits = self._longest_of(context[-context_n:], max_n, all_segments)
+        return n, hits
+
+    def _longest_of(self, tail, min_n: int, all_segments: bool):
+        """Longest match of a context tail (any length) over all segments; see _longest."""
+        if isinstance(tail, np.ndarray):
+            tail = tail[::-1] if len(tail) > 64 else tail[::-1].tolist()
+        else:
+            tail = [int(t) for t in tail][::-1]
         if len(tail) < min_n:
             return 0, []
-        tail.reverse()
         segments = self._segments
         if len(segments) == 1:  # the common case: one frozen index, no appended tail
             seg = segments[0]
