@@ -187,16 +187,15 @@ class Redraft:
 
 def add_answer(corpus, prompt_ids: list[int], output_ids: list[int], path: str | None = None) -> bool:
     """Add prompt + answer to ``corpus`` (a :class:`redraft.corpus.Corpus`; drafters holding it see the span at
-    once) unless it already drafts the whole answer (a replay adds nothing); with ``path``, rewrite that file
+    once) unless it already holds prompt + answer (:meth:`~redraft.corpus.Corpus.holds`: a replay adds nothing); with ``path``, rewrite that file
     atomically in its format (a new file: text for ``.txt``, else binary). Returns whether it was added.
 
     Raises:
         redraft.corpus.CorpusError / OSError: the file could not be written (the old file is kept).
     """
     from redraft.corpus.format import sniff
-    from redraft.server.generation import reproduces
 
-    if not output_ids or reproduces(corpus, prompt_ids, output_ids):
+    if not output_ids or corpus.holds(list(prompt_ids) + list(output_ids)):
         return False
     corpus.append(list(prompt_ids) + list(output_ids))
     if path is not None:

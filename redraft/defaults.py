@@ -42,6 +42,10 @@ TREE_BUDGET = 32
 # Suffix lengths the lookup drafters try, longest first (Colibri's corpus lookup: 8 down to 3).
 SUFFIX_MIN_N = 3
 SUFFIX_MAX_N = 8
+# Where the corpus matches all SUFFIX_MAX_N ids, the match is extended back up to this many context ids (the whole
+# prompt of a typical request): the occurrence whose preceding context matches longest wins, so each templated
+# prompt finds its own stored answer (redraft.corpus.corpus.CONTEXT_N, the corpus package's own default).
+SUFFIX_CONTEXT_N = 4096
 
 # GliDe draft depth along the greedy spine (the paper's gamma).
 GLIDE_GAMMA = 4

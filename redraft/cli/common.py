@@ -96,8 +96,9 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-policy", action="store_true", help="fixed depth and guard (Colibri's), no cost-aware policy")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--k-max", type=draft_depth, default=None, metavar="K",
-                   help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "
-                        "default off (always --k); given, no policy")
+                   help="adaptive corpus depth: double the draft while it is accepted whole, and draft as many ids "
+                        "as a match past 8 context ids matched, up to K (<= 48); default off (always --k); given, "
+                        "no policy")
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:

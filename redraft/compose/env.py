@@ -23,6 +23,7 @@ ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
 ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
 ENV_NGRAM = ("REDRAFT_NGRAM",)
 ENV_LEARN = ("REDRAFT_LEARN_CORPUS",)
+ENV_TENANT = ("REDRAFT_LEARN_TENANT",)  # the tenant directory a vLLM proposer learns into
 ENV_FORCE = ("REDRAFT_CORPUS_FORCE",)
 
 
@@ -132,5 +133,5 @@ def read_draft_env(environ: Mapping[str, str] | None = None) -> DraftEnv:
                     minacc=percent_env(ENV_MINACC, environ))
 
 
-__all__ = ["DraftEnv", "ENV_CORPUS", "ENV_FORCE", "ENV_K", "ENV_LEARN", "ENV_MINACC", "ENV_NGRAM",
+__all__ = ["DraftEnv", "ENV_CORPUS", "ENV_FORCE", "ENV_K", "ENV_LEARN", "ENV_MINACC", "ENV_NGRAM", "ENV_TENANT",
            "EnvError", "clamped_k", "env", "first_set", "flag_env", "int_env", "percent_env", "read_draft_env"]

@@ -169,7 +169,7 @@ class Generator:
         learned = False
         own = self.corpora.get(job.tenant)
         try:
-            if own is not None and res.output_ids and not reproduces(own, work.prompt_ids, res.output_ids):
+            if own is not None and res.output_ids:
                 learned = self.corpora.learn_span(job.tenant, work.prompt_ids + res.output_ids)
         except (OSError, CorpusError) as e:  # the answer is still right; only the learning failed
             print(f"redraft serve: warning: tenant {job.tenant}: span not learned ({type(e).__name__}: {e})",
@@ -181,17 +181,3 @@ class Generator:
             reason = "tool_calls"
         return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer)
 
-
-def reproduces(corpus, prompt: list[int], output: list[int], k: int = 48) -> bool:
-    """Whether ``corpus`` already drafts all of ``output`` after ``prompt``: following its proposals from the prompt
-    gives exactly the output. A replayed answer is then not learned again, so repeating requests costs no memory
-    and leaves the cap to new answers. Costs one lookup per k output tokens."""
-    context, i = list(prompt), 0
-    while i < len(output):
-        n, ids = corpus.propose(context, k)
-        want = output[i:i + len(ids)]
-        if n == 0 or ids[:len(want)].tolist() != want:
-            return False
-        context += want
-        i += len(want)
-    return True
