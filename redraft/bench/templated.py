@@ -72,9 +72,8 @@ def serve_passes(prompts: list[str], max_tokens: int, work: Path, threads: int |
 def engine_side_by_side(prompts: list[str], max_tokens: int, corpus_dir: str) -> dict:
     """Replay each prompt in this process from the server's learned corpus at K = 48 (corpus drafts only), with
     the longest-context lookup and with the 8-id rule alone; tokens per forward and ids of each."""
+    from redraft.compose import SpeculationConfig, build_drafters, engine_with
     from redraft.corpus.online import OnlineCorpus
-    from redraft.decoding.engine import Engine
-    from redraft.drafters import AcceptanceGuard, CorpusDrafter
     from redraft.io.loading import load_model
 
     loaded = load_model(None, quiet=True)
@@ -86,8 +85,9 @@ def engine_side_by_side(prompts: list[str], max_tokens: int, corpus_dir: str) ->
         ids = []
         for prompt in prompts:
             p = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            d = CorpusDrafter(corpus, k=48, guard=AcceptanceGuard(0.0), context_n=context_n)
-            res = Engine(loaded.model, [d], eos_token_ids=eos, max_depth=48).generate(p, max_tokens)
+            drafters = build_drafters(corpus, k=48, minacc=0.0, ngram=False, context_n=context_n)
+            engine = engine_with(loaded.model, drafters, SpeculationConfig(k=48, policy=False), eos_token_ids=eos)
+            res = engine.generate(p, max_tokens)
             tokens += len(res.output_ids)
             forwards += res.forwards
             ids.append(res.output_ids)

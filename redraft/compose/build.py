@@ -26,6 +26,7 @@ from redraft.defaults import (
     NGRAM_PAUSE,
     POLICY_NGRAM_MIN_N,
     POLICY_SUFFIX_MAX_N,
+    SUFFIX_CONTEXT_N,
     SUFFIX_MAX_N,
     SUFFIX_MIN_N,
 )
@@ -37,7 +38,8 @@ from redraft.drafters.ngram import NgramDrafter
 
 def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CORPUS_MINACC, ngram: bool = True,
                    ngram_k: int | None = None, tree_branches: int = 0, k_max: int | None = None,
-                   glide=None, corpus_name: str = "corpus", policy: bool = False) -> list[Drafter]:
+                   glide=None, corpus_name: str = "corpus", policy: bool = False,
+                   context_n: int | None = SUFFIX_CONTEXT_N) -> list[Drafter]:
     """The default draft sources in priority order: frozen corpus first, then n-gram lookup over the live context.
 
     Args:
@@ -52,6 +54,8 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         glide: a GliDe drafter (:func:`glide_drafter`) or None; lowest priority, it fills the steps where the
             corpus and the n-gram source have nothing.
         corpus_name: the corpus source's name (its statistics key).
+        context_n: past ``max_n`` matching ids, the corpus lookup extends the match back up to this many context ids
+            and drafts from the occurrence whose preceding context matches longest; None = Colibri's 8-id rule.
         policy: drafters for an engine with a :class:`~redraft.policy.SpeculationPolicy`: the corpus and n-gram
             sources propose up to the depth cap (48) and never pause themselves; the policy chooses how much of
             each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
@@ -69,7 +73,7 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         window = max(CORPUS_WINDOW, 3 * max(k, k_max or k))
         drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
                                       tree_branches=tree_branches, k_max=k_max, max_n=corpus_max_n,
-                                      name=corpus_name))
+                                      name=corpus_name, context_n=context_n))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard, min_n=ngram_min_n))
