@@ -31,6 +31,7 @@ class HFTarget:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
         self.sliding_window = _sliding_window(model.config)
 
     def reset(self) -> None:
@@ -56,15 +57,20 @@ class HFTarget:
             mask: additive FloatTensor [1, 1, S, length + S] or None for plain causal attention.
             n_logits: how many trailing rows need logits (the LM head is a large share of the cost).
         Returns:
-            FloatTensor [n_logits, vocab] logits of the last n_logits input rows.
+            FloatTensor [n_logits, vocab] logits of the last n_logits input rows, on the CPU (a model on a GPU
+            gets its inputs moved there; acceptance runs on the CPU either way).
         """
         if self.cache is None:
             self.reset()
-        input_ids = torch.tensor([ids], dtype=torch.long)
+        dev = self.device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
+        if dev.type != "cpu":
+            positions = None if positions is None else positions.to(dev)
+            mask = None if mask is None else mask.to(dev)
         out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                          use_cache=True, logits_to_keep=n_logits)
         self.length += len(ids)
-        return out.logits[0]
+        return out.logits[0].cpu()
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""
@@ -105,7 +111,7 @@ class HFTarget:
         if not extra or extra == list(range(prefix, prefix + len(extra))):
             self.crop(prefix + len(extra))
             return
-        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long)
+        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, idx)
             layer.values = layer.values.index_select(-2, idx)
