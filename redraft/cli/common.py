@@ -389,17 +389,22 @@ def check_draft_args(args, corpus_path: str | None, k: int) -> None:
 
 def engine_from_args(args, loaded, corpus, k: int, minacc: float):
     """The Engine a run-style command asked for: drafters in priority order, chain or tree verification, the cost-aware
-    policy (:func:`use_policy`; a GliDe drafter keeps its guard: the policy weighs verify cost, not its ~20-45 ms)."""
+    policy (:func:`use_policy`). Under the policy a GliDe drafter drafts only while its drafts pay for their verify
+    cost and its own ~20-45 ms (:class:`redraft.policy.gate.PolicyGate`); it keeps its guard."""
     # torch-bound: see the module doc
     from redraft.decoding.engine import Engine
+    from redraft.policy.gate import PolicyGate
 
     policy_on = use_policy(args)
     k, k_max = (MAX_DRAFT_DEPTH, None) if policy_on else (k, None if args.k_max is None else clamp_k(args.k_max))
+    glide = glide_drafter_from_args(args, loaded, minacc=minacc)
     drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
-                              k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc), policy=policy_on)
+                              k_max=k_max, glide=glide, policy=policy_on)
     # a single chain (no --tree, no --cape) is never cut by the node budget: --k alone sets its depth
     budget = args.tree_budget or (TREE_BUDGET if args.tree or args.cape else max(TREE_BUDGET, MAX_DRAFT_DEPTH))
     policy = policy_for(loaded.model, max_nodes=max(MAX_DRAFT_DEPTH, budget)) if policy_on and drafters else None
+    if policy is not None and glide is not None:
+        drafters = [PolicyGate(d, policy) if d is glide else d for d in drafters]
     return Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
                   merge=args.tree > 0, tree_budget=budget, exact=args.exact,
                   generation_config=not args.no_generation_config, policy=policy)

@@ -7,9 +7,23 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 
 import torch
+
+
+def cache_kwarg(model) -> str:
+    """The forward keyword that takes a transformers KV cache object for ``model``: ``"cache"`` (transformers 5.2x,
+    which deprecates the other) or ``"past_key_values"`` (earlier 5.x releases, e.g. the GPU machine's 5.17, which
+    ignore an unknown ``cache=`` silently). Read from the forward's signature."""
+    return _cache_kwarg(type(model))
+
+
+@functools.cache
+def _cache_kwarg(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 class HFTarget:
@@ -33,6 +47,7 @@ class HFTarget:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.sliding_window = _sliding_window(model.config)
+        self.cache_kwarg = cache_kwarg(model)
 
     def reset(self) -> None:
         """Drop the whole KV cache (start of a new sequence).
@@ -67,8 +82,8 @@ class HFTarget:
         if dev.type != "cpu":
             positions = None if positions is None else positions.to(dev)
             mask = None if mask is None else mask.to(dev)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, logits_to_keep=n_logits)
+        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=n_logits, **{self.cache_kwarg: self.cache})
         self.length += len(ids)
         return out.logits[0].cpu()
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from redraft.decoding.target import cache_kwarg
 from redraft.io.atomic import atomic_path, write_json
 from redraft.io.questions import load_questions
 
@@ -139,7 +140,8 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     ids, att = ids.to(dev), att.to(dev)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    h = base(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+    kw = {cache_kwarg(base): cache}  # "cache", or "past_key_values" before transformers 5.2x
+    h = base(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, **kw).last_hidden_state
     prompt_labels, prompt_ti, prompt_tl = _chunked_top(h, head, topk)  # [B, P], [B, P, k]
     gen_rng = torch.Generator(device=dev).manual_seed(seed)
 
@@ -158,7 +160,7 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     for b in range(B):
         done[b] = nxt_ids[b] in eos or max_new_tokens <= 1
     step_labels, step_ti, step_tl = [], [], []
-    for t in range(max_new_tokens - 1):
+    for _ in range(max_new_tokens - 1):
         if all(done):
             break
         for b in range(B):
@@ -166,8 +168,8 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
                 gen[b].append(nxt_ids[b])
         att = torch.cat((att, torch.ones(B, 1, dtype=torch.long, device=dev)), 1)
         pos = pos[:, -1:] + 1
-        h = base(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, cache=cache,
-                 use_cache=True).last_hidden_state
+        h = base(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True,
+                 **kw).last_hidden_state
         greedy, ti, tl = _top(h[:, -1] @ head.T, topk)
         step_labels.append(greedy)
         step_ti.append(ti)
@@ -212,7 +214,8 @@ def text_records(model, windows: Sequence[Sequence[int]], layers: Sequence[int],
     head = model.get_output_embeddings().weight
     ids = torch.tensor([list(w) for w in windows], dtype=torch.long)
     cache = DynamicCache(config=model.config)
-    h = model.base_model(input_ids=ids.to(head.device), cache=cache, use_cache=True).last_hidden_state
+    h = model.base_model(input_ids=ids.to(head.device), use_cache=True,
+                         **{cache_kwarg(model.base_model): cache}).last_hidden_state
     labels, ti, tl = (None if t is None else t.cpu() for t in _chunked_top(h, head, topk))
     out = []
     for b in range(ids.shape[0]):
@@ -365,7 +368,7 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
                           max_new_tokens: int, eos_ids: Iterable[int], seconds: float | None = None,
                           max_batch: int = 32, max_tokens: int = 8192, max_prompt: int = 1024, progress=None,
                           temperature: float = 0.0, seed: int = 0, texts: Sequence[str] | None = None,
-                          topk: int = 0) -> int:
+                          topk: int = 0, min_batches: int = 0) -> int:
     """Generate answers for ``question_ids`` not yet in ``store`` (in the given order), until ``seconds`` run out.
 
     Args:
@@ -376,6 +379,7 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
         progress: optional callable(n_records, n_tokens) after each batch.
         texts: the questions as plain strings (``question_ids`` index them); None = Spec-Bench's first turns.
         topk: keep the target's top-k next tokens per position (see :func:`generate_records`).
+        min_batches: this many batches run whatever ``seconds`` says (a bounded run still gets some data).
     Returns:
         number of records added.
     """
@@ -389,8 +393,8 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
     lengths = {i: len(prompts[i]) + max_new_tokens for i in todo}
     t0, added = time.perf_counter(), 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for batch in batches_by_length(todo, lengths, max_tokens, max_batch):
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
+    for n_batch, batch in enumerate(batches_by_length(todo, lengths, max_tokens, max_batch)):
+        if seconds is not None and time.perf_counter() - t0 >= seconds and n_batch >= min_batches:
             break
         t1, c1 = time.perf_counter(), time.process_time()
         recs = generate_records(model, [prompts[i] for i in batch], layers, max_new_tokens=max_new_tokens,

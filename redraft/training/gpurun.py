@@ -241,7 +241,7 @@ def gpu_run(loaded, out: str, *, budget_s: float, device: str = "cuda", tiny: bo
     records, heldout, rank, info = build_training_data(
         loaded, data_minutes=sizes.data_s / 60, max_new_tokens=sizes.max_new_tokens, data_dir=work_dir / "data",
         progress=progress, samples=sizes.samples, self_questions=sizes.self_questions, topk=0, command=command,
-        log=log, gen_batch=sizes.gen_batch, gen_tokens=sizes.gen_tokens)
+        log=log, gen_batch=sizes.gen_batch, gen_tokens=sizes.gen_tokens, min_batches=1)
     phase("data", t1)
     _log(f"data: {info['generated_tokens']} target-generated tokens in {len(records)} records", t0, log)
 

@@ -33,10 +33,11 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
                         text_windows: int = 0, data_dir: str | os.PathLike | None = None, progress: bool = True,
                         samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
                         self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr,
-                        gen_batch: int | None = None, gen_tokens: int | None = None):
+                        gen_batch: int | None = None, gen_tokens: int | None = None, min_batches: int = 0):
     """Build/reuse the training records for ``loaded`` (a LoadedModel); the arguments are
     :func:`redraft.training.train.run_training`'s, plus ``gen_batch`` / ``gen_tokens``: the most answers and padded
-    tokens per generation batch (None = the CPU sizes, 32-64 answers and 8-16k tokens; a GPU takes far more).
+    tokens per generation batch (None = the CPU sizes, 32-64 answers and 8-16k tokens; a GPU takes far more), and
+    ``min_batches``: batches of self-question and Spec-Bench answers generated even once the budget is spent.
 
     Returns:
         (records, heldout records, vocabulary ranking LongTensor [vocab], JSON-able data description).
@@ -93,11 +94,11 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
                                   batch=big["max_batch"], max_new_tokens=64, temperature=0.8)
             build_generation_data(model, tok, self_store, layers, question_ids=list(range(len(qtexts))),
                                   max_new_tokens=max_new_tokens, eos_ids=eos, **big,
-                                  max_prompt=sample_max_prompt, texts=qtexts, topk=topk,
+                                  max_prompt=sample_max_prompt, texts=qtexts, topk=topk, min_batches=min_batches,
                                   seconds=max(0.0, budget_end - time.perf_counter()),
                                   progress=lambda r, n: bar.update(n))
         build_generation_data(model, tok, train_store, layers, question_ids=training_order(load_questions()),
-                              max_new_tokens=max_new_tokens, eos_ids=eos, **sizes,
+                              max_new_tokens=max_new_tokens, eos_ids=eos, **sizes, min_batches=min_batches,
                               seconds=max(0.0, budget_end - time.perf_counter()),
                               progress=lambda r, n: bar.update(n))
         for v in range(1, samples + 1):
