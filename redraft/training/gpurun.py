@@ -228,6 +228,9 @@ def gpu_run(loaded, out: str, *, budget_s: float, device: str = "cuda", tiny: bo
         if (work_dir / name / "glide.json").is_file():
             raise ValueError(f"{work_dir / name} already holds a checkpoint: give another --work folder or remove it")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if device.startswith("cuda"):  # full fp32 matmuls: verify rows must match single-token rows as closely as on a CPU
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     loaded.model.to(device)
     seconds: dict[str, float] = {}
 
