@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare (here) and run (on the GPU machine) `redraft glide gpu-run`. See docs/glide.md, "The GPU run".
 #
-#   scripts/glide-gpu.sh prepare   # here: split the default model's GGUF into .gpu-model/part-{1,2}, fetch the gguf wheel
+#   scripts/glide-gpu.sh prepare   # here: split the default model's GGUF into .gpu-model/part-{1,2}, fetch 2 wheels
 #   scripts/glide-gpu.sh part1     # there, call 1 (carry .gpu-model/part-1): check part 1 arrived
 #   scripts/glide-gpu.sh run       # there, call 2 (carry .gpu-model/part-2 and .whl): install, join, run into $OUT
 #
@@ -12,8 +12,12 @@ PY=${PYTHON:-python3}
 case "${1:-}" in
   prepare)
     PYTHONPATH=$PWD "$PY" -m redraft glide gpu-run --split-model .gpu-model
-    # transformers reads GGUF files through the gguf package, which the GPU machine's image lacks
+    # the GPU machine's image (Python 3.12, no network) lacks two of redraft's dependencies: gguf (transformers
+    # reads GGUF files through it) and pydivsufsort (the corpus index; compiled, so the cp312 manylinux wheel)
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl pydivsufsort==0.0.20
     du -sh .gpu-model/part-1 .gpu-model/part-2 .whl
     ;;
   part1)
