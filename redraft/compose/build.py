@@ -217,6 +217,11 @@ def build_engine(model, config: SpeculationConfig | None = None, *, eos_token_id
         drafters = drafters_for(config, corpus, glide=glide)
     if policy is None and config.policy_on and drafters:
         policy = build_policy(_hf_model(model), max_nodes=config.policy_nodes)
+    if glide is not None and policy is not None and config.policy_on:
+        # the draft model runs only where some depth pays for its verify cost and the draft's own time
+        from redraft.policy.gate import PolicyGate
+
+        drafters = [PolicyGate(d, policy) if d is glide else d for d in drafters]
     return engine_with(model, drafters, config, eos_token_ids=eos_token_ids,
                        policy=policy if config.policy_on else None, generation_config=generation_config)
 

@@ -7,10 +7,24 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+
+def cache_kwarg(model) -> str:
+    """The forward keyword that takes a transformers KV cache object for ``model``: ``"cache"`` (transformers 5.2x,
+    which deprecates the other) or ``"past_key_values"`` (earlier 5.x releases, e.g. the GPU machine's 5.17, which
+    ignore an unknown ``cache=`` silently). Read from the forward's signature."""
+    return _cache_kwarg(type(model))
+
+
+@functools.cache
+def _cache_kwarg(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -55,7 +69,9 @@ class HFTarget:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
         self.sliding_window = _sliding_window(model.config)
+        self.cache_kwarg = cache_kwarg(model)
 
     def reset(self) -> None:
         """Drop the whole KV cache (start of a new sequence).
@@ -111,15 +127,20 @@ class HFTarget:
             mask: additive FloatTensor [1, 1, S, length + S] or None for plain causal attention.
             n_logits: how many trailing rows need logits (the LM head is a large share of the cost).
         Returns:
-            FloatTensor [n_logits, vocab] logits of the last n_logits input rows.
+            FloatTensor [n_logits, vocab] logits of the last n_logits input rows, on the CPU (a model on a GPU
+            gets its inputs moved there; acceptance runs on the CPU either way).
         """
         if self.cache is None:
             self.reset()
-        input_ids = torch.tensor([ids], dtype=torch.long)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, logits_to_keep=n_logits)
+        dev = self.device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
+        if dev.type != "cpu":
+            positions = None if positions is None else positions.to(dev)
+            mask = None if mask is None else mask.to(dev)
+        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=n_logits, **{self.cache_kwarg: self.cache})
         self.length += len(ids)
-        return out.logits[0]
+        return out.logits[0].cpu()
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""
@@ -160,7 +181,7 @@ class HFTarget:
         if not extra or extra == list(range(prefix, prefix + len(extra))):
             self.crop(prefix + len(extra))
             return
-        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long)
+        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, idx)
             layer.values = layer.values.index_select(-2, idx)

@@ -96,8 +96,9 @@ class GlideDrafter:
         draft = self.draft
 
         # feed the context tokens the draft has not seen (at least the root), at their absolute positions
-        ids = torch.tensor([ctx[m:]], dtype=torch.long)  # [1, S]
-        pos = torch.arange(m, L)[None]  # [1, S]
+        dev = draft.embed_weight.device  # the target's device (a GPU run drafts there too)
+        ids = torch.tensor([ctx[m:]], dtype=torch.long, device=dev)  # [1, S]
+        pos = torch.arange(m, L, device=dev)[None]  # [1, S]
         mask = prefix_mask(pos[0], n_vis)[None, None] if (kv is not None and m < n_vis) else None  # [1,1,S,T]
         h = draft(ids, pos, kv, mask, self.cache)[:, -1]  # [1, H] hidden of the root
         self.ids.extend(ctx[m:])
@@ -117,8 +118,8 @@ class GlideDrafter:
                 alts.append(top_ids[1:1 + self.cape.extras_for(float(top_p[0]))])
             spine.append(tok)
             if step + 1 < depth:  # the last drafted token never needs to be fed
-                nxt = torch.tensor([[tok]], dtype=torch.long)
-                h = draft(nxt, torch.tensor([[L + step]]), kv, None, self.cache)[:, -1]
+                nxt = torch.tensor([[tok]], dtype=torch.long, device=dev)
+                h = draft(nxt, torch.tensor([[L + step]], device=dev), kv, None, self.cache)[:, -1]
 
         self.cache.crop(L)  # forget the drafted tokens: only the verified context stays
         self._depth = len(spine)

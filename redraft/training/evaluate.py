@@ -9,6 +9,7 @@ tokens per verify forward, wall-clock tokens/s and speed-up, and whether the out
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redraft.decoding.runstats import RunSummary
@@ -18,7 +19,8 @@ from redraft.io import atomic
 
 @dataclass
 class Config:
-    """One measured configuration: a draft checkpoint (None = plain greedy), head size, chain or CaPE."""
+    """One measured configuration: a draft checkpoint (None = plain greedy), head size, chain or CaPE; or
+    ``drafters``, a callable(HFTarget) -> list of drafters (a corpus or n-gram source) used instead of a checkpoint."""
 
     label: str
     path: str | None = None
@@ -26,6 +28,7 @@ class Config:
     cape: CapeBins | None = None
     gamma: int = 4
     minacc: float | None = None  # acceptance guard (fraction), as `redraft run` attaches it; None = no guard
+    drafters: Callable | None = None
 
 
 @dataclass
@@ -64,14 +67,14 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     from redraft.io.prompts import encode_prompt
     from redraft.io.questions import load_questions
 
-    if configs[0].path is not None:
+    if configs[0].path is not None or configs[0].drafters is not None:
         raise ValueError("the first configuration must be plain greedy (the reference)")
     qs = load_questions()
     prompts = [encode_prompt(loaded.tokenizer, qs[i]["turns"][0]) for i in question_ids]
     engines = []
     for c in configs:
         target = HFTarget(loaded.model)
-        drafters = []
+        drafters = [] if c.drafters is None else list(c.drafters(target))
         if c.path is not None:
             drafters = [glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape, head_vocab=c.head_vocab or None,
                                       target=target, minacc=c.minacc)]
