@@ -16,6 +16,7 @@ import numpy as np
 
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.genconfig import LogitsShaping
+from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.stopping import StopStrings
@@ -49,6 +50,8 @@ class GenerationResult:
         source_per_forward: names of the drafters with counted nodes (see :class:`SourceStats`) in each forward,
             in priority order (empty tuple = no draft).
         margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
+        logprobs: with ``logprobs=k``, one :class:`redraft.decoding.logprobs.TokenLogprob` per output token (its raw
+            log-probability and the top k of the row that chose it, verify rows included); else None.
         near_ties: rows exact mode did not trust (top-2 gap under the near-tie threshold).
         settle_forwards: forwards exact mode ran to recompute such rows the way plain decoding does (draft-free
             recomputes and replays of the cache); included in ``forwards``.
@@ -65,6 +68,7 @@ class GenerationResult:
     draft_depth_per_forward: list[int] = field(default_factory=list)
     source_per_forward: list[tuple[str, ...]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
     near_ties: int = 0
     settle_forwards: int = 0
 
@@ -172,7 +176,8 @@ class Engine:
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
-                 exact: bool | None = None, record_margins: bool = False) -> GenerationResult:
+                 exact: bool | None = None, record_margins: bool = False,
+                 logprobs: int | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens.
 
         Args:
@@ -192,6 +197,8 @@ class Engine:
                 the accepted drafts save (16-bit dtypes: most rows are near-ties), drafting pauses for
                 EXACT_PAY_PAUSE tokens, so exact mode costs about what plain decoding costs.
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
+            logprobs: None, or 0..20: keep each emitted token's raw log-probability and the row's top ``logprobs``
+                alternatives in ``result.logprobs`` (:mod:`redraft.decoding.logprobs`).
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
@@ -212,7 +219,8 @@ class Engine:
                                eos_token_ids=self.eos, max_new_tokens=max_new_tokens)
         chooser.reset(prompt)
 
-        res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
+        res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters},
+                               logprobs=None if logprobs is None else [])
         buf = np.empty(len(prompt) + max(max_new_tokens, 0) + 1, dtype=np.int64)
         buf[:len(prompt)] = prompt
         n_ctx = len(prompt)
@@ -296,6 +304,8 @@ class Engine:
                 payoff.record(max(len(new) - 1, 0), max(len(new) - 1, 0), len(new))
             if record_margins:
                 res.margins.extend(float(margins[r]) for r in rows[:len(new)])
+            if res.logprobs is not None:
+                res.logprobs.extend(row_logprobs(logits, rows[:len(new)], new, logprobs))
             buf[n_ctx:n_ctx + len(new)] = new
             n_ctx += len(new)
             res.output_ids.extend(new)
