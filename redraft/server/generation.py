@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from redraft.corpus import CorpusError
 from redraft.decoding.engine import Engine, GenerationResult
+from redraft.decoding.logprobs import TokenLogprob, score_prompt
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
@@ -35,12 +36,22 @@ class DraftSettings:
 
 @dataclass
 class Work:
-    """What a job asks for: prompt ids, the exact cap on new tokens, sampling and stop strings."""
+    """What a job asks for: prompt ids, the exact cap on new tokens (0: score the prompt only), sampling and stop
+    strings; ``logprobs`` (None or alternatives per token) and ``echo`` (also score the prompt).
+
+    A scoring request (``echo`` with ``logprobs``) scores the prompt in one forward of its own and learns nothing.
+    """
 
     prompt_ids: list[int]
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None
+    echo: bool = False
+
+    @property
+    def scoring(self) -> bool:
+        return self.echo and self.logprobs is not None
 
 
 @dataclass
@@ -52,6 +63,7 @@ class Outcome:
     text: str
     finish_reason: str
     learned: bool
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class TextStream:
@@ -125,6 +137,11 @@ class Generator:
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
+        scored = score_prompt(self.target, work.prompt_ids, work.logprobs) if work.scoring else None
+        if work.max_tokens == 0:
+            res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=int(scored is not None),
+                                   logprobs=None if work.logprobs is None else [])
+            return Outcome(result=res, text="", finish_reason="length", learned=False, prompt_logprobs=scored)
         engine = Engine(self.target, self.drafters(job.tenant), eos_token_ids=self.eos,
                         max_depth=max(self.draft.k, self.draft.k_max or 0))
         stop = StopStrings(self.tokenizer, work.stop)
@@ -138,7 +155,7 @@ class Generator:
                 emit(delta)
 
         res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None)
+                              stop=stop if stop else None, logprobs=work.logprobs)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
         rest = stream.finish(text)
@@ -148,7 +165,7 @@ class Generator:
         learned = False
         own = self.corpora.get(job.tenant)
         try:
-            if own is not None and res.output_ids and not reproduces(own, work.prompt_ids, res.output_ids):
+            if own is not None and res.output_ids and not work.scoring and not reproduces(own, work.prompt_ids, res.output_ids):
                 learned = self.corpora.learn_span(job.tenant, work.prompt_ids + res.output_ids)
         except (OSError, CorpusError) as e:  # the answer is still right; only the learning failed
             print(f"redraft serve: warning: tenant {job.tenant}: span not learned ({type(e).__name__}: {e})",
@@ -156,7 +173,7 @@ class Generator:
         if learned and self.on_learned is not None:
             self.on_learned(job.tenant)
         reason = "length" if res.stop_reason in ("length", "context") else "stop"
-        return Outcome(result=res, text=text, finish_reason=reason, learned=learned)
+        return Outcome(result=res, text=text, finish_reason=reason, learned=learned, prompt_logprobs=scored)
 
 
 def reproduces(corpus, prompt: list[int], output: list[int], k: int = 48) -> bool:
