@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redraft.io.prompts import uses_chat_template
 
-from . import errors, openapi, tokenize
+from . import errors, openapi, responses_api, tokenize
 from .generation import Generator, Outcome, Work
 from .metrics import ServerMetrics
 from .responses import completion_body, fingerprint, prompt_text, stats, usage
@@ -32,7 +32,7 @@ from .tenants import Tenants
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 NO_CONTEXT_LIMIT = 32768  # max_tokens cap for a model that does not state its context length
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics", "/tokenize",
              "/detokenize", "/tokenizer_info")
 
 
@@ -305,6 +305,7 @@ class Server:
             return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         tokenize.add_routes(app, self)
+        responses_api.add_routes(app, self)
         openapi.install(app)
         return _CountRequests(app, self.metrics)
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .openapi import request_body
 from .schemas import APIError, Message, WholeInt, parse_request
 
 
@@ -120,7 +121,7 @@ def add_routes(app: FastAPI, server) -> None:
     is the :class:`redraft.server.app.Server` (its tenant, body, model_name checks and generator)."""
     tok = server.generator.tokenizer
 
-    @app.post("/tokenize", response_model=TokenizeResponse, openapi_extra=_body_doc(TokenizeRequest),
+    @app.post("/tokenize", response_model=TokenizeResponse, openapi_extra=request_body(TokenizeRequest),
               summary="Token ids of a prompt or a conversation (vLLM's route)")
     async def tokenize(request: Request):
         server.tenant(request)
@@ -142,7 +143,7 @@ def add_routes(app: FastAPI, server) -> None:
         return {"count": len(ids), "max_model_len": server.generator.context_length, "tokens": ids,
                 "token_strs": strs}
 
-    @app.post("/detokenize", response_model=DetokenizeResponse, openapi_extra=_body_doc(DetokenizeRequest),
+    @app.post("/detokenize", response_model=DetokenizeResponse, openapi_extra=request_body(DetokenizeRequest),
               summary="Text of token ids (vLLM's route)")
     async def detokenize(request: Request):
         server.tenant(request)
@@ -163,10 +164,3 @@ def add_routes(app: FastAPI, server) -> None:
         return {"tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
                 "pad_token": tok.pad_token, "chat_template": getattr(tok, "chat_template", None),
                 "model_max_length": ctx, "vocab_size": server.generator.vocab_size}
-
-
-def _body_doc(model_cls) -> dict:
-    """``openapi_extra`` declaring ``model_cls`` as the JSON request body (parsed by hand for OpenAI's errors)."""
-    from .openapi import request_body
-
-    return request_body(model_cls)
