@@ -20,7 +20,7 @@ from dataclasses import replace
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from redraft.io.prompts import uses_chat_template
+from redraft.io.prompts import encode_chat, uses_chat_template
 
 from . import errors, openapi, responses_api, tokenize
 from .generation import Generator, Outcome, Work
@@ -149,7 +149,7 @@ class Server:
             if not uses_chat_template(tok):
                 raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
             try:
-                ids = tokenize.chat_ids(tok, req.messages, literal=self.literal_content)
+                ids = encode_chat(tok, req.messages, literal=self.literal_content)
             except Exception as e:  # jinja raises for conversations its template refuses (roles out of order...)
                 raise APIError(400, f"the chat template refused these messages ({e})", param="messages") from e
         elif isinstance(req.prompt, str):

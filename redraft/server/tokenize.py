@@ -16,11 +16,10 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping, Sequence
-
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from redraft.io.prompts import encode_chat
 
 from .openapi import request_body
 from .schemas import APIError, Message, WholeInt, parse_request
@@ -29,39 +28,6 @@ from .schemas import APIError, Message, WholeInt, parse_request
 def text_ids(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
     """Ids of ``text`` exactly as given (the tokenizer's own special tokens, e.g. a BOS, added when asked)."""
     return [int(i) for i in tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
-
-
-def _specials(tokenizer) -> list[str]:
-    return [t for t in getattr(tokenizer, "all_special_tokens", []) + list(
-        getattr(tokenizer, "added_tokens_encoder", {}) or {}) if t]
-
-
-def chat_ids(tokenizer, messages: Sequence[Mapping[str, str]], *, literal: bool = True,
-             add_generation_prompt: bool = True) -> list[int]:
-    """Ids of a conversation through the chat template (see the module doc for ``literal``).
-
-    Raises whatever the template raises for a conversation it refuses (jinja2 errors, ValueError).
-    """
-    messages = [dict(m) for m in messages]
-    specials = _specials(tokenizer)
-    if not literal or not any(s in m["content"] for m in messages for s in specials):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-    marks = [f"\x00{uuid.uuid4().hex}{i}\x00" for i in range(len(messages))]
-    text = tokenizer.apply_chat_template([dict(m, content=k) for m, k in zip(messages, marks, strict=True)],
-                                         add_generation_prompt=add_generation_prompt, tokenize=False)
-    ids: list[int] = []
-    for m, k in zip(messages, marks, strict=True):
-        if k not in text:
-            raise ValueError("the chat template changes message content; cannot keep it as plain text "
-                             "(serve with --special-tokens-in-content)")
-        before, text = text.split(k, 1)
-        ids += text_ids(tokenizer, before, add_special_tokens=False)
-        ids += [int(i) for i in tokenizer(m["content"], add_special_tokens=False,
-                                          split_special_tokens=True)["input_ids"]]
-    return ids + text_ids(tokenizer, text, add_special_tokens=False)
 
 
 class _Strict(BaseModel):
@@ -135,7 +101,7 @@ def add_routes(app: FastAPI, server) -> None:
             msgs = parse_request({"messages": [m.model_dump(exclude_none=True) for m in req.messages]},
                                  "chat").messages
             try:
-                ids = chat_ids(tok, msgs, literal=server.literal_content,
+                ids = encode_chat(tok, msgs, literal=server.literal_content,
                                add_generation_prompt=req.add_generation_prompt)
             except Exception as e:  # the template refused the conversation
                 raise APIError(400, f"the chat template refused these messages ({e})", param="messages") from e
