@@ -85,7 +85,7 @@ def main() -> int:
             delta = {k: round(after[k] - before[k], 3) for k in METRICS}
             runs.append({"wall_seconds": round(wall, 2), **delta, "corpus_tokens_after": after["corpus_tokens"],
                          "tokens_per_forward": round(delta["generated_tokens"] / max(1, delta["forwards"]), 2),
-                         "exact_match": results["exact_match,none"],
+                         "exact_match": results["exact_match,city"],
                          "answers": [s["resps"][0][0] for s in samples]})
         wall, mc, results = lm_eval(base, model, "redraft_capitals_mc", work / "mc", env)
     finally:
