@@ -61,7 +61,7 @@ def main() -> int:
         cmd = [st, "run", f"{base}/openapi.json", "--checks", "not_a_server_error", "--max-examples",
                str(args.max_examples), "--workers", "1", "--request-timeout", "120"]
         print("$ " + " ".join(cmd), flush=True)
-        rc = subprocess.call(cmd, env=env)
+        rc = subprocess.call(cmd, env=env, cwd=work)  # its cache directory goes there, not into the checkout
     finally:
         server.terminate()
         server.wait(30)
