@@ -1,7 +1,7 @@
 """OpenAI request bodies: parse, type-check and range-check ``/v1/completions`` and ``/v1/chat/completions``.
 
-Every field the OpenAI API defines is either supported, accepted only at its no-op value (``n: 1``,
-``frequency_penalty: 0``, ``logprobs: null``, ...), or refused with a 400 that names it: a request is never
+Every field the OpenAI API defines is either supported, accepted only at its no-op value (``best_of: 1``,
+``frequency_penalty: 0``, ``tools: []``, ...), or refused with a 400 that names it: a request is never
 answered as if a field it relies on had been honoured. Fields the API does not define are refused the same way,
 except redraft's extensions ``top_k`` (0 or -1 = off) and ``repetition_penalty`` (1 = off).
 Status codes: every invalid request is a 400 ``invalid_request_error`` naming the field in ``param`` (OpenAI's
@@ -173,27 +173,30 @@ def parse_json(raw: bytes) -> dict:
 
 def check_json_values(body: Any) -> None:
     """Refuse (APIError 400) a decoded body nested deeper than :data:`MAX_JSON_DEPTH` or holding a string that is
-    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON's escapes allow). Iterative."""
-    todo: list[tuple[Any, int, str]] = [(body, 1, "")]
+    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON's escapes allow). Iterative; a
+    field's path (``messages[0].content``) is built only for the error."""
+    todo: list[tuple[Any, int, tuple]] = [(body, 1, ())]
     while todo:
-        v, depth, path = todo.pop()
+        v, depth, loc = todo.pop()
         if depth > MAX_JSON_DEPTH:
             raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
-                           param=path.split(".")[0].split("[")[0] or None)
+                           param=str(loc[0]) if loc else None)
         if isinstance(v, dict):
             for k, x in v.items():
-                _check_text(k, path or k)
-                todo.append((x, depth + 1, f"{path}.{k}" if path else k))
+                _check_text(k, loc + (k,))
+                if isinstance(x, (dict, list, str)):
+                    todo.append((x, depth + 1, loc + (k,)))
         elif isinstance(v, list):
-            todo.extend((x, depth + 1, f"{path}[{i}]") for i, x in enumerate(v))
+            todo.extend((x, depth + 1, loc + (i,)) for i, x in enumerate(v) if isinstance(x, (dict, list, str)))
         elif isinstance(v, str):
-            _check_text(v, path)
+            _check_text(v, loc)
 
 
-def _check_text(s: str, path: str) -> None:
+def _check_text(s: str, loc: tuple) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
+        path = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x)) for i, x in enumerate(loc))
         raise APIError(400, f"'{path}' is not valid Unicode (a lone surrogate at character {e.start})",
                        param=path or None) from None
 
