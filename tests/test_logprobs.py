@@ -100,6 +100,16 @@ def test_score_prompt_equals_transformers_log_softmax(tiny_llama, tiny_qwen2):
             assert got[i].top_ids == lp[i - 1].topk(3).indices.tolist()
 
 
+def test_long_prompts_are_scored_in_chunks(tiny_llama):
+    ids = (PROMPT * 4)[:33]
+    whole = score_prompt(HFTarget(tiny_llama), ids, 2)
+    for chunk in (1, 4, 10, 32):
+        got = score_prompt(HFTarget(tiny_llama), ids, 2, chunk=chunk)
+        assert got[0] is None and len(got) == len(ids)
+        assert [g.token for g in got[1:]] == ids[1:]
+        assert max(abs(g.logprob - w.logprob) for g, w in zip(got[1:], whole[1:], strict=True)) < 1e-4
+
+
 def test_score_prompt_of_one_token_and_bad_k(tiny_llama):
     assert score_prompt(HFTarget(tiny_llama), [4], 0) == [None]
     with pytest.raises(ValueError, match="k must be"):

@@ -66,26 +66,38 @@ def row_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int
     return [TokenLogprob(int(t), float(c), i, v) for t, c, i, v in zip(tokens, chosen, top_ids, top_vals, strict=True)]
 
 
-@torch.inference_mode()
-def score_prompt(target, ids: Sequence[int], k: int) -> list[TokenLogprob | None]:
-    """Log-probabilities of every token of ``ids`` given the tokens before it: one forward over all of them.
+SCORE_CHUNK = 512  # prompt tokens per scoring forward: bounds the logits held at once (512 x vocab floats)
 
-    The first token has no preceding context: its entry is None (OpenAI's ``token_logprobs[0]`` is null).
-    The target's KV cache is reset and left holding ``ids`` (the next generation resets it again).
+
+@torch.inference_mode()
+def score_prompt(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) -> list[TokenLogprob | None]:
+    """Log-probabilities of every token of ``ids`` given the tokens before it, from the target's own forward.
+
+    A prompt of up to ``chunk`` tokens takes one forward; a longer one is fed in consecutive chunks over the
+    growing KV cache (chunked prefill: the same rows up to float rounding), so at most ``chunk`` x vocab logits
+    exist at once. The first token has no preceding context: its entry is None (OpenAI's ``token_logprobs[0]`` is
+    null). The target's KV cache is reset and left holding ``ids`` (the next generation resets it again).
 
     Args:
         target: a :class:`redraft.decoding.target.HFTarget` (``reset`` and ``forward(..., n_logits=)`` are used).
         ids: S >= 1 token ids.
         k: alternatives per token, 0..:data:`MAX_TOP_LOGPROBS`.
+        chunk: most tokens per forward (>= 1).
     Returns:
-        S entries: None, then a :class:`TokenLogprob` for ids[1:] (row i-1 of the forward scores ids[i]).
+        S entries: None, then a :class:`TokenLogprob` for ids[1:] (the row of ids[i - 1] scores ids[i]).
     Raises:
-        ValueError: empty ``ids`` or ``k`` out of range.
+        ValueError: empty ``ids``, ``k`` out of range or ``chunk`` < 1.
     """
     ids = [int(t) for t in ids]
     if not ids:
         raise ValueError("score_prompt: no token ids")
+    if chunk < 1:
+        raise ValueError(f"score_prompt: chunk must be at least 1, got {chunk}")
     target.reset()
-    logits = target.forward(ids, n_logits=len(ids))  # [S, V]
     out: list[TokenLogprob | None] = [None]
-    return out + row_logprobs(logits, range(len(ids) - 1), ids[1:], k)
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        logits = target.forward(part, n_logits=len(part))  # [len(part), V]; row j scores ids[start + j + 1]
+        nxt = ids[start + 1:start + 1 + len(part)]
+        out += row_logprobs(logits, range(len(nxt)), nxt, k)
+    return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from redraft.corpus import CorpusError
 from redraft.decoding.engine import Engine, GenerationResult
-from redraft.decoding.logprobs import TokenLogprob, score_prompt
+from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
@@ -39,7 +39,8 @@ class Work:
     """What a job asks for: prompt ids, the exact cap on new tokens (0: score the prompt only), sampling and stop
     strings; ``logprobs`` (None or alternatives per token) and ``echo`` (also score the prompt).
 
-    A scoring request (``echo`` with ``logprobs``) scores the prompt in one forward of its own and learns nothing.
+    A scoring request (``echo`` with ``logprobs``) scores the prompt in one forward of its own (one per
+    :data:`~redraft.decoding.logprobs.SCORE_CHUNK` tokens) and learns nothing.
     """
 
     prompt_ids: list[int]
@@ -139,7 +140,7 @@ class Generator:
         work: Work = job.payload
         scored = score_prompt(self.target, work.prompt_ids, work.logprobs) if work.scoring else None
         if work.max_tokens == 0:
-            res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=int(scored is not None),
+            res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=-(-len(work.prompt_ids) // SCORE_CHUNK) if scored else 0,
                                    logprobs=None if work.logprobs is None else [])
             return Outcome(result=res, text="", finish_reason="length", learned=False, prompt_logprobs=scored)
         engine = Engine(self.target, self.drafters(job.tenant), eos_token_ids=self.eos,
