@@ -62,3 +62,23 @@ def test_completion_prompt_keeps_its_whitespace(real):
                                                        "logprobs": 0}, timeout=60).json()
         assert r["usage"]["prompt_tokens"] == len(want) and r["choices"][0]["text"] == text
         assert r["choices"][0]["logprobs"]["tokens"][-1] == tok.decode(want[-1:])
+
+
+def test_text_offsets_equal_prefix_decoding(real):
+    """The linear-time text_offset equals len(decode(ids[:i])) on a byte-level BPE: multi-byte characters split
+    over tokens, emoji, special tokens, and random id sequences."""
+    import random
+
+    from redraft.server.logprobs import text_offsets
+
+    tok = real.tokenizer
+
+    def slow(ids):
+        return [len(p) for p in tok.batch_decode([ids[:i] for i in range(len(ids))], skip_special_tokens=False)]
+
+    ids = tok("Answer: héllo wörld, 日本語のテキスト 🙂🙃 <|im_end|> done.\n\n  spaced")["input_ids"]
+    assert text_offsets(tok, ids) == slow(ids)
+    rng = random.Random(0)
+    for _ in range(20):
+        ids = [rng.randrange(len(tok)) for _ in range(40)]
+        assert text_offsets(tok, ids) == slow(ids)

@@ -42,11 +42,25 @@ def completion_logprobs(tokenizer, ids: Sequence[int], entries: Sequence[TokenLo
         "text_offset": [int]}``.
     """
     ids = [int(t) for t in ids]
-    prefixes = tokenizer.batch_decode([ids[:i] for i in range(len(ids))], skip_special_tokens=False)
     return {"tokens": [_piece(tokenizer, t) for t in ids],
             "token_logprobs": [None if e is None else e.logprob for e in entries],
             "top_logprobs": [None if e is None else _top(tokenizer, e) for e in entries],
-            "text_offset": [len(p) for p in prefixes]}
+            "text_offset": text_offsets(tokenizer, ids)}
+
+
+def text_offsets(tokenizer, ids: Sequence[int], window: int = 8) -> list[int]:
+    """Character offset of each token in ``decode(ids)``: ``len(decode(ids[:i]))``, computed from the growth of
+    the text over a sliding window of ``window`` tokens before each one (a character split over several byte
+    tokens, or a tokenizer's leading-space rule, is settled within it), so the cost is linear in the length."""
+    ids = [int(t) for t in ids]
+    starts = [max(0, i - window) for i in range(len(ids))]
+    before = tokenizer.batch_decode([ids[s:i] for i, s in enumerate(starts)], skip_special_tokens=False)
+    upto = tokenizer.batch_decode([ids[s:i + 1] for i, s in enumerate(starts)], skip_special_tokens=False)
+    out, pos = [], 0
+    for b, u in zip(before, upto, strict=True):
+        out.append(pos)
+        pos += len(u) - len(b)
+    return out
 
 
 def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
