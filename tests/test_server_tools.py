@@ -217,7 +217,7 @@ def test_fallback_prompt_describes_tools_and_rewrites_the_history():
 def test_a_template_that_renders_tools_gets_them_natively():
     from grammarkit import CHATML, bpe_tokenizer
 
-    from redraft.server.tools import encode_chat, template_renders_tools
+    from redraft.server.tools import encode_tool_chat, template_renders_tools
 
     plain_tok, native_tok = bpe_tokenizer(), bpe_tokenizer()
     plain_tok.chat_template = CHATML
@@ -226,12 +226,12 @@ def test_a_template_that_renders_tools_gets_them_natively():
     assert not template_renders_tools(plain_tok) and template_renders_tools(native_tok)
     tools = ToolRequest(tools=[t["function"] for t in TOOLS])
     fmt = FORMATS["hermes"]
-    native = native_tok.decode(encode_chat(native_tok, ASK, tools, fmt))
+    native = native_tok.decode(encode_tool_chat(native_tok, ASK, tools, fmt))
     assert "get_weather get_time" in native and "<tools>" not in native  # the template's own rendering only
-    fallback = plain_tok.decode(encode_chat(plain_tok, ASK, tools, fmt))
+    fallback = plain_tok.decode(encode_tool_chat(plain_tok, ASK, tools, fmt))
     assert "<tools>" in fallback and "get_weather" in fallback
     none = ToolRequest(tools=tools.tools, choice="none")
-    assert "get_weather" not in native_tok.decode(encode_chat(native_tok, ASK, none, fmt))
+    assert "get_weather" not in native_tok.decode(encode_tool_chat(native_tok, ASK, none, fmt))
 
 
 def test_auto_mode_grammar_leaves_text_free_and_enforces_a_begun_call():

@@ -132,8 +132,26 @@ def test_request_defaults_and_no_op_fields():
     assert r.sampling.temperature == 0.5 and r.sampling.top_k == 0 and r.include_usage
     assert r.sampling.seed >= 0  # drawn, and reported so the sample can be replayed
     with pytest.raises(APIError) as e:
-        parse_request({"prompt": "hi", "echo": True}, "completion")
-    assert e.value.status == 400 and e.value.param == "echo"
+        parse_request({"prompt": "hi", "best_of": 2}, "completion")
+    assert e.value.status == 400 and e.value.param == "best_of"
+
+
+def test_whole_number_floats_are_integers_and_booleans_are_not():
+    r = parse_request({"prompt": "hi", "max_tokens": 4.0, "n": 2.0, "seed": 7.0, "logprobs": 1.0}, "completion")
+    assert (r.max_tokens, r.n, r.sampling.seed, r.logprobs) == (4, 2, 7, 1) and type(r.max_tokens) is int
+    for bad in (4.5, True, "4"):
+        with pytest.raises(APIError) as e:
+            parse_request({"prompt": "hi", "max_tokens": bad}, "completion")
+        assert e.value.status == 400 and e.value.param == "max_tokens"
+
+
+def test_several_prompts_logprobs_and_echo_parse():
+    r = parse_request({"prompt": [[1, 2], [3]], "max_tokens": 0, "echo": True, "logprobs": 0}, "completion")
+    assert r.prompts == [[1, 2], [3]] and r.prompt == [1, 2] and r.max_tokens == 0 and r.echo and r.logprobs == 0
+    r = parse_request({"messages": [{"role": "user", "content": "a"}], "logprobs": True}, "chat")
+    assert r.logprobs == 0 and not r.echo
+    r = parse_request({"messages": [{"role": "user", "content": "a"}], "logprobs": False, "top_logprobs": 0}, "chat")
+    assert r.logprobs is None
 
 
 def test_holds_is_contiguity_inside_one_span():

@@ -38,8 +38,13 @@ def register(sub) -> None:
                     "back faster with identical output.")
     add_model_arg(p)
     add_dtype_arg(p)
-    p.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="model id clients send and see (default: the model directory's name)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model id clients send and see (default: the model directory's name); several names are "
+                        "aliases: requests may name any, /v1/models lists all, the first is the main one")
+    p.add_argument("--special-tokens-in-content", action="store_true",
+                   help="parse special-token strings (e.g. <|im_start|>) inside chat message content as control "
+                        "tokens; default: content is plain text and only the chat template's own markers are "
+                        "control tokens")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int_between(0, 65535), default=8000, help="TCP port (default 8000)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
@@ -87,8 +92,11 @@ def _fail(msg: str) -> SystemExit:
     return SystemExit(f"redraft serve: error: {msg}")
 
 
-def model_id_of(loaded, served_name: str | None) -> str:
-    """The id clients use: --served-model-name, else the model directory's or GGUF file's base name."""
+def model_id_of(loaded, served_name: str | list[str] | None) -> str:
+    """The id clients use: --served-model-name (its first name), else the model directory's or GGUF file's base
+    name."""
+    if isinstance(served_name, list):
+        served_name = served_name[0] if served_name else None
     if served_name:
         return served_name
     if loaded.name == "default":
@@ -146,8 +154,10 @@ def build_server(args, loaded=None):
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache)
     options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
                             max_tokens_default=args.max_tokens_default)
-    return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue,
-                  options=options, tool_call_parser=args.tool_call_parser)
+    names = args.served_model_name or []
+    return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
+                  options=options, tool_call_parser=args.tool_call_parser, aliases=tuple(names[1:]),
+                  literal_content=not args.special_tokens_in_content)
 
 
 def listen(host: str, port: int) -> socket.socket:

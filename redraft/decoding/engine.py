@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from redraft.decoding.genconfig import LogitsShaping
+from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.settling import ExactMode
@@ -50,6 +51,8 @@ class GenerationResult:
         source_per_forward: names of the drafters with counted nodes (see :class:`SourceStats`) in each forward,
             in priority order (empty tuple = no draft).
         margins: with ``record_margins``, the top-2 score gap of the row that chose each output token.
+        logprobs: with ``logprobs=k``, one :class:`redraft.decoding.logprobs.TokenLogprob` per output token (its raw
+            log-probability and the top k of the row that chose it, verify rows included); else None.
         near_ties: rows exact mode did not trust (top-2 gap under the near-tie threshold).
         settle_forwards: forwards exact mode ran to recompute such rows the way plain decoding does (draft-free
             recomputes and replays of the cache); included in ``forwards``.
@@ -67,6 +70,7 @@ class GenerationResult:
     draft_depth_per_forward: list[int] = field(default_factory=list)
     source_per_forward: list[tuple[str, ...]] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
     near_ties: int = 0
     settle_forwards: int = 0
     prefix_hit_tokens: int = 0
@@ -175,7 +179,7 @@ class Engine:
                  on_tokens: Callable[[list[int]], None] | None = None, *,
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
                  exact: bool | None = None, record_margins: bool = False,
-                 prefix: PrefixKV | None = None) -> GenerationResult:
+                 prefix: PrefixKV | None = None, logprobs: int | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens: draft -> verify -> accept -> emit, one verify forward a step.
 
         Args:
@@ -189,6 +193,8 @@ class Engine:
             record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
             prefix: KV entries of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's):
                 only the rest of the prompt is fed; exact mode judges rows on those entries like verify rows.
+            logprobs: None, or 0..20: keep each emitted token's raw log-probability and the row's top ``logprobs``
+                alternatives in ``result.logprobs`` (:mod:`redraft.decoding.logprobs`).
         Returns:
             :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises:
@@ -199,7 +205,8 @@ class Engine:
         prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens, prefix)
         chooser = self._chooser(prompt, sampling, max_new_tokens)
         exactness = ExactMode(self.target, self.exact_margin) if (self.exact if exact is None else exact) else None
-        res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters})
+        res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters},
+                               logprobs=None if logprobs is None else [])
         context = np.empty(len(prompt) + max(max_new_tokens, 0) + 1, dtype=np.int64)  # prompt + output
         context[:len(prompt)] = prompt
         n_ctx = len(prompt)
@@ -223,8 +230,7 @@ class Engine:
             n_ctx += len(new)
             res.output_ids.extend(new)
             chooser.commit(new)
-            if record_margins:
-                res.margins.extend(float(step.margins[r]) for r in step.rows[:len(new)])
+            self._annotate(res, step, new, record_margins, logprobs)
             if on_tokens is not None and new:
                 on_tokens(new)
             if stop_reason:
@@ -243,6 +249,14 @@ class Engine:
             res.near_ties, res.settle_forwards = exactness.near_ties, exactness.settle_forwards
         res.seconds = time.perf_counter() - t0
         return res
+
+    @staticmethod
+    def _annotate(res: GenerationResult, step: Step, new: list[int], margins: bool, logprobs: int | None) -> None:
+        """Per emitted token, from the row that chose it: its top-2 gap (``margins``) and log-probabilities."""
+        if margins:
+            res.margins.extend(float(step.margins[r]) for r in step.rows[:len(new)])
+        if res.logprobs is not None:
+            res.logprobs.extend(row_logprobs(step.logits, step.rows[:len(new)], new, logprobs or 0))
 
     def _begin(self, prompt: np.ndarray, prefix: PrefixKV | None = None) -> int:
         """A new sequence: bind and begin every drafter; empty the target's KV cache, or seed it with ``prefix``

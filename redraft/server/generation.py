@@ -19,6 +19,7 @@ from redraft.compose import SpeculationConfig, build_engine, build_policy, draft
 from redraft.compose.build import grammar_drafters
 from redraft.corpus import CorpusError
 from redraft.decoding.engine import GenerationResult
+from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
@@ -32,9 +33,14 @@ from .toolcalls import ContentFilter
 
 @dataclass
 class Work:
-    """What a job asks for: prompt ids, the exact cap on new tokens, sampling (with the output's grammar
-    constraint, if any) and stop strings; ``tool_calls``: the tool-call format to parse the answer with (a
-    :class:`~redraft.server.toolcalls.ToolCallFormat`), None when the answer cannot hold calls."""
+    """What a job asks for: prompt ids, the exact cap on new tokens (0: score the prompt only), sampling (with the
+    output's grammar constraint, if any) and stop strings; ``tool_calls``: the tool-call format to parse the answer
+    with (a :class:`~redraft.server.toolcalls.ToolCallFormat`), None when the answer cannot hold calls;
+    ``logprobs`` (None or alternatives per token) and ``echo`` (also score the prompt).
+
+    A scoring request (``echo`` with ``logprobs``) scores the prompt in one forward of its own (one per
+    :data:`~redraft.decoding.logprobs.SCORE_CHUNK` tokens) and learns nothing.
+    """
 
     prompt_ids: list[int]
     max_tokens: int
@@ -42,6 +48,12 @@ class Work:
     stop: list[str] = field(default_factory=list)
     tool_calls: object | None = None
     single_call: bool = False  # parallel_tool_calls false: only the first call counts
+    logprobs: int | None = None
+    echo: bool = False
+
+    @property
+    def scoring(self) -> bool:
+        return self.echo and self.logprobs is not None
 
 
 @dataclass
@@ -57,6 +69,7 @@ class Outcome:
     learned: bool
     tool_calls: list[dict] | None = None
     content: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Generator:
@@ -123,6 +136,12 @@ class Generator:
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
+        scored = score_prompt(self.target, work.prompt_ids, work.logprobs) if work.scoring else None
+        if work.max_tokens == 0:
+            forwards = -(-len(work.prompt_ids) // SCORE_CHUNK) if scored else 0
+            res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=forwards,
+                                   logprobs=None if work.logprobs is None else [])
+            return Outcome(result=res, text="", finish_reason="length", learned=False, prompt_logprobs=scored)
         engine = self.engine(job.tenant, work.sampling.constraint)
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
@@ -145,7 +164,8 @@ class Generator:
         cache = self.prefix_cache
         hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
         res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None, prefix=hit)
+                              stop=stop if stop else None, prefix=hit,
+                              logprobs=work.logprobs)
         if cache is not None:
             remember(cache, job.tenant, self.target, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
@@ -169,7 +189,7 @@ class Generator:
         learned = False
         own = self.corpora.get(job.tenant)
         try:
-            if own is not None and res.output_ids:
+            if own is not None and res.output_ids and not work.scoring:
                 learned = self.corpora.learn_span(job.tenant, work.prompt_ids + res.output_ids)
         except (OSError, CorpusError) as e:  # the answer is still right; only the learning failed
             print(f"redraft serve: warning: tenant {job.tenant}: span not learned ({type(e).__name__}: {e})",
@@ -179,5 +199,6 @@ class Generator:
         reason = "length" if res.stop_reason in ("length", "context") else "stop"
         if calls and reason == "stop":  # a cut-off answer stays "length", its complete calls still returned
             reason = "tool_calls"
-        return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer)
+        return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
+                       prompt_logprobs=scored)
 

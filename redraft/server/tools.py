@@ -24,7 +24,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from redraft.io.prompts import encode_prompt
+from redraft.io.prompts import encode_chat
 from redraft.io.prompts import template_renders_tools as renders_tools
 
 from .schemas import APIError
@@ -178,11 +178,13 @@ def chat_messages(messages: list[dict], tools: ToolRequest | None, fmt: ToolCall
     return out
 
 
-def encode_chat(tokenizer, messages: list[dict], tools: ToolRequest | None, fmt: ToolCallFormat) -> list[int]:
-    """Prompt ids of a conversation with tools and/or tool calls (see :func:`chat_messages`)."""
+def encode_tool_chat(tokenizer, messages: list[dict], tools: ToolRequest | None, fmt: ToolCallFormat, *,
+                     literal: bool = True) -> list[int]:
+    """Prompt ids of a conversation with tools and/or tool calls (see :func:`chat_messages`); ``literal``: special-token
+    strings inside message content stay text (:func:`redraft.io.prompts.encode_chat`)."""
     native = template_renders_tools(tokenizer)
     msgs = chat_messages(messages, tools, fmt, native)
     offered = None
     if native and tools is not None and tools.choice != "none":
         offered = [{"type": "function", "function": t} for t in tools.tools]
-    return encode_prompt(tokenizer, msgs, chat=True, tools=offered)
+    return encode_chat(tokenizer, msgs, literal=literal, tools=offered)
