@@ -18,7 +18,7 @@ Phases (each against ``redraft serve`` running as its own process, started and s
   and after, and its learned corpus size (bounded by ``--cap-tokens``).
 - ``agent``: agent-shaped conversations (each request = the previous request + its answer + an observation, after a
   long fixed system prompt), run twice on a fresh server without prefix reuse and twice on one with it: first-run
-  time without / with reuse, second run / first run, identical answers (:mod:`redraft.bench.agent_bench`).
+  time without / with reuse, second run / first run, identical answers (redraft/bench/agent_bench.py).
 """
 
 from __future__ import annotations
