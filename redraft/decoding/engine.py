@@ -180,27 +180,17 @@ class Engine:
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
                  exact: bool | None = None, record_margins: bool = False,
                  prefix: PrefixKV | None = None, logprobs: int | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens: draft -> verify -> accept -> emit, one verify forward a step.
+        """Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
+        forward a step. ``on_tokens`` gets each step's new ids (streaming); ``sampling``: greedy (default) or seeded
+        (:mod:`redraft.decoding.sampling`); ``stop``: stop strings (the output ends with the token completing one);
+        ``exact``: settle near-tie rows as plain decoding computes them (:class:`redraft.decoding.settling.ExactMode`;
+        default the engine's); ``record_margins``: each token's top-2 gap in ``result.margins``; ``prefix``: KV entries
+        of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's; exact mode judges rows on
+        them like verify rows); ``logprobs`` (0..20): raw log-probabilities per token (:mod:`redraft.decoding.logprobs`).
 
-        Args:
-            prompt_ids: at least one token id.
-            max_new_tokens: exact cap on generated tokens, even when a step accepts several.
-            on_tokens: called with each step's newly emitted ids (for streaming).
-            sampling: greedy (default) or seeded sampling; see :mod:`redraft.decoding.sampling`.
-            stop: stop strings; the output ends with the token that completes the first one.
-            exact: settle near-tie rows the way plain decoding computes them (default: the engine's ``exact``;
-                :class:`redraft.decoding.settling.ExactMode`).
-            record_margins: keep each emitted token's top-2 score gap in ``result.margins``.
-            prefix: KV entries of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's):
-                only the rest of the prompt is fed; exact mode judges rows on those entries like verify rows.
-            logprobs: None, or 0..20: keep each emitted token's raw log-probability and the row's top ``logprobs``
-                alternatives in ``result.logprobs`` (:mod:`redraft.decoding.logprobs`).
-        Returns:
-            :class:`GenerationResult`; ``output_ids`` equal plain decoding's with the same sampling settings.
-        Raises:
-            ValueError: empty prompt, a prompt that already fills the model's context, or a ``prefix`` that is not
-                a proper prefix of the prompt (at least one prompt token must remain to be fed).
-            GenerationConfigError: a generation_config field processors cannot take (a ValueError).
+        Returns :class:`GenerationResult` whose ``output_ids`` equal plain decoding's with the same sampling settings.
+        Raises ValueError for an empty prompt, one that fills the context, or a ``prefix`` that is not a proper prefix
+        of the prompt; GenerationConfigError (a ValueError) for a generation_config field processors cannot take.
         """
         prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens, prefix)
         chooser = self._chooser(prompt, sampling, max_new_tokens)
