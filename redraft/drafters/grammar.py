@@ -13,6 +13,8 @@ draft then stops being accepted where the spellings part, and the guard pauses t
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from redraft.defaults import GRAMMAR_MINACC, GRAMMAR_PAUSE, GRAMMAR_WINDOW
@@ -33,8 +35,9 @@ class GrammarDrafter:
 
     def __init__(self, constraint, guard: AcceptanceGuard | None = None) -> None:
         self.constraint = constraint
-        self.guard = guard if guard is not None else AcceptanceGuard(GRAMMAR_MINACC, GRAMMAR_WINDOW, GRAMMAR_PAUSE)
-        self._matcher = None
+        self.guard: AcceptanceGuard | None = (guard if guard is not None
+                                              else AcceptanceGuard(GRAMMAR_MINACC, GRAMMAR_WINDOW, GRAMMAR_PAUSE))
+        self._matcher: Any = None
         self._prompt_length = 0
         self._consumed: list[int] = []
 
@@ -46,7 +49,8 @@ class GrammarDrafter:
         self._matcher = self.constraint.matcher()
         self._prompt_length = len(prompt)
         self._consumed = []
-        self.guard.rearm()
+        if self.guard is not None:
+            self.guard.rearm()
 
     def _follow(self, output: list[int]) -> None:
         """Bring the matcher to the end of ``output`` (the output so far), rolling back where it diverged."""
@@ -68,7 +72,7 @@ class GrammarDrafter:
     def propose(self, context: np.ndarray, max_depth: int) -> TokenTree | None:
         """A chain of the tokens the grammar forces after ``context`` (up to ``max_depth``); None when the next
         token is a free choice, the grammar is complete or left, or the source is paused."""
-        if self._matcher is None or not self.guard.active or max_depth <= 0:
+        if self._matcher is None or (self.guard is not None and not self.guard.active) or max_depth <= 0:
             return None
         self._follow(context[self._prompt_length:].tolist())
         m = self._matcher
@@ -79,4 +83,5 @@ class GrammarDrafter:
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         """Feed the guard (see :meth:`redraft.drafters.base.Drafter.observe`)."""
-        self.guard.record(proposed, accepted, emitted)
+        if self.guard is not None:
+            self.guard.record(proposed, accepted, emitted)
