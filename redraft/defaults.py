@@ -11,8 +11,6 @@ from pathlib import Path
 # Draft depth (tokens along one path). Colibri's COLI_CORPUS_K default and cap.
 CORPUS_K_DEFAULT = 8
 MAX_DRAFT_DEPTH = 48
-# `redraft serve` drafts adaptively up to this depth: its learned corpus is mostly replays, where deep drafts pay
-SERVE_CORPUS_K_MAX = 32
 
 # Corpus acceptance guard (Colibri's COLI_CORPUS_MINACC): pause for CORPUS_PAUSE emitted tokens when acceptance
 # over the last window (three drafts' worth of tokens, at least CORPUS_WINDOW) is below CORPUS_MINACC.
@@ -26,6 +24,14 @@ CORPUS_PAUSE = 256
 # 1.04x against 1.10 and 1.03x with 50% / 256, identical outputs.
 NGRAM_MINACC = 0.2
 NGRAM_PAUSE = 64
+# Grammar drafts (tokens a grammar forces): a forced token is almost always accepted, but llguidance spells forced
+# text in its own tokenization, which the model may split differently; below GRAMMAR_MINACC over GRAMMAR_WINDOW
+# drafted tokens the source pauses for GRAMMAR_PAUSE emitted tokens.
+GRAMMAR_MINACC = 0.3
+GRAMMAR_WINDOW = 24
+GRAMMAR_PAUSE = 64
+# Tool-call text conventions `redraft serve --tool-call-parser` knows (redraft/server/toolcalls.py), default first.
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 # A GliDe draft pays from ~26% acceptance per draft level here (docs/glide.md): its guard is capped at 25%.
 GLIDE_MINACC = 0.25
@@ -36,6 +42,16 @@ TREE_BUDGET = 32
 # Suffix lengths the lookup drafters try, longest first (Colibri's corpus lookup: 8 down to 3).
 SUFFIX_MIN_N = 3
 SUFFIX_MAX_N = 8
+# Where the corpus matches all SUFFIX_MAX_N ids, the match is extended back up to this many context ids (the whole
+# prompt of a typical request): the occurrence whose preceding context matches longest wins, so each templated
+# prompt finds its own stored answer (redraft.corpus.corpus.CONTEXT_N, the corpus package's own default).
+SUFFIX_CONTEXT_N = 4096
+
+# What one GliDe draft costs before its own time is measured, in plain target steps (the gamma draft-model steps,
+# each with a full-vocabulary head: ~20-45 ms against a ~65 ms plain step on the 2-core CPU, docs/glide.md). Under
+# the policy a draft-model source is asked to draft only while its drafts pay for this cost as well as their verify
+# cost (redraft/policy/gate.py).
+GLIDE_DRAFT_COST = 0.5
 
 # GliDe draft depth along the greedy spine (the paper's gamma).
 GLIDE_GAMMA = 4
@@ -47,13 +63,14 @@ GLIDE_GAMMA = 4
 # bounds are 1.5x that (`redraft oracle --noise` checks them; docs/benchmarks.md, "Exact mode per dtype").
 EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
 # A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
-# Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward. Draft-free rows on
-# a cache drafting wrote: 2; failing it costs a replay of the cache one token per forward.
+# Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward, or a replay of the
+# cache one token per forward where the row's gap is under the draft-free rows' threshold too. Draft-free rows on a
+# cache drafting wrote: 2; failing it costs that replay.
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
-# When settling costs more forwards than the accepted drafts save (judged after EXACT_PAY_WINDOW of either), exact
-# mode stops drafting for EXACT_PAY_PAUSE tokens: in bfloat16 nearly every row is a near-tie.
-EXACT_PAY_WINDOW = 4
+# While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact
+# mode stops drafting for that many emitted tokens, at most EXACT_PAY_PAUSE (redraft.decoding.settling): in bfloat16
+# nearly every row is a near-tie, and the pauses grow with each one.
 EXACT_PAY_PAUSE = 128
 
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through

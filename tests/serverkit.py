@@ -35,8 +35,11 @@ def save_tiny_model(d: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """The tiny model saved once per test module (conftest.py shares this fixture with every test module)."""
-    return save_tiny_model(tmp_path_factory.mktemp("serve-model"))
+    """The tiny model saved once per test module (conftest.py shares this fixture with every test module). While the module runs,
+    redraft's cache (the server's cost curve) is a temporary directory: never the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("serve-cache")))
+        yield save_tiny_model(tmp_path_factory.mktemp("serve-model"))
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +54,13 @@ def words(ids) -> str:
     return " ".join(f"t{i:02d}" for i in ids)
 
 
-def serve_args(model_dir, *extra: str):
+def serve_args(model_dir, *extra: str, quiet: bool = True):
+    """Parsed ``redraft serve`` arguments for the tiny model; ``--quiet`` unless asked (access-log lines are written
+    after each response is sent, so they would spill into other tests' output)."""
     from redraft.cli import build_parser
 
-    return build_parser().parse_args(["serve", "--model", str(model_dir), "--port", "0", *extra])
+    return build_parser().parse_args(["serve", "--model", str(model_dir), "--port", "0", *extra,
+                                      *(["--quiet"] if quiet else [])])
 
 
 class Live:

@@ -24,8 +24,9 @@ def ref_periodic_tail(context, n, period_cap=64, run_cap=1024):
     return None
 
 
-def ref_propose(spans, context, k, min_n=3, max_n=8):
-    """Brute force after the contract: scan every n from max_n down, every position from the newest.
+def ref_propose(spans, context, k, min_n=3, max_n=8, context_n=4096):
+    """Brute force after the contract: scan every n from max(max_n, context_n) down (a match past max_n is the
+    longer preceding context), every position from the newest.
 
     Among the occurrences of the longest suffix: the most recent if it has k ids to follow; else, when the context
     ends in a periodic run, those preceded by the same run length (then by the longest part of it); then the most
@@ -47,7 +48,7 @@ def ref_propose(spans, context, k, min_n=3, max_n=8):
             out.append(t)
         return out
 
-    for n in range(min(max_n, len(context)), min_n - 1, -1):
+    for n in range(min(max(max_n, context_n or 0), len(context)), min_n - 1, -1):
         pat = context[-n:]
         # `end` = last matched position, needs a next id; newest first
         ends = [end for end in range(len(stream) - 2, n - 2, -1)
@@ -56,7 +57,9 @@ def ref_propose(spans, context, k, min_n=3, max_n=8):
             continue
         if len(cont(ends[0])) >= k:
             return n, cont(ends[0])
-        tail = ref_periodic_tail(context, n)
+        tail = ref_periodic_tail(context, min(n, max_n))
+        if tail is not None and len(tail[0]) < n:
+            tail = None  # matched past the run: aligned already
 
         def align(end, tail=tail):
             if tail is None:
@@ -134,8 +137,10 @@ def test_no_proposal_cases():
 
 def test_max_n_and_min_n_are_honoured():
     c = Corpus.from_spans([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [0, 6, 7, 8, 20]])
-    n, ids = c.propose(np.arange(1, 9), 4, min_n=2, max_n=4)
+    n, ids = c.propose(np.arange(1, 9), 4, min_n=2, max_n=4, context_n=None)
     assert n == 4 and ids.tolist() == [9, 10, 11]
+    n, ids = c.propose(np.arange(1, 9), 4, min_n=2, max_n=4)  # all 4 match: extended over the whole context
+    assert n == 8 and ids.tolist() == [9, 10, 11]
     n, ids = c.propose(np.array([0, 7, 8]), 1, min_n=2, max_n=2)
     assert n == 2 and ids.tolist() == [20]
 

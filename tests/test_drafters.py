@@ -10,9 +10,10 @@ from conftest import VOCAB, plain_greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
-from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.drafters.frozen_corpus import K_MAX, clamp_k
 from redraft.tree import TokenTree
 
@@ -192,7 +193,7 @@ class BrokenCorpus:
     def __init__(self):
         self.calls = 0
 
-    def propose(self, context, k, min_n=3, max_n=8):
+    def propose(self, context, k, min_n=3, max_n=8, context_n=None):
         self.calls += 1
         raise OSError("disk gone")
 
@@ -325,8 +326,16 @@ def test_adaptive_depth_grows_on_whole_acceptance_and_resets(tiny_llama):
     adaptive = Engine(tiny_llama, [drafter], max_depth=32).generate(prompt, 60)
     assert fixed.output_ids == adaptive.output_ids == want
     assert adaptive.forwards < fixed.forwards
-    # depths double while drafts are accepted whole: 4, 8, 16, then 28 = 60 - (5 + 9 + 17) - 1 left to draft
-    assert adaptive.drafted_per_forward[:4] == [4, 8, 16, 28]
+    # depths at least double while drafts are accepted whole (4, 8, 16, ... up to what is left to draft), and a
+    # match reaching past 8 context ids drafts as many ids as it matched: 4 (5 ids matched), 9, 19, then 24 left
+    depths = [d for d in adaptive.drafted_per_forward if d]
+    assert depths == [4, 9, 19, 24]
+    emitted = 1
+    for prev, d in zip(depths, depths[1:], strict=False):
+        emitted += prev + 1
+        assert d >= min(2 * prev, 32, 60 - emitted - 1)
+    no_extension = Engine(tiny_llama, [CorpusDrafter(corpus, k=4, k_max=32, context_n=None)], max_depth=32)
+    assert no_extension.generate(prompt, 60).drafted_per_forward[:4] == [4, 8, 16, 28]  # doubling alone
     drafter.observe(proposed=8, accepted=3, emitted=4)
     assert drafter.depth == 4
 

@@ -28,12 +28,13 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import MAX_DRAFT_DEPTH, Engine, GenerationResult
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.runstats import speculation_line
 from redraft.defaults import EXACT_SAFETY
-from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter, build_drafters
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.tree import TokenTree
 
 DEPTHS = [1, 2, 5, 8, 16, 48]
@@ -544,14 +545,16 @@ def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin, monkeypa
     Exact mode's payoff pause is off here (it would stop drafting where most rows are near-ties); a settling row
     still under the margin on a cache drafting wrote is recomputed after replaying the cache, so every draft-free
     forward is a settling one (but the last token's, with no room left for a draft)."""
-    monkeypatch.setattr("redraft.decoding.engine.EXACT_PAY_PAUSE", 0)
+    monkeypatch.setattr("redraft.decoding.settling.EXACT_PAY_PAUSE", 0)
     want = references["llama-eager"]
     _, logits = hf_greedy(tiny_llama, PROMPT, N, scores=True)
     tied = [i for i, gap in enumerate(top2_gap(logits).tolist()) if gap < margin]
     assert tied, "no planted near-tie: the test would prove nothing"
     res, settled = _draft_free_tokens(tiny_llama, want, exact_margin=margin)
     assert settled == tied
-    assert res.near_ties >= len(tied)
+    # each tied token was found in a row exact mode did not trust, but the last one: its forward carries no draft
+    # (no room left), and on a cache plain decoding built that row is plain decoding's own, trusted as is
+    assert res.near_ties >= len([i for i in tied if i < N - 1])
     # no draft-free forward but settling ones, and perhaps the last token's (no room left for a draft)
     assert res.drafted_per_forward.count(0) - res.settle_forwards in (0, 1)
     assert sum(res.accepted_per_forward) > 0

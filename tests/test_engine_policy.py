@@ -16,10 +16,11 @@ from conftest import VOCAB, RecordingTarget, SequenceDrafter, ceil_div, draw_pla
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
 from redraft.defaults import MAX_DRAFT_DEPTH, PROBE_OVERHEAD
-from redraft.drafters import NgramDrafter, build_drafters
+from redraft.drafters import NgramDrafter
 from redraft.policy import CostCurve, Selection, SpeculationPolicy
 from redraft.tree import TokenTree
 

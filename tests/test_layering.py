@@ -3,17 +3,17 @@ verify -> accepted tokens) and each layer can be read, tested and reused without
 
 From the bottom up (``LAYERS``):
 
-0. ``redraft`` (the package root: its version), ``redraft.defaults``, ``redraft.tree``, ``redraft.io`` (prompt,
-   model and file helpers);
-1. ``redraft.corpus`` (numpy only) and ``redraft.glide`` (the draft network), side by side: neither imports the
-   other;
+0. ``redraft.defaults``, ``redraft.tree``, ``redraft.io`` (prompt, model and file helpers);
+1. ``redraft.corpus`` (numpy only), ``redraft.glide`` (the draft network) and ``redraft.grammar`` (output
+   constraints and their per-row masks), side by side: none imports another;
 2. ``redraft.io.freeze``: prompt files and ``[TOKENS]`` logs -> corpus spans; it reads the corpus formats, so it sits
    above the corpus although it lives with the other file helpers;
 3. ``redraft.drafters``; 4. ``redraft.policy`` (numpy only: it takes a cost curve, never a model);
 5. ``redraft.decoding`` (the decode step, and the cost-curve measurement that runs target forwards);
 6. ``redraft.compose`` (the one composition point: configuration -> drafters, policy, engine);
 7. front ends: ``redraft.cli``, ``redraft.server``, ``redraft.bench``, ``redraft.training``,
-   ``redraft.integrations``, the ``__main__`` entry points and any public API module at the package root. Front ends
+   ``redraft.integrations``, the ``__main__`` entry points, any public API module at the package root and the package
+   root itself (its version, and the public API names it re-exports on first use: ``from redraft import Redraft``). Front ends
    may use one another (``redraft bench serve`` starts the server); cycles are refused by test_architecture.py.
 
 A module may import its own group (the same row of ``LAYERS``), any module of a lower layer, and, in layer 0 and
@@ -28,8 +28,8 @@ from test_architecture import import_graph
 FRONT_END = 7
 # dotted prefix -> layer; the longest matching prefix places a module
 LAYERS: dict[str, int] = {
-    "redraft": 0, "redraft.defaults": 0, "redraft.tree": 0, "redraft.io": 0,
-    "redraft.corpus": 1, "redraft.glide": 1,
+    "redraft": FRONT_END, "redraft.defaults": 0, "redraft.tree": 0, "redraft.io": 0,
+    "redraft.corpus": 1, "redraft.glide": 1, "redraft.grammar": 1,
     "redraft.io.freeze": 2,
     "redraft.drafters": 3,
     "redraft.policy": 4,

@@ -94,7 +94,8 @@ def test_one_prompt_same_ids_through_every_command(spaced_model_dir, capsys, tmp
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_server_encodes_the_padded_prompt_as_every_command(spaced_model_dir, chat):
-    """redraft serve: a completions prompt (raw text) and chat messages go through encode_prompt too."""
+    """redraft serve: chat messages are encoded as every command encodes them; a completions prompt is tokenized
+    exactly as sent (OpenAI's wire convention: "...Answer: " keeps its space), so its padding stays."""
     from redraft.cli import build_parser
     from redraft.cli.serve import build_server
     from redraft.server.schemas import parse_request
@@ -106,7 +107,10 @@ def test_server_encodes_the_padded_prompt_as_every_command(spaced_model_dir, cha
         ids = server.work(parse_request(body, "chat" if chat else "completion")).prompt_ids
     finally:
         server.generator.corpora.close()
-    assert ids == encode_prompt(tok, TEXT, chat=chat)
+    if chat:
+        assert ids == encode_prompt(tok, TEXT, chat=True)
+    else:
+        assert ids == tok(PADDED)["input_ids"] != encode_prompt(tok, TEXT, chat=False)
 
 
 def test_freeze_then_run_replays_the_padded_prompt(spaced_model_dir, capsys, tmp_path):

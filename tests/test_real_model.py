@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from conftest import RecordingTarget, generate_tracking, top2_gap
 
+from redraft.compose import build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
 from redraft.decoding.sampling import SamplingParams
-from redraft.drafters import build_drafters
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +151,7 @@ def test_exact_mode_settles_near_ties(real, plain_outputs, hf_outputs, monkeypat
 
     Exact mode's payoff pause is off here: the margin applies to settling rows too, whose replays at this margin
     would otherwise stop drafting for the rest of the answer."""
-    monkeypatch.setattr("redraft.decoding.engine.EXACT_PAY_PAUSE", 0)
+    monkeypatch.setattr("redraft.decoding.settling.EXACT_PAY_PAUSE", 0)
     loaded, prompts = real
     margin = 0.3
     corpus = _corpus(loaded, [p + o for p, o in zip(prompts, plain_outputs, strict=True)])

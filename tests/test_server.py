@@ -139,6 +139,22 @@ def test_second_identical_request_drafts_from_the_corpus(model_dir, loaded):
         assert metric(srv, "redraft:corpus_tokens", tenant="default") == len(prompt) + len(out)
 
 
+def test_greedy_repeats_after_a_sampled_answer_are_learned_once(model_dir, loaded):
+    prompt = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
+    want, out, _ = expected_text(loaded, prompt, 24)
+    with live_server(serve_args(model_dir, "--no-ngram"), loaded) as srv:
+        client = srv.client()
+        kw = dict(model=srv.server.model_id, prompt=prompt, max_tokens=24)
+        sampled = client.completions.create(**kw, temperature=1.0, seed=5)
+        assert sampled.choices[0].text != want and stats(sampled)["learned"]  # a different answer, stored
+        spans = metric(srv, "redraft:corpus_spans", tenant="default")
+        greedy = [client.completions.create(**kw) for _ in range(20)]
+        assert all(g.choices[0].text == want for g in greedy)
+        assert sum(bool(stats(g)["learned"]) for g in greedy) <= 1
+        assert metric(srv, "redraft:corpus_spans", tenant="default") <= spans + 1
+        assert stats(greedy[-1])["sources"]["corpus"]["accepted"] >= len(out) - 2
+
+
 def test_tenants_never_draft_from_each_other(model_dir, loaded, tmp_path):
     from openai import AuthenticationError
 

@@ -11,7 +11,6 @@ import threading
 import pytest
 
 from redraft.corpus import Corpus
-from redraft.server.generation import reproduces
 from redraft.server.scheduler import Cancelled, Job, QueueFull, Scheduler
 from redraft.server.schemas import APIError, parse_request
 from redraft.server.tenants import DEFAULT_TENANT, Tenants, TenantsError
@@ -133,16 +132,55 @@ def test_request_defaults_and_no_op_fields():
     assert r.sampling.temperature == 0.5 and r.sampling.top_k == 0 and r.include_usage
     assert r.sampling.seed >= 0  # drawn, and reported so the sample can be replayed
     with pytest.raises(APIError) as e:
-        parse_request({"prompt": "hi", "echo": True}, "completion")
-    assert e.value.status == 400 and e.value.param == "echo"
+        parse_request({"prompt": "hi", "best_of": 2}, "completion")
+    assert e.value.status == 400 and e.value.param == "best_of"
 
 
-def test_reproduces_detects_a_replay():
+def test_whole_number_floats_are_integers_and_booleans_are_not():
+    r = parse_request({"prompt": "hi", "max_tokens": 4.0, "n": 2.0, "seed": 7.0, "logprobs": 1.0}, "completion")
+    assert (r.max_tokens, r.n, r.sampling.seed, r.logprobs) == (4, 2, 7, 1) and type(r.max_tokens) is int
+    for bad in (4.5, True, "4"):
+        with pytest.raises(APIError) as e:
+            parse_request({"prompt": "hi", "max_tokens": bad}, "completion")
+        assert e.value.status == 400 and e.value.param == "max_tokens"
+
+
+def test_several_prompts_logprobs_and_echo_parse():
+    r = parse_request({"prompt": [[1, 2], [3]], "max_tokens": 0, "echo": True, "logprobs": 0}, "completion")
+    assert r.prompts == [[1, 2], [3]] and r.prompt == [1, 2] and r.max_tokens == 0 and r.echo and r.logprobs == 0
+    r = parse_request({"messages": [{"role": "user", "content": "a"}], "logprobs": True}, "chat")
+    assert r.logprobs == 0 and not r.echo
+    r = parse_request({"messages": [{"role": "user", "content": "a"}], "logprobs": False, "top_logprobs": 0}, "chat")
+    assert r.logprobs is None
+
+
+def test_holds_is_contiguity_inside_one_span():
     prompt, out = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]
-    c = Corpus.from_spans([prompt + out])
-    assert reproduces(c, prompt, out) and reproduces(c, prompt, out[:3])
-    assert not reproduces(c, prompt, out[:3] + [99])
-    assert not reproduces(Corpus.from_spans([]), prompt, out)
+    c = Corpus.from_spans([prompt + out, [40, 41]])
+    assert c.holds(prompt + out) and c.holds(prompt + out[:3]) and c.holds(out[2:]) and c.holds([11])
+    assert not c.holds(prompt + out[:3] + [99]) and not c.holds(out + [40])  # never across a separator
+    assert not c.holds([0, 1, 2]) and not c.holds([70000]) and not Corpus.from_spans([]).holds(prompt)
+    c.append([1, 2, 3, 4, 9])  # an appended segment is searched too
+    assert c.holds([3, 4, 9]) and c.holds([40, 41])
+
+
+def test_a_repeated_request_is_learned_once(tmp_path):
+    """After a sampled answer, the greedy answer to the same prompt is learned once, however often it repeats
+    (also across a restart: the journal's spans are searched the same way)."""
+    from redraft.server.corpora import TenantCorpora
+
+    prompt = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    sampled, greedy = [20, 21, 22, 23, 24], [20, 21, 30, 31, 32, 33]
+    corpora = TenantCorpora(["default"], str(tmp_path), vocab_size=64, fingerprint=None, cap_tokens=None)
+    assert corpora.learn_span("default", prompt + sampled)
+    learned = [corpora.learn_span("default", prompt + greedy) for _ in range(20)]
+    assert learned == [True] + [False] * 19 and corpora.get("default").n_spans == 2
+    assert not corpora.learn_span("default", prompt + greedy[:4])  # a shorter answer (smaller max_tokens): held
+    corpora.close()
+    again = TenantCorpora(["default"], str(tmp_path), vocab_size=64, fingerprint=None, cap_tokens=None)
+    assert not again.learn_span("default", prompt + greedy) and again.get("default").n_spans == 2
+    assert again.get("default").propose(prompt + greedy[:2], 8)[1].tolist() == greedy[2:]
+    again.close()
 
 
 def test_serve_refuses_bad_files_before_loading_the_model(tmp_path, capsys):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from redraft.corpus import Corpus
+from redraft.corpus.directory import read_directory
 from redraft.integrations.vllm_proposer import ProposerConfigError, RedraftProposer, RequestDrafts
 
 K, VOCAB, MAX_LEN, EOS = 8, 500, 400, 2
@@ -118,6 +119,13 @@ def test_corpus_draft_is_corpus_propose(tmp_path):
         assert all(isinstance(t, int) for t in drafts[0])
     assert seen >= 60 // (K + 1)
     assert prop.totals["accepted"] == prop.totals["proposed"] > 0  # a replay: every verified draft id accepted
+
+
+def learned_spans(directory):
+    """The spans a learning directory holds (as a restarted server or proposer reads them)."""
+    if not (directory / "meta.json").exists():
+        return []
+    return [s.tolist() for s in read_directory(directory)[0].span_list()]
 
 
 def brute_ngram(ctx, k, min_n=3, max_n=8):
@@ -250,6 +258,7 @@ def test_cut_short_draft_counts_only_what_was_verified():
     ({"REDRAFT_NGRAM": "yes"}, "REDRAFT_NGRAM='yes': expected 0 or 1"),
     ({"REDRAFT_DRAFT_CORPUS": "/nonexistent/c.txt"}, "REDRAFT_DRAFT_CORPUS=/nonexistent/c.txt: no such file"),
     ({"REDRAFT_LEARN_CORPUS": "/nonexistent/dir/l.txt"}, "directory /nonexistent/dir does not exist"),
+    ({"REDRAFT_LEARN_TENANT": "../x"}, "REDRAFT_LEARN_TENANT='../x': expected a tenant name"),
 ])
 def test_bad_configuration_fails_at_construction(env, needle):
     with pytest.raises(ProposerConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
@@ -280,7 +289,7 @@ def test_binary_corpus_and_its_tokenizer_fingerprint(tmp_path, monkeypatch):
     with pytest.raises(ProposerConfigError, match="REDRAFT_DRAFT_CORPUS: .*fingerprint mismatch"):
         RedraftProposer(vllm_config(), environ=env)
     RedraftProposer(vllm_config(), environ={**env, "REDRAFT_CORPUS_FORCE": "1"})
-    with pytest.raises(ProposerConfigError, match="REDRAFT_LEARN_CORPUS=.*binary corpus cannot be appended"):
+    with pytest.raises(ProposerConfigError, match="REDRAFT_LEARN_CORPUS=.* is a file; expected a corpus directory"):
         RedraftProposer(vllm_config(), environ={"REDRAFT_LEARN_CORPUS": str(path)})
 
 
@@ -290,7 +299,7 @@ def test_bad_speculative_tokens():
 
 
 def test_learns_finished_requests_into_a_persisted_corpus(tmp_path):
-    learn = tmp_path / "learned.txt"
+    learn = tmp_path / "learned"
     prompt, out = rng_ids(14, 16), rng_ids(15, 30)
     prop = make_proposer(tmp_path, redraft_learn_corpus=learn, redraft_ngram=0)
     batch = FakeBatch()
@@ -300,7 +309,7 @@ def test_learns_finished_requests_into_a_persisted_corpus(tmp_path):
         sampled, drafts = step(prop, batch, drafts)
         assert not drafts[0]  # nothing learned yet, no n-gram source
     prop.flush()
-    assert learn.read_text().split() == [str(t) for t in prompt + out]
+    assert learned_spans(learn) == [prompt + out]
     for fresh in (prop, make_proposer(tmp_path, redraft_learn_corpus=learn, redraft_ngram=0)):
         batch = FakeBatch()
         batch.add(0, prompt, out)
@@ -309,23 +318,23 @@ def test_learns_finished_requests_into_a_persisted_corpus(tmp_path):
 
 
 def test_a_request_that_samples_eos_is_learned_at_once_and_cut_after_it(tmp_path):
-    learn = tmp_path / "learned.txt"
+    learn = tmp_path / "learned"
     prompt, answer = rng_ids(24, 12), rng_ids(25, 20) + [EOS]
     after_eos = [77, 78, 79]  # what the target would emit past EOS; vLLM accepts such draft ids, then drops them
     prop = make_proposer(tmp_path, [prompt + answer + after_eos], redraft_learn_corpus=learn)
     batch = FakeBatch()
     batch.add(0, prompt, answer + after_eos)
     drafts = None
-    while not learn.exists():
+    while not learned_spans(learn):
         sampled, drafts = step(prop, batch, drafts)
     assert EOS in sampled[0] and sampled[0][-1] != EOS  # the EOS came inside an accepted draft
-    assert learn.read_text().split() == [str(t) for t in prompt + answer]
+    assert learned_spans(learn) == [prompt + answer]
     prop.flush()
-    assert learn.read_text().split() == [str(t) for t in prompt + answer]  # not learned twice
+    assert learned_spans(learn) == [prompt + answer]  # not learned twice
 
 
 def test_departed_request_is_learned_after_the_park_window(tmp_path):
-    learn = tmp_path / "learned.txt"
+    learn = tmp_path / "learned"
     prop = make_proposer(tmp_path, redraft_learn_corpus=learn, redraft_ngram=0)
     prop.tracker.park_calls = 2
     batch = FakeBatch()
@@ -334,9 +343,9 @@ def test_departed_request_is_learned_after_the_park_window(tmp_path):
     batch.add(0, rng_ids(18, 10), rng_ids(19, 50))  # a new request takes the row; the first one is parked
     for _ in range(2):  # missing from 2 calls: still parked (it may be preempted)
         step(prop, batch, [])
-        assert not learn.exists()
+        assert not learned_spans(learn)
     step(prop, batch, [])  # the third call without it: expired, learned
-    assert len(learn.read_text().split()) == 11  # prompt + the one id it had when it left
+    assert sum(map(len, learned_spans(learn))) == 11  # prompt + the one id it had when it left
 
 
 def test_no_torch_or_transformers_import():
@@ -410,10 +419,10 @@ def _serve_one_request_and_exit(learn, prompt, out):
 def test_requests_still_tracked_are_learned_when_the_worker_process_exits(tmp_path, how):
     import multiprocessing
 
-    learn = tmp_path / "learned.txt"
+    learn = tmp_path / "learned"
     prompt, out = rng_ids(22, 12), rng_ids(23, 20)
     proc = multiprocessing.get_context(how).Process(target=_serve_one_request_and_exit, args=(learn, prompt, out))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
-    assert learn.read_text().split() == [str(t) for t in prompt + out]
+    assert learned_spans(learn) == [prompt + out]

@@ -158,9 +158,9 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
 def freeze_answers(model, eos_token_ids, encoder: Encoder, questions: Sequence[dict], ngen: int, *,
                    max_prompt_tokens: int | None = None, progress: bool = True):
     """Plain greedy answers to ``questions``; returns ([(question, answer ids)], corpus spans prompt + answer)."""
-    from redraft.decoding.engine import Engine  # torch-bound: the CLI imports this module while registering its flags
+    from redraft.compose import plain_engine  # torch-bound at build: the CLI imports this module for its flags
 
-    plain = Engine(model, [], eos_token_ids=list(eos_token_ids))
+    plain = plain_engine(model, eos_token_ids=list(eos_token_ids))
     frozen, spans = [], []
     for q in tqdm(questions, desc="freeze (plain greedy)", unit="q", file=sys.stderr, disable=not progress):
         ids = item_for(q, encoder, max_prompt_tokens).prompt_ids

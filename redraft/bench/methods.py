@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
+
 ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "llama.cpp",
                "llama.cpp-pld")
 DEFAULT_METHODS = ALL_METHODS
@@ -180,10 +182,10 @@ def llama_cpp_available() -> tuple[bool, str]:
 class MethodConfig:
     """Settings shared by the redraft methods."""
 
-    k: int = 8
-    minacc: float = 0.5
+    k: int = CORPUS_K_DEFAULT
+    minacc: float = CORPUS_MINACC
     tree_branches: int = 4
-    tree_budget: int = 32
+    tree_budget: int = TREE_BUDGET
     pld_tokens: int = 10
     gguf: str | None = None  # GGUF for the llama.cpp methods (None: skip them)
     n_ctx: int = 4096
@@ -204,45 +206,38 @@ def parse_methods(spec: str | None) -> list[str]:
 def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], corpus, cfg: MethodConfig
                   ) -> tuple[list[Method], dict[str, str]]:
     """Methods for ``names`` (plain always first), and {name: why skipped} for those that cannot run here."""
-    from redraft.decoding.engine import Engine
-    from redraft.drafters import build_drafters
+    from redraft.compose import SpeculationConfig, build_engine, build_policy, plain_engine
 
     eos = list(eos_token_ids)
     skipped: dict[str, str] = {}
 
-    def engine(drafters, **kw):
-        return Engine(model, drafters, eos_token_ids=eos, max_depth=cfg.k, **kw)
+    def engine(*, corpus=None, ngram: bool = True, tree: int = 0):
+        # Colibri's fixed semantics: depth K, guard MINACC, no policy
+        spec = SpeculationConfig(k=cfg.k, minacc=cfg.minacc, policy=False, ngram=ngram, tree=tree,
+                                 tree_budget=cfg.tree_budget if tree else None)
+        return build_engine(model, spec, eos_token_ids=eos, corpus=corpus)
 
     def policy_engine():
         # one policy for the whole run: it keeps learning across questions, as a long-running process does
-        from redraft.decoding.costcache import policy_for
-        from redraft.defaults import MAX_DRAFT_DEPTH
-        from redraft.policy import SpeculationPolicy
-
-        policy = (SpeculationPolicy(cfg.curve, max_nodes=MAX_DRAFT_DEPTH) if cfg.curve is not None
-                  else policy_for(model, max_nodes=MAX_DRAFT_DEPTH))
-        return Engine(model, build_drafters(corpus, policy=True), eos_token_ids=eos, max_depth=MAX_DRAFT_DEPTH,
-                      policy=policy)
+        spec = SpeculationConfig()
+        policy = build_policy(model, max_nodes=spec.policy_nodes, curve=cfg.curve)
+        return build_engine(model, spec, eos_token_ids=eos, corpus=corpus, policy=policy)
 
     makers: dict[str, Callable[[], Method]] = {
-        "plain": lambda: EngineMethod("plain", Engine(model, [], eos_token_ids=eos),
+        "plain": lambda: EngineMethod("plain", plain_engine(model, eos_token_ids=eos),
                                       "redraft Engine, no drafters (one token per forward)"),
         "hf": lambda: HFGenerateMethod("hf", model, eos, None, "HF generate, greedy"),
         "hf-pld": lambda: HFGenerateMethod("hf-pld", model, eos, cfg.pld_tokens,
                                            f"HF generate, prompt_lookup_num_tokens={cfg.pld_tokens}"),
-        "ngram": lambda: EngineMethod("ngram", engine(build_drafters(None, k=cfg.k, minacc=cfg.minacc)),
+        "ngram": lambda: EngineMethod("ngram", engine(),
                                       f"redraft, n-gram drafts only (K={cfg.k})"),
-        "corpus": lambda: EngineMethod("corpus", engine(build_drafters(corpus, k=cfg.k, minacc=cfg.minacc,
-                                                                       ngram=False)),
+        "corpus": lambda: EngineMethod("corpus", engine(corpus=corpus, ngram=False),
                                        f"redraft, frozen-corpus drafts only (K={cfg.k})"),
-        "corpus+ngram": lambda: EngineMethod("corpus+ngram", engine(build_drafters(corpus, k=cfg.k,
-                                                                                   minacc=cfg.minacc)),
+        "corpus+ngram": lambda: EngineMethod("corpus+ngram", engine(corpus=corpus),
                                              f"redraft, corpus then n-gram (K={cfg.k})"),
         "policy": lambda: EngineMethod("policy", policy_engine(),
                                        "redraft, corpus then n-gram, depth per step from the cost-aware policy"),
-        "tree": lambda: EngineMethod("tree", engine(build_drafters(corpus, k=cfg.k, minacc=cfg.minacc,
-                                                                   tree_branches=cfg.tree_branches),
-                                                    merge=True, tree_budget=cfg.tree_budget),
+        "tree": lambda: EngineMethod("tree", engine(corpus=corpus, tree=cfg.tree_branches),
                                      f"redraft, token tree: corpus x{cfg.tree_branches} branches + n-gram, "
                                      f"budget {cfg.tree_budget} (K={cfg.k})"),
     }

@@ -16,14 +16,13 @@ Phases (each against ``redraft serve`` running as its own process, started and s
   truncated mid-record and with a flipped byte (each skipped with a warning, the server starts).
 - ``memory``: M short requests with distinct prompts; the server's resident memory before, every M/10 requests
   and after, and its learned corpus size (bounded by ``--cap-tokens``).
+- ``agent``: agent-shaped conversations (each request = the previous request + its answer + an observation, after a
+  long fixed system prompt), run twice on a fresh server without prefix reuse and twice on one with it: first-run
+  time without / with reuse, second run / first run, identical answers (redraft/bench/agent_bench.py).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -31,9 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from redraft.bench.agent_bench import AgentBenchConfig, run_agent_phase
+from redraft.bench.server_process import ServerProcess, metric_value  # noqa: F401 (metric_value: re-exported)
 from redraft.io.questions import load_questions
 
-PHASES = ("repeat", "load", "overhead", "crash", "memory")
+PHASES = ("repeat", "load", "overhead", "crash", "memory", "agent")
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ServeBenchConfig:
         repeats: overhead: timings per side (median). memory_requests: memory: requests [10,000].
         cap_tokens: memory: the server's ``--cap-tokens``. timeout: most seconds per load/crash run.
         threads: torch threads of the servers and of the direct run (None = torch's choice).
+        agent_conversations, agent_turns, agent_max_tokens: agent: tasks, requests per task, max_tokens each.
+        agent_k: agent: the servers' fixed corpus draft depth (``--k K --k-max K``; None = their defaults).
     """
 
     model: str | None = None
@@ -62,69 +65,10 @@ class ServeBenchConfig:
     cap_tokens: int = 1_000_000
     timeout: float = 1800.0
     threads: int | None = None
-
-
-def metric_value(text: str, name: str, **labels) -> float:
-    """Sum of the samples of metric ``name`` whose labels include ``labels``, in Prometheus text ``text``."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-class ServerProcess:
-    """``python -m redraft serve`` on a free loopback port, its stderr in ``log``."""
-
-    def __init__(self, model: str | None, log: Path, *extra: str, threads: int | None = None) -> None:
-        self.log, self.base = log, None
-        cmd = [sys.executable, "-m", "redraft"] + (["--threads", str(threads)] if threads else []) + ["serve"]
-        cmd += (["--model", model] if model else []) + ["--port", "0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "a"),
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
-
-    def wait_ready(self, timeout: float = 600.0) -> str:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.findall(r"on (http://[^\s/]+)/v1", self.log.read_text(errors="replace"))
-            if m:
-                try:
-                    if httpx.get(f"{m[-1]}/health", timeout=5).status_code == 200:
-                        self.base = m[-1]
-                        return self.base
-                except httpx.TransportError:
-                    pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited (rc {self.proc.returncode}); see {self.log}")
-            time.sleep(0.2)
-        self.kill()
-        raise RuntimeError(f"the server did not start within {timeout:.0f} s; see {self.log}")
-
-    def metrics(self) -> str:
-        import httpx
-
-        return httpx.get(f"{self.base}/metrics", timeout=30).text
-
-    def rss(self) -> int:
-        import psutil
-
-        return psutil.Process(self.proc.pid).memory_info().rss
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=60)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    agent_conversations: int = 2
+    agent_turns: int = 5
+    agent_max_tokens: int = 48
+    agent_k: int | None = None
 
 
 def ask(client, base: str, question: str, max_tokens: int, timeout: float = 600.0) -> tuple[int, dict, float]:
@@ -253,13 +197,10 @@ def phase_load(cfg: ServeBenchConfig, work: Path) -> dict:
 def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
-    from redraft.decoding.engine import Engine
-
     # torch-bound: the direct run
-    from redraft.drafters import build_drafters
+    from redraft.compose import SpeculationConfig, build_engine, build_policy
     from redraft.io.loading import load_model
     from redraft.io.prompts import encode_prompt
-    from redraft.server.generation import DraftSettings
 
     question = _questions(1)[0]
     http, direct = [], []
@@ -278,10 +219,10 @@ def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
         torch.set_num_threads(cfg.threads)
     loaded = load_model(cfg.model, quiet=True)
     ids = encode_prompt(loaded.tokenizer, [{"role": "user", "content": question}], chat=True)  # as the server
-    d = DraftSettings()  # the server's draft sources at their defaults, no corpus (a --no-learn server)
+    spec = SpeculationConfig()  # the server's speculation at its defaults, no corpus (a --no-learn server)
+    policy = build_policy(loaded.model, max_nodes=spec.policy_nodes)  # one, learning across repeats as the server's
     for _ in range(cfg.repeats):
-        engine = Engine(loaded.model, build_drafters(None, k=d.k, minacc=d.minacc, ngram=d.ngram, k_max=d.k_max),
-                        eos_token_ids=loaded.eos_token_ids, max_depth=max(d.k, d.k_max or 0))
+        engine = build_engine(loaded.model, spec, eos_token_ids=loaded.eos_token_ids, policy=policy)
         res = engine.generate(ids, cfg.max_tokens)
         direct.append((res.tokens_per_second, loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True)))
     h, d = sorted(x for x, _ in http), sorted(x for x, _ in direct)
@@ -369,6 +310,23 @@ def phase_memory(cfg: ServeBenchConfig, work: Path) -> dict:
             "cap_tokens": cfg.cap_tokens}
 
 
+def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
+    def start(name: str, reuse: bool):
+        extra = [] if reuse else ["--prefix-cache-tokens", "0"]
+        if cfg.agent_k:
+            extra += ["--k", str(cfg.agent_k), "--k-max", str(cfg.agent_k)]
+        srv = ServerProcess(cfg.model, work / f"{name}.log", *extra, threads=cfg.threads)
+        try:
+            return srv.wait_ready(), srv.stop
+        except BaseException:
+            srv.kill()
+            raise
+
+    agent = AgentBenchConfig(conversations=cfg.agent_conversations, turns=cfg.agent_turns,
+                             max_tokens=cfg.agent_max_tokens)
+    return run_agent_phase(start, agent, timeout=cfg.timeout)
+
+
 # ---- all phases -----------------------------------------------------------------------------------------------------
 def check_phases(phases: list[str]) -> None:
     """Raises ValueError naming the first phase not in PHASES, or when ``phases`` is empty."""
@@ -396,7 +354,7 @@ def run_serve_bench(cfg: ServeBenchConfig, phases: list[str], work: Path,
 
 
 PHASE_FUNCTIONS = {"repeat": phase_repeat, "load": phase_load, "overhead": phase_overhead, "crash": phase_crash,
-                   "memory": phase_memory}
+                   "memory": phase_memory, "agent": phase_agent}
 
 
 def _fmt(v) -> str:

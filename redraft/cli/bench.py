@@ -160,7 +160,8 @@ def cmd_bench_serve(args) -> int:
         model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
         concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
         repeats=args.repeats, memory_requests=args.memory_requests, cap_tokens=args.cap_tokens,
-        timeout=args.timeout, threads=getattr(args, "threads", None))
+        timeout=args.timeout, threads=getattr(args, "threads", None), agent_conversations=args.agent_conversations,
+        agent_turns=args.agent_turns, agent_max_tokens=args.agent_max_tokens, agent_k=args.agent_k)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
     try:
         results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
@@ -288,7 +289,7 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_cost)
 
-    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory",
+    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory, agent loops",
                         description=serve_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arg(p)
     p.add_argument("--phases", default=",".join(serve_bench.PHASES),
@@ -306,6 +307,12 @@ def register(sub) -> None:
     p.add_argument("--memory-requests", type=positive, default=100,
                    help="memory: requests (default 100; a full-size run: 10000)")
     p.add_argument("--cap-tokens", type=positive, default=1_000_000, help="memory: the server's --cap-tokens")
+    p.add_argument("--agent-conversations", type=positive, default=2, help="agent: tasks (default 2)")
+    p.add_argument("--agent-turns", type=positive, default=5, help="agent: requests per task (default 5)")
+    p.add_argument("--agent-max-tokens", type=positive, default=48, help="agent: max_tokens per request (default 48)")
+    p.add_argument("--agent-k", type=draft_depth, default=None, metavar="K",
+                   help="agent: the servers draft from their corpus K tokens deep (--k K --k-max K; default: the "
+                        "server's adaptive depth)")
     p.add_argument("--timeout", type=float_above(0, strict=True), default=1800.0,
                    help="most seconds per load/crash run (default 1800)")
     add_threads_arg(p)

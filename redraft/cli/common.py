@@ -12,7 +12,6 @@ Parser registration imports this module on every start, so it stays free of torc
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 # the argument types, re-exported for the command modules (which import only this module of redraft.cli)
@@ -32,19 +31,16 @@ from redraft.cli.argtypes import (  # noqa: F401
     stop_string,
 )
 from redraft.cli.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
+from redraft.compose.config import SpeculationConfig
+from redraft.compose.env import ENV_CORPUS, ENV_K, ENV_MINACC, EnvError, env  # noqa: F401
 from redraft.corpus import CorpusError, tokenizer_fingerprint
-from redraft.decoding.costcache import policy_for
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_MINACC, MAX_DRAFT_DEPTH, NGRAM_MINACC, TREE_BUDGET
-from redraft.drafters import build_drafters
-from redraft.drafters.frozen_corpus import clamp_k, open_corpus
+from redraft.defaults import CORPUS_K_DEFAULT, GLIDE_MINACC, NGRAM_MINACC, TREE_BUDGET
+from redraft.drafters.frozen_corpus import open_corpus
 from redraft.io.freeze import PromptFileError, read_prompts
 from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
 from redraft.io.prompts import normalize_prompt
 from redraft.io.questions import load_questions
 
-ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
-ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
-ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
 NGEN_DEFAULT = 128
 
 
@@ -87,12 +83,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
 
 
-def add_draft_args(p: argparse.ArgumentParser) -> None:
-    """Flags that choose the draft sources: corpus, n-gram, token trees and a GliDe draft model."""
-    p.add_argument("--corpus", default=None,
-                   help="frozen corpus file (text or binary); env REDRAFT_DRAFT_CORPUS or COLI_DRAFT_CORPUS")
-    p.add_argument("--k", type=draft_depth, default=None, help="fixed corpus draft depth 1..48 (default 8 with --no-policy; "
-                   "given, no policy); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
+def add_speculation_args(p: argparse.ArgumentParser) -> None:
+    """Flags that choose between the cost-aware policy and Colibri's fixed depth and guard, and the n-gram source:
+    ``--k --minacc --no-policy --no-ngram --k-max`` (shared by ``run`` and ``serve``; read by
+    :meth:`redraft.compose.SpeculationConfig.from_args`)."""
+    p.add_argument("--k", type=draft_depth, default=None, help="fixed corpus draft depth 1..48 (default 8 with "
+                   "--no-policy; given, no policy); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
     p.add_argument("--minacc", type=percent, default=None,
                    help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three drafts "
                         "(default 50; given, no policy); the n-gram source uses min(PCT, 20) and pauses 64 tokens, a "
@@ -100,8 +96,16 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-policy", action="store_true", help="fixed depth and guard (Colibri's), no cost-aware policy")
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--k-max", type=draft_depth, default=None, metavar="K",
-                   help="adaptive corpus depth: double the draft while it is accepted whole, up to K (<= 48); "
-                        "default off (always --k); given, no policy")
+                   help="adaptive corpus depth: double the draft while it is accepted whole, and draft as many ids "
+                        "as a match past 8 context ids matched, up to K (<= 48); default off (always --k); given, "
+                        "no policy")
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    """Flags that choose the draft sources: corpus, n-gram, token trees and a GliDe draft model."""
+    p.add_argument("--corpus", default=None,
+                   help="frozen corpus file (text or binary); env REDRAFT_DRAFT_CORPUS or COLI_DRAFT_CORPUS")
+    add_speculation_args(p)
     p.add_argument("--force", action="store_true",
                    help="use a binary corpus even if its tokenizer fingerprint differs from the model's")
     p.add_argument("--tree", type=nonneg, default=0, metavar="B",
@@ -141,57 +145,33 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="stop string (repeatable); the output ends before it")
 
 
-# ---- environment ---------------------------------------------------------------------------------------------------
-
-def env(names: tuple[str, ...]) -> str | None:
-    """The first of the environment variables ``names`` that is set and not empty."""
-    for n in names:
-        v = os.environ.get(n)
-        if v not in (None, ""):
-            return v
-    return None
-
-
-def int_env(names: tuple[str, ...], default: int) -> int:
-    """An integer from :func:`env`, or ``default``. Raises SystemExit naming the variables if it is not one."""
-    v = env(names)
-    if v is None:
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise SystemExit(f"redraft: error: {names[0]}/{names[1]}={v!r} is not an integer") from None
-
+# ---- environment: read by redraft.compose.env (the one reader), resolved by SpeculationConfig ---------------------
 
 def use_policy(args) -> bool:
-    """True unless --no-policy, or a fixed setting (--k, --k-max, --minacc, or their environment variables)."""
-    fixed = (args.k, args.k_max, args.minacc, env(ENV_K), env(ENV_MINACC))  # the flags of add_draft_args
-    return not getattr(args, "no_policy", False) and all(v is None for v in fixed)
+    """True unless --no-policy, or a fixed setting (--k, --k-max, --minacc, or their environment variables):
+    :attr:`redraft.compose.SpeculationConfig.policy_on` for these flags."""
+    return config_from_args(args).policy_on
 
 
-def resolve_draft_args(args) -> tuple[str | None, int, float]:
+def config_from_args(args) -> SpeculationConfig:
+    """:meth:`SpeculationConfig.from_args`; a bad environment value exits with one line naming the variable."""
+    try:
+        return SpeculationConfig.from_args(args)
+    except EnvError as e:
+        raise SystemExit(f"redraft: error: {e}") from None
+
+
+def resolve_draft_args(args, config: SpeculationConfig | None = None) -> tuple[str | None, int, float]:
     """Corpus path, K (1..48) and MINACC (a fraction) from flags, then the environment, then the defaults.
 
     ``--k`` is range-checked by the parser; a K from the environment outside 1..48 is clamped, as Colibri does,
-    with one warning naming the variable.
+    with one warning naming the variable (:mod:`redraft.compose.env`).
+
+    Args:
+        config: the command's config, already read from ``args`` (the environment is read, and warns, once).
     """
-    corpus = args.corpus if args.corpus is not None else env(ENV_CORPUS)
-    k = args.k
-    if k is None:
-        k = int_env(ENV_K, CORPUS_K_DEFAULT)
-        if clamp_k(k, warn=False) != k:
-            print(f"redraft: warning: {ENV_K[0]}/{ENV_K[1]}={k} is outside 1..{MAX_DRAFT_DEPTH}; using "
-                  f"{clamp_k(k, warn=False)}", file=sys.stderr)
-            k = clamp_k(k, warn=False)
-    if args.minacc is not None:
-        minacc = args.minacc
-    else:
-        v = env(ENV_MINACC)
-        try:
-            minacc = percent(v) if v is not None else 100 * CORPUS_MINACC
-        except argparse.ArgumentTypeError as e:
-            raise SystemExit(f"redraft: error: {ENV_MINACC[0]}/{ENV_MINACC[1]}: {e}") from None
-    return corpus, k, minacc / 100.0
+    cfg = config or config_from_args(args)
+    return cfg.corpus, cfg.k if cfg.k is not None else CORPUS_K_DEFAULT, cfg.guard_minacc
 
 
 # ---- loaders: a value, or a one-line error and exit ------------------------------------------------------------------
@@ -387,19 +367,19 @@ def check_draft_args(args, corpus_path: str | None, k: int) -> None:
                              f"{100 * GLIDE_MINACC:g}%")
 
 
-def engine_from_args(args, loaded, corpus, k: int, minacc: float):
-    """The Engine a run-style command asked for: drafters in priority order, chain or tree verification, the cost-aware
-    policy (:func:`use_policy`; a GliDe drafter keeps its guard: the policy weighs verify cost, not its ~20-45 ms)."""
-    # torch-bound: see the module doc
-    from redraft.decoding.engine import Engine
+def engine_from_args(args, loaded, corpus, k: int | None = None, minacc: float | None = None, *,
+                     config: SpeculationConfig | None = None):
+    """The Engine a run-style command asked for, built by :func:`redraft.compose.build_engine` from
+    ``config`` (default :func:`config_from_args`: ``k`` and ``minacc`` are read from ``args`` and the
+    environment there; the parameters remain for callers that pass them). Under the policy a GliDe drafter drafts only while its drafts pay for their
+    verify cost and its own ~20-45 ms (:class:`redraft.policy.gate.PolicyGate`, applied by ``build_engine``); it keeps
+    its guard.
 
-    policy_on = use_policy(args)
-    k, k_max = (MAX_DRAFT_DEPTH, None) if policy_on else (k, None if args.k_max is None else clamp_k(args.k_max))
-    drafters = build_drafters(corpus, k=k, minacc=minacc, ngram=not args.no_ngram, tree_branches=args.tree,
-                              k_max=k_max, glide=glide_drafter_from_args(args, loaded, minacc=minacc), policy=policy_on)
-    # a single chain (no --tree, no --cape) is never cut by the node budget: --k alone sets its depth
-    budget = args.tree_budget or (TREE_BUDGET if args.tree or args.cape else max(TREE_BUDGET, MAX_DRAFT_DEPTH))
-    policy = policy_for(loaded.model, max_nodes=max(MAX_DRAFT_DEPTH, budget)) if policy_on and drafters else None
-    return Engine(loaded.model, drafters, eos_token_ids=loaded.eos_token_ids, max_depth=max(k, k_max or k),
-                  merge=args.tree > 0, tree_budget=budget, exact=args.exact,
-                  generation_config=not args.no_generation_config, policy=policy)
+    Raises:
+        SystemExit: a GliDe checkpoint that is unreadable or for another target (:func:`glide_drafter_from_args`).
+    """
+    from redraft.compose import build_engine
+
+    cfg = config or config_from_args(args)
+    glide = glide_drafter_from_args(args, loaded, minacc=cfg.guard_minacc)
+    return build_engine(loaded.model, cfg, eos_token_ids=loaded.eos_token_ids, corpus=corpus, glide=glide)

@@ -36,8 +36,9 @@ def _common(p: argparse.ArgumentParser, fingerprint: bool = True) -> None:
         p.add_argument("--force", action="store_true", help="accept a tokenizer fingerprint mismatch")
 
 
-INPUT_HELP = ("text or binary corpus, JSONL records with a 'tokens' list (and 'prompt_tokens'), or a log of "
-              "'redraft run --tokens'; the kind is detected by content; '-' reads stdin (a pipe is read once)")
+INPUT_HELP = ("text or binary corpus, JSONL records with a 'tokens' list (and 'prompt_tokens'), a log of "
+              "'redraft run --tokens', or a corpus directory (redraft serve --corpus-dir); the kind is detected by "
+              "content; '-' reads stdin (a pipe is read once)")
 
 
 @contextmanager
@@ -117,6 +118,8 @@ def _cmd_merge(args) -> int:
 def _cmd_stats(args) -> int:
     s = corpus_stats(args.corpus, vocab_size=args.vocab_size, top=args.top)
     print(f"corpus:        {args.corpus} ({s['format']})")
+    if s.get("problems"):
+        print(f"damaged:       {s['problems']} region(s) skipped (redraft corpus verify lists the first)")
     print(f"tokens:        {s['n_tokens']:,} in {s['n_spans']:,} spans")
     print(f"vocab size:    {s['vocab_size']}")
     print(f"fingerprint:   {s['fingerprint']}")
@@ -149,7 +152,8 @@ def _cmd_compact(args) -> int:
 @_guard
 def _cmd_verify(args) -> int:
     r = verify_corpus(args.corpus, vocab_size=args.vocab_size)
-    what = f"binary corpus version {r['version']}" if r["format"] == "binary" else "text corpus"
+    what = {"binary": f"binary corpus version {r['version']}", "text": "text corpus",
+            "directory": "corpus directory, every record's checksum"}[r["format"]]
     print(f"ok {args.corpus}: {what}, {r['n_tokens']:,} tokens in {r['n_spans']:,} spans")
 
 
@@ -191,7 +195,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("stats", help="tokens, spans, distinct n-grams, repeated spans, bytes/token, fingerprint")
-    p.add_argument("corpus", metavar="CORPUS", help="corpus file (text or binary)")
+    p.add_argument("corpus", metavar="CORPUS", help="corpus file (text or binary) or corpus directory (redraft serve "
+                                                    "--corpus-dir, the vLLM proposer's REDRAFT_LEARN_CORPUS)")
     p.add_argument("--top", type=nonneg, default=5, help="how many repeated spans to list (default 5)")
     _common(p, fingerprint=False)
     p.set_defaults(func=_cmd_stats)
@@ -205,12 +210,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("compact", help="rebuild CORPUS with one fresh index")
-    p.add_argument("corpus", metavar="CORPUS", help="corpus file to rewrite in place, atomically (format kept)")
+    p.add_argument("corpus", metavar="CORPUS", help="corpus file to rewrite in place, atomically (format kept), or "
+                                                    "corpus directory to compact into one binary base (not while a "
+                                                    "server or proposer writes it)")
     _common(p)
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser("verify", help="check CORPUS fully: checksums, and the index rebuilt from the token stream")
-    p.add_argument("corpus", metavar="CORPUS", help="corpus file (text or binary)")
+    p.add_argument("corpus", metavar="CORPUS", help="corpus file (text or binary) or corpus directory (every journal "
+                                                    "record's checksum)")
     _common(p, fingerprint=False)
     p.set_defaults(func=_cmd_verify)
     return corpus

@@ -25,13 +25,11 @@ from redraft.cli.common import (
     positive,
     questions_or_exit,
 )
+from redraft.compose import SpeculationConfig, build_engine, build_policy, plain_engine
 from redraft.corpus import CorpusError
 from redraft.corpus.format import write_text
-from redraft.decoding.costcache import policy_for
 from redraft.decoding.runstats import RunSummary
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
-from redraft.drafters import build_drafters
-from redraft.drafters.frozen_corpus import clamp_k
+from redraft.defaults import MAX_DRAFT_DEPTH
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.io.prompts import encode_prompt
@@ -82,16 +80,14 @@ def format_table(title: str, rows: list[dict], total: dict) -> str:
 def run_demo(args) -> int:
     qs = questions_or_exit(0, args.questions + args.other, "demo")
     replay_q, other_q = qs[:args.questions], qs[args.questions:]
-    policy_on = args.k is None and not args.no_policy
-    k = MAX_DRAFT_DEPTH if policy_on else clamp_k(args.k if args.k is not None else CORPUS_K_DEFAULT)
+    # the demo reads no environment: its flags alone say how it drafts
+    cfg = SpeculationConfig(k=args.k, policy=not args.no_policy, ngram=not args.no_ngram)
+    policy_on, k = cfg.policy_on, cfg.depth
     check_model_or_exit(args.model)
-
-    from redraft.decoding.engine import Engine  # torch-bound: imported once the arguments are checked
-
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     chat = False if args.no_chat else None
-    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    plain = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids)
 
     def encode(q):
         return encode_prompt(loaded.tokenizer, q["turns"][0], chat=chat)
@@ -111,11 +107,10 @@ def run_demo(args) -> int:
     print(f"froze {len(base)} answers into {corpus_path} ({corpus.n_tokens} ids)", file=sys.stderr)
 
     # one policy for the whole demo: it keeps what it learned across questions, as a long-running process would
-    policy = policy_for(loaded.model) if policy_on else None
+    policy = build_policy(loaded.model, max_nodes=cfg.policy_nodes) if policy_on else None
 
     def spec_engine():
-        return Engine(loaded.model, build_drafters(corpus, k=k, ngram=not args.no_ngram, policy=policy_on),
-                      eos_token_ids=loaded.eos_token_ids, max_depth=k, policy=policy)
+        return build_engine(loaded.model, cfg, eos_token_ids=loaded.eos_token_ids, corpus=corpus, policy=policy)
 
     replay = [spec_engine().generate(encode(q), args.ngen)
               for q in tqdm(replay_q, desc="2/3 replay", unit="q", file=sys.stderr)]

@@ -21,6 +21,7 @@ from redraft.cli.common import (
     prompt_fits_or_exit,
     prompts_or_exit,
 )
+from redraft.compose import plain_engine
 from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import sniff
 from redraft.corpus.tools import append_to_corpus
@@ -67,8 +68,6 @@ def freeze_prompts(args) -> int:
     existing = existing_corpus_or_exit(args.out)
     check_model_or_exit(args.model)
 
-    from redraft.decoding.engine import Engine  # torch-bound: imported once the arguments are checked
-
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded)
     if existing is not None:
@@ -82,7 +81,7 @@ def freeze_prompts(args) -> int:
     # every prompt is encoded and checked before the first generation: a bad one is refused before any work
     encoded = [prompt_fits_or_exit(encode_prompt(loaded.tokenizer, p, chat=chat), loaded, f"{args.prompts}: prompt "
                                    f"{i}", "freeze") for i, p in enumerate(prompts, 1)]
-    engine = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids)
+    engine = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids)
     total = done = 0
     try:
         try:

@@ -1,4 +1,4 @@
-"""``redraft glide train | eval``: train and measure GliDe draft models (arXiv 2402.02082).
+"""``redraft glide train | eval | export | gpu-run``: train and measure GliDe draft models (arXiv 2402.02082).
 
 The ``--draft glide`` flags of ``redraft run`` live with the other draft flags in :mod:`redraft.cli.common`.
 """
@@ -174,8 +174,76 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_gpu_run(args) -> int:
+    """``redraft glide gpu-run``: split the model for carrying (``--split-model``), or join it (``--join-model``) and
+    run :func:`redraft.training.gpurun.gpu_run`."""
+    from redraft.io.split import SplitError, join_file, split_file
+
+    what = "redraft glide gpu-run: error"
+    if args.split_model and args.join_model:
+        raise SystemExit(f"{what}: --split-model and --join-model: give one (split here, join on the GPU machine)")
+    if args.split_model:
+        from redraft.io.loading import ModelLoadError, default_model_path
+
+        try:
+            src = Path(args.model).expanduser() if args.model else default_model_path()
+        except ModelLoadError as e:
+            raise SystemExit(f"{what}: {e}") from None
+        if not src.is_file():
+            raise SystemExit(f"{what}: --split-model: --model {args.model} is not a file (split a .gguf file)")
+        try:
+            manifest = split_file(src, args.split_model, parts=args.parts)
+        except (SplitError, OSError) as e:
+            raise SystemExit(f"{what}: {e}") from None
+        for part in manifest["parts"]:
+            print(f"{Path(args.split_model) / part['file']}: {part['size'] / 2**20:.1f} MiB sha256 {part['sha256']}")
+        print(f"wrote {len(manifest['parts'])} parts of {src.name} ({manifest['size'] / 2**20:.1f} MiB) under "
+              f"{args.split_model}", file=sys.stderr)
+        return 0
+    if not args.out:
+        raise SystemExit(f"{what}: --out DIR is required for a run")
+    if Path(args.out).expanduser().is_file():
+        raise SystemExit(f"{what}: --out {args.out} is a file, not a folder")
+    from redraft.training.gpurun import sizes_for
+
+    try:
+        sizes_for(args.budget_s, tiny=args.tiny)
+    except ValueError as e:
+        raise SystemExit(f"{what}: {e}") from None
+    model = args.model
+    if args.join_model:
+        if args.model:
+            raise SystemExit(f"{what}: --join-model and --model: the joined file is the model")
+        try:
+            model = str(join_file(args.join_model))
+        except (SplitError, OSError) as e:
+            raise SystemExit(f"{what}: --join-model: {e}") from None
+        print(f"joined {model} (sha256 checked)", file=sys.stderr)
+    check_model_or_exit(model)
+
+    # torch-bound: imported once the arguments are checked
+    import torch
+
+    from redraft.glide.checkpoint import CheckpointError
+    from redraft.training.gpurun import gpu_run
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"{what}: --device {args.device}: no CUDA device is available here (use --device cpu, "
+                         f"e.g. with --tiny)")
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    loaded = load_model_or_exit(model)
+    try:
+        res = gpu_run(loaded, args.out, budget_s=args.budget_s, device=args.device, tiny=args.tiny, work=args.work,
+                      command=" ".join(["redraft", *sys.argv[1:]]))
+    except (ValueError, CheckpointError, OSError) as e:
+        raise SystemExit(f"{what}: {e}") from None
+    print(res["measure"]["table"])
+    return 0 if res["targets"]["all_identical"] else 1
+
+
 def register(subparsers) -> argparse.ArgumentParser:
-    """Register ``glide train`` and ``glide eval`` under an argparse sub-parsers object; returns the ``glide`` parser.
+    """Register ``glide train``, ``eval``, ``export`` and ``gpu-run`` under an argparse sub-parsers object; returns the ``glide`` parser.
 
     Torch threads come from the top-level ``redraft --threads N`` (training uses 1 when it is not given).
     """
@@ -265,4 +333,31 @@ def register(subparsers) -> argparse.ArgumentParser:
     x.add_argument("src", help="checkpoint directory ('redraft glide train --out')")
     x.add_argument("dst", help="directory to write")
     x.set_defaults(func=cmd_export)
+
+    g = sub.add_parser("gpu-run", help="one bounded run: training data, GliDe + vanilla drafts, export, measurements",
+                       description="Generate target-labelled training data in large batches (self-written and "
+                                   "Spec-Bench training questions; the held-out questions stay out), train the gated "
+                                   "GliDe draft and its vanilla twin on the same data and steps, export the compact "
+                                   "checkpoint, and measure plain greedy, corpus replay, n-gram, vanilla chain, GliDe "
+                                   "chain and GliDe + CaPE on held-out questions. Writes gpu-run.json and glide/ into "
+                                   "--out. --split-model / --join-model carry the model's GGUF in parts (see "
+                                   "docs/glide.md).")
+    add_model_arg(g)
+    g.add_argument("--out", default=None, help="output folder: gpu-run.json and the exported draft in glide/")
+    g.add_argument("--work", default=None,
+                   help="folder for the training data and full checkpoints (default: beside --out, '<out>-work')")
+    g.add_argument("--budget-s", type=float_above(0, strict=True), default=420.0,
+                   help="wall-clock seconds for the run after the model loads; data and steps scale to it "
+                        "(default 420; a full run needs at least 230)")
+    g.add_argument("--device", default="cuda", type=device_name, help="cuda (default), cuda:N or cpu")
+    g.add_argument("--tiny", action="store_true",
+                   help="tiny sizes (a few questions, 16-token answers, a dozen steps): the same code end to end on a "
+                        "CPU in minutes")
+    g.add_argument("--split-model", default=None, metavar="DIR",
+                   help="only split --model's GGUF (default: the bundled one) into DIR/part-1, DIR/part-2 with "
+                        "sha256 manifests, and exit")
+    g.add_argument("--join-model", default=None, metavar="DIR",
+                   help="join the parts in DIR (checking every sha256) and use the joined GGUF as the model")
+    g.add_argument("--parts", type=int_at_least(1), default=2, help="parts for --split-model (default 2)")
+    g.set_defaults(func=cmd_gpu_run)
     return p

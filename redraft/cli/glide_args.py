@@ -11,7 +11,6 @@ import os
 
 from redraft.cli.argtypes import cape_bins, nonneg, positive
 from redraft.defaults import GLIDE_GAMMA, GLIDE_MINACC, SHIPPED_GLIDE_DIR
-from redraft.drafters.base import AcceptanceGuard
 from redraft.drafters.cape import CapeBins
 
 
@@ -70,7 +69,7 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     if getattr(args, "draft", None) != "glide":
         return None
     # torch-bound: see the module doc
-    from redraft.drafters.glide import load_glide_drafter
+    from redraft.compose import glide_drafter
     from redraft.glide.checkpoint import CheckpointError, TargetMismatchError
 
     path = args.draft_model
@@ -84,10 +83,9 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
     gamma = args.gamma if args.gamma is not None else GLIDE_GAMMA
     # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
     # corpus's 50% would switch off a draft that still pays
-    guard = AcceptanceGuard(min(minacc, GLIDE_MINACC)) if minacc is not None else None
     try:
-        return load_glide_drafter(path, loaded.model, gamma=gamma, cape=bins,
-                                  head_vocab=args.draft_vocab or None, guard=guard)
+        return glide_drafter(path, loaded.model, gamma=gamma, cape=bins, head_vocab=args.draft_vocab or None,
+                             minacc=min(minacc, GLIDE_MINACC) if minacc is not None else None)
     except TargetMismatchError as e:
         if args.draft_model:
             raise SystemExit(f"redraft: error: {e}") from None

@@ -28,10 +28,10 @@ from redraft.cli.common import (
     questions_or_exit,
     sampling_from_args,
 )
+from redraft.compose import SpeculationConfig, build_engine, plain_engine
 from redraft.corpus import Corpus
 from redraft.decoding.runstats import RunSummary
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
-from redraft.drafters import build_drafters
 from redraft.io.atomic import write_json
 from redraft.io.loading import DTYPES
 from redraft.io.prompts import encode_prompt
@@ -89,14 +89,12 @@ def run_oracle(args) -> int:
 
 def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
     """The oracle for one weight dtype: plain references, then every draft configuration (and the row noise)."""
-    from redraft.decoding.engine import Engine  # torch-bound: imported when the command runs, not at registration
-
     ks = args.k
     loaded = load_model_or_exit(args.model, dtype=dtype)
     announce_generation_config(loaded, args)
     use_gc = not args.no_generation_config
     prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
-    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids, generation_config=use_gc)
+    plain = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids, generation_config=use_gc)
     refs = [plain.generate(p, args.ngen, sampling=sampling, record_margins=True)
             for p in tqdm(prompts, desc=f"{dtype} plain", unit="q", file=sys.stderr)]
     corpus = Corpus.from_spans([r.prompt_ids + r.output_ids for r in refs], vocab_size=loaded.vocab_size)
@@ -113,13 +111,12 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
     total_plain = report["plain_tokens"]
     for name, cfg in configs:
         for exact in exact_modes:
-            engine = Engine(loaded.model,
-                            build_drafters(corpus if cfg["corpus"] else None, k=cfg["k"], ngram=True,
-                                           tree_branches=cfg["tree"]),
-                            eos_token_ids=loaded.eos_token_ids, max_depth=cfg["k"], merge=cfg["tree"] > 0,
-                            # a chain is never cut by the tree budget: K alone sets its depth
-                            tree_budget=budget if cfg["tree"] else max(budget, cfg["k"]), exact=exact,
-                            generation_config=use_gc)
+            # fixed depth K, no policy; a chain is never cut by the tree budget: K alone sets its depth
+            spec = SpeculationConfig(k=cfg["k"], policy=False, tree=cfg["tree"],
+                                     tree_budget=budget if cfg["tree"] else None, exact=exact,
+                                     generation_config=use_gc)
+            engine = build_engine(loaded.model, spec, eos_token_ids=loaded.eos_token_ids,
+                                  corpus=corpus if cfg["corpus"] else None)
             match, identical, first, run, ties, settle = 0, 0, None, RunSummary(), 0, 0
             for q, p, ref in tqdm(list(zip(qs, prompts, refs, strict=True)), desc=f"{dtype} {name} exact={exact}",
                                   unit="q", file=sys.stderr):

@@ -1,14 +1,18 @@
-"""``redraft run PROMPT``: stream the target model's reply to one prompt, with speculative decoding.
+"""``redraft run PROMPT``: stream the target model's reply to one prompt, with speculative decoding; ``redraft run
+--prompts FILE``: answer many prompts in one process, one JSON line each on stdout.
 
 The reply goes to stdout as it is generated; the end-of-run report (tokens/forward, acceptance per draft source,
-speed, and with ``--tokens`` the id lines ``redraft freeze --from-log`` reads) goes to stderr.
+speed, and with ``--tokens`` the id lines ``redraft freeze --from-log`` reads) goes to stderr. With ``--learn`` each
+new answer joins the ``--corpus`` file (rewritten atomically in its format), so later prompts and later runs replay it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
+from redraft.api import add_answer, stats_of
 from redraft.cli.common import (
     add_draft_args,
     add_model_args,
@@ -16,16 +20,19 @@ from redraft.cli.common import (
     announce_generation_config,
     check_draft_args,
     check_model_or_exit,
+    config_from_args,
     corpus_fits_model_or_exit,
     engine_from_args,
     load_model_or_exit,
     open_corpus_or_exit,
     prompt_fits_or_exit,
     prompt_text_or_exit,
+    prompts_or_exit,
     resolve_draft_args,
     sampling_from_args,
 )
-from redraft.decoding.runstats import run_report
+from redraft.corpus import CorpusError
+from redraft.decoding.runstats import RunSummary, run_report, speculation_line
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.textstream import TextStream
 from redraft.io.prompts import encode_prompt
@@ -33,18 +40,64 @@ from redraft.io.prompts import encode_prompt
 
 def cmd_run(args) -> int:
     # everything that can be checked without the model is, before it loads (and before torch is imported)
-    corpus_path, k, minacc = resolve_draft_args(args)
+    config = config_from_args(args)  # flags, then REDRAFT_*, then COLI_*, then the defaults (redraft.compose)
+    corpus_path, k, minacc = resolve_draft_args(args, config)
     check_draft_args(args, corpus_path, k)
-    prompt = prompt_text_or_exit(sys.stdin.read() if args.prompt == "-" else args.prompt, "run")
+    if (args.prompt is None) == (args.prompts is None):
+        raise SystemExit("redraft run: error: give one PROMPT or --prompts FILE (not both)")
+    if args.learn and corpus_path is None:
+        raise SystemExit("redraft run: error: --learn: only used with a corpus (--corpus FILE or REDRAFT_DRAFT_CORPUS)")
+    if args.prompts is not None:
+        prompts = prompts_or_exit(args.prompts, "run")
+    else:
+        prompts = [prompt_text_or_exit(sys.stdin.read() if args.prompt == "-" else args.prompt, "run")]
     check_model_or_exit(args.model)
-    corpus = open_corpus_or_exit(corpus_path)  # format and every token now; vocabulary and tokenizer once loaded
+    new_corpus = args.learn and not os.path.exists(corpus_path)  # created by the first answer learned
+    # format and every token now; vocabulary and tokenizer once loaded
+    corpus = None if new_corpus else open_corpus_or_exit(corpus_path)
     sampling = sampling_from_args(args)
     loaded = load_model_or_exit(args.model, dtype=args.dtype)
     announce_generation_config(loaded, args)
     corpus = corpus_fits_model_or_exit(corpus, loaded, force=args.force)
-    engine = engine_from_args(args, loaded, corpus, k, minacc)
-    ids = prompt_fits_or_exit(encode_prompt(loaded.tokenizer, prompt, chat=False if args.no_chat else None), loaded,
-                              "PROMPT", "run")
+    if new_corpus:
+        from redraft.corpus import Corpus, tokenizer_fingerprint
+
+        corpus = Corpus.from_spans([], vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer))
+    engine = engine_from_args(args, loaded, corpus, config=config)
+    chat = False if args.no_chat else None
+    where = (lambda i: f"{args.prompts}: prompt {i}") if args.prompts is not None else (lambda i: "PROMPT")
+    encoded = [prompt_fits_or_exit(encode_prompt(loaded.tokenizer, p, chat=chat), loaded, where(i), "run")
+               for i, p in enumerate(prompts, 1)]  # every prompt checked before the first generation
+    learn = corpus_path if args.learn else None
+    if args.prompts is None:
+        return _answer_streamed(args, loaded, engine, encoded[0], sampling, corpus, learn)
+    results = []
+    for text, ids in zip(prompts, encoded, strict=True):
+        stop = StopStrings(loaded.tokenizer, args.stop)
+        res = engine.generate(ids, args.ngen, sampling=sampling, stop=stop if stop else None)
+        out = stop.text if res.stop_reason == "stop" else loaded.tokenizer.decode(res.output_ids,
+                                                                                  skip_special_tokens=True)
+        learned = _learn(corpus, ids, res.output_ids, learn)
+        print(json.dumps({"prompt": text, "text": out, "prompt_ids": ids, "ids": res.output_ids,
+                          **stats_of(res), "learned": learned}), flush=True)
+        results.append(res)
+    print(speculation_line(RunSummary.of(results)) + f" over {len(results)} prompts", file=sys.stderr)
+    return 0
+
+
+def _learn(corpus, ids: list[int], output: list[int], path: str | None) -> bool:
+    """With ``--learn`` (``path`` set): add the answer to the corpus and its file; one warning if the write fails."""
+    if path is None or corpus is None:
+        return False
+    try:
+        return add_answer(corpus, ids, output, path)
+    except (OSError, CorpusError) as e:  # the answer is still right; only the learning failed
+        print(f"redraft run: warning: answer not learned ({type(e).__name__}: {e})", file=sys.stderr)
+        return False
+
+
+def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, learn: str | None) -> int:
+    """One PROMPT: the reply streamed to stdout as it is generated, the report to stderr."""
     stop = StopStrings(loaded.tokenizer, args.stop)
     stream = TextStream(loaded.tokenizer, stop)
 
@@ -57,6 +110,7 @@ def cmd_run(args) -> int:
     res = engine.generate(ids, args.ngen, on_tokens=show, sampling=sampling, stop=stop if stop else None)
     sys.stdout.write(stream.finish() + "\n")
     sys.stdout.flush()
+    _learn(corpus, ids, res.output_ids, learn)
     tokens = args.tokens or os.environ.get("TOKENS") == "1"
     lines = run_report(res, frozen_ids=corpus.n_tokens if corpus is not None else None, tokens=tokens)
     print("\n".join(lines), file=sys.stderr)
@@ -76,5 +130,12 @@ def register(sub) -> None:
     add_sampling_args(p)
     p.add_argument("--tokens", action="store_true",
                    help="print [PROMPT_TOKENS]/[TOKENS] id lines to stderr (also TOKENS=1); freeze --from-log reads them")
-    p.add_argument("prompt", metavar="PROMPT", help="the user prompt ('-' reads stdin)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="answer every prompt of FILE (one per line, or JSONL with a 'prompt' field) in one process: "
+                        "one JSON line each on stdout (prompt, text, ids, statistics) instead of PROMPT")
+    p.add_argument("--learn", action="store_true",
+                   help="add each new answer (prompt + answer) to the --corpus file, rewritten atomically in its "
+                        "format (created when missing), so later prompts and later runs replay it")
+    p.add_argument("prompt", metavar="PROMPT", nargs="?", default=None,
+                   help="the user prompt ('-' reads stdin); or --prompts FILE")
     p.set_defaults(func=cmd_run)

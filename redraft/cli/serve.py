@@ -6,6 +6,7 @@ Registering the parser imports neither the server nor torch; :func:`build_server
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -13,16 +14,19 @@ import sys
 from redraft.cli.common import (
     add_dtype_arg,
     add_model_arg,
+    add_speculation_args,
     add_threads_arg,
+    config_from_args,
     int_between,
     load_model_or_exit,
-    percent,
+    nonneg,
     positive,
 )
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, SERVE_CORPUS_K_MAX
+from redraft.defaults import TOOL_CALL_PARSERS
 from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
+DEFAULT_PREFIX_CACHE_TOKENS = 16_384
 
 
 def register(sub) -> None:
@@ -34,8 +38,13 @@ def register(sub) -> None:
                     "back faster with identical output.")
     add_model_arg(p)
     add_dtype_arg(p)
-    p.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="model id clients send and see (default: the model directory's name)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="model id clients send and see (default: the model directory's name); several names are "
+                        "aliases: requests may name any, /v1/models lists all, the first is the main one")
+    p.add_argument("--special-tokens-in-content", action="store_true",
+                   help="parse special-token strings (e.g. <|im_start|>) inside chat message content as control "
+                        "tokens; default: content is plain text and only the chat template's own markers are "
+                        "control tokens")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int_between(0, 65535), default=8000, help="TCP port (default 8000)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
@@ -52,15 +61,29 @@ def register(sub) -> None:
     p.add_argument("--cap-tokens", type=positive, default=DEFAULT_CAP_TOKENS, metavar="N",
                    help=f"most ids in each tenant's learned corpus; the oldest spans are evicted beyond it "
                         f"(default {DEFAULT_CAP_TOKENS:,})")
-    p.add_argument("--k", type=int_between(1, MAX_DRAFT_DEPTH), default=CORPUS_K_DEFAULT,
-                   help=f"corpus draft depth (default {CORPUS_K_DEFAULT})")
-    p.add_argument("--k-max", type=int_between(1, MAX_DRAFT_DEPTH), default=SERVE_CORPUS_K_MAX,
-                   help=f"adaptive corpus depth: doubles while drafts are accepted whole, up to K "
-                        f"(default {SERVE_CORPUS_K_MAX})")
-    p.add_argument("--minacc", type=percent, default=100 * CORPUS_MINACC, metavar="PCT",
-                   help=f"pause a corpus source whose acceptance falls below PCT%% (default {100 * CORPUS_MINACC:g})")
-    p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
+    add_speculation_args(p)  # the policy or fixed depths, as `redraft run`
+    p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=TOOL_CALL_PARSERS[0],
+                   help="how the model writes tool calls: hermes = <tool_call>{json}</tool_call> blocks (ChatML "
+                        "models), llama3_json = a bare {\"name\", \"parameters\"} answer (default "
+                        f"{TOOL_CALL_PARSERS[0]}); also the syntax tool_choice required/named is forced into")
+    p.add_argument("--no-grammar-drafts", action="store_true",
+                   help="do not propose the tokens a response_format or tool-call grammar forces as drafts")
     p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
+    p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
+                   metavar="N",
+                   help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
+                        f"all tenants (least recently used evicted first), and start each request from the longest "
+                        f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
+                        f"SmolLM2-135M takes ~46 KB a token)")
+    p.add_argument("--max-tokens-default", type=positive, default=None, metavar="N",
+                   help="token cap of a chat request that sends no max_tokens (default: up to the end of the "
+                        "context, as vLLM; completions keep OpenAI's default of 16)")
+    p.add_argument("--cors-origins", nargs="+", action="extend", default=[], metavar="ORIGIN",
+                   help="origins browser front ends may call from, e.g. http://localhost:3000, or '*' for any "
+                        "(answers CORS preflight OPTIONS requests); default: none")
+    p.add_argument("--quiet", action="store_true",
+                   help="no access-log line per request on stderr (status, tenant, tokens, tokens per forward, "
+                        "prefix-hit tokens, seconds, request id)")
     add_threads_arg(p)
     p.set_defaults(func=cmd_serve)
 
@@ -69,13 +92,31 @@ def _fail(msg: str) -> SystemExit:
     return SystemExit(f"redraft serve: error: {msg}")
 
 
-def model_id_of(loaded, served_name: str | None) -> str:
-    """The id clients use: --served-model-name, else the model directory's or GGUF file's base name."""
+def model_id_of(loaded, served_name: str | list[str] | None) -> str:
+    """The id clients use: --served-model-name (its first name), else the model directory's or GGUF file's base
+    name."""
+    if isinstance(served_name, list):
+        served_name = served_name[0] if served_name else None
     if served_name:
         return served_name
     if loaded.name == "default":
         return DEFAULT_MODEL_FILE.split(".")[0]
     return os.path.basename(os.path.normpath(str(loaded.name))) or str(loaded.name)
+
+
+def speculation_config(args):
+    """How requests draft: :meth:`redraft.compose.SpeculationConfig.from_args` on the shared draft flags (the
+    environment's ``REDRAFT_CORPUS_K`` / ``..._MINACC`` too, as ``redraft run``); ``--corpus`` files are the shared
+    corpus, not a draft-corpus path.
+
+    Raises:
+        SystemExit: a bad environment value; ``--k-max`` not above ``--k``.
+    """
+    cfg = config_from_args(args)
+    cfg = dataclasses.replace(cfg, grammar=not getattr(args, "no_grammar_drafts", False))
+    if cfg.k_max is not None and cfg.k_max <= cfg.depth:
+        raise _fail(f"--k-max {cfg.k_max}: no effect unless above the draft depth --k {cfg.depth}")
+    return cfg
 
 
 def build_server(args, loaded=None):
@@ -88,9 +129,12 @@ def build_server(args, loaded=None):
     # torch-bound: the generator runs the engine
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora
-    from redraft.server.generation import DraftSettings, Generator
+    from redraft.server.generation import Generator
+    from redraft.server.options import ServerOptions
+    from redraft.server.prefix_cache import PrefixCache
     from redraft.server.tenants import Tenants, TenantsError
 
+    config = speculation_config(args)
     try:  # the cheap checks first, before the model load
         tenants = Tenants.from_file(args.tenants) if args.tenants else Tenants()
     except TenantsError as e:
@@ -106,10 +150,14 @@ def build_server(args, loaded=None):
                                 sync=args.sync, learn=not args.no_learn, shared=args.corpus)
     except CorporaError as e:
         raise _fail(str(e)) from None
-    draft = DraftSettings(k=args.k, k_max=max(args.k, args.k_max), minacc=args.minacc / 100.0,
-                          ngram=not args.no_ngram)
-    generator = Generator(loaded, corpora, draft)
-    return Server(generator, tenants, model_id_of(loaded, args.served_model_name), max_queue=args.max_queue)
+    prefix_cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache_tokens else None
+    generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache)
+    options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
+                            max_tokens_default=args.max_tokens_default)
+    names = args.served_model_name or []
+    return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
+                  options=options, tool_call_parser=args.tool_call_parser, aliases=tuple(names[1:]),
+                  literal_content=not args.special_tokens_in_content)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -139,7 +187,9 @@ def cmd_serve(args) -> int:
     where = args.corpus_dir or "memory only"
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
-          f"{', not learning' if args.no_learn else ''})", file=sys.stderr, flush=True)
+          f"{', not learning' if args.no_learn else ''}, prefix cache "
+          f"{f'{args.prefix_cache_tokens:,} tokens' if args.prefix_cache_tokens else 'off'})", file=sys.stderr,
+          flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

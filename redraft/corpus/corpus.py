@@ -3,7 +3,12 @@
 Lookup contract after Colibri's COLI_DRAFT_CORPUS (docs/architecture.md, "The corpus contract"): for
 n = max_n down to min_n, find the context's last n ids; the longest n with an occurrence that has a non-empty
 continuation wins; among its occurrences the most recent (highest corpus position) is proposed, up to k ids,
-never across a -1 separator or the corpus end. Where that yields fewer than k ids (a self-overlapping suffix
+never across a -1 separator or the corpus end. Where the context matches all max_n ids, the match is extended
+further back (up to context_n ids, default CONTEXT_N: in practice the whole prompt): the occurrences whose
+preceding context matches the live context longest win, the most recent among them. Templated prompts share their
+last max_n ids (an instruction, a chat template's tail), so the max_n rule alone drafts whichever answer was stored
+last; the longer match finds each prompt's own answer. It is the same single suffix-array search (the reversed
+stream makes every match length a prefix of one query), so it costs O(log n) comparisons of the query per step. Where that yields fewer than k ids (a self-overlapping suffix
 inside a run such as 7 7 7 ..., or a span ending), the most recent occurrence that yields k is proposed instead,
 else the one with the longest continuation (SuffixIndex.best_occurrence).
 
@@ -32,6 +37,8 @@ TREE_SAMPLE = 1024  # occurrences looked at by propose_tree when a suffix has mo
 TREE_SMALL = 64  # up to this many occurrences the tree is built in plain Python (numpy calls cost more)
 PERIOD_CAP = 64  # longest period of a context tail run that propose() aligns on
 RUN_CAP = 1024  # context ids read back along such a run (the aligned match may be this long)
+CONTEXT_N = 4096  # most context ids compared past max_n (the whole prompt of a typical request): the query is this
+# long, so it bounds the per-step cost of encoding it (~0.1 ms) and of each comparison in the binary search
 
 
 def check_ids(tokens: np.ndarray, vocab_size: int | None, where: str) -> None:
@@ -140,15 +147,28 @@ class Corpus:
                 f"vocab_size={self.vocab_size}, segments={len(self._segments)})")
 
     # ---- lookups --------------------------------------------------------------------------------------------
-    def _longest(self, context, min_n: int, max_n: int, all_segments: bool):
-        """Longest matching suffix over all segments: (n, [(segment, Match), ...] newest segment first)."""
+    def _longest(self, context, min_n: int, max_n: int, all_segments: bool, context_n: int | None = None):
+        """Longest matching suffix over all segments: (n, [(segment, Match, query), ...] newest segment first).
+
+        The query is the context's last max(max_n, context_n) ids: a match past max_n is the longer preceding
+        context (module doc)."""
         if not self._segments or min_n < 1 or max_n < min_n:
             return 0, []
-        tail = context[-max_n:]
-        tail = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
+        n, hits = self._longest_of(context[-max_n:], min_n, all_segments)
+        if n == max_n and context_n is not None and context_n > max_n and len(context) > max_n:
+            # all max_n ids match: extend the match as far back as it goes (a second search, so that lookups
+            # matching fewer ids, e.g. novel text, cost what they did)
+            n, hits = self._longest_of(context[-context_n:], max_n, all_segments)
+        return n, hits
+
+    def _longest_of(self, tail, min_n: int, all_segments: bool):
+        """Longest match of a context tail (any length) over all segments; see _longest."""
+        if isinstance(tail, np.ndarray):
+            tail = tail[::-1] if len(tail) > 64 else tail[::-1].tolist()
+        else:
+            tail = [int(t) for t in tail][::-1]
         if len(tail) < min_n:
             return 0, []
-        tail.reverse()
         segments = self._segments
         if len(segments) == 1:  # the common case: one frozen index, no appended tail
             seg = segments[0]
@@ -174,14 +194,18 @@ class Corpus:
                 break
         return best_n, hits
 
-    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8) -> tuple[int, np.ndarray]:
+    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8,
+                context_n: int | None = CONTEXT_N) -> tuple[int, np.ndarray]:
         """Continuation of the longest matching context suffix, up to k ids.
 
-        context: 1-D int array or sequence (prompt + output so far). Among the occurrences of the longest suffix:
+        context: 1-D int array or sequence (prompt + output so far). context_n: where all max_n ids match, how far
+        back the match is extended (at most this many context ids; None or <= max_n: not at all, Colibri's rule
+        alone). The longest match (up to max(max_n, context_n) ids) selects the occurrences; among them:
         - the most recent one, if its continuation has k ids (Colibri's rule);
         - otherwise, if the context ends in a periodic run (a run of one id, or any period up to PERIOD_CAP that
-          repeats at least once), the occurrences preceded in the corpus by the same run length (aligned: in a
-          replay, the same place), else by the longest part of the run the corpus has;
+          repeats at least once) at least as long as the match, the occurrences preceded in the corpus by the same
+          run length (aligned: in a replay, the same place), else by the longest part of the run the corpus has (a
+          match reaching past the run is aligned already);
         - then the most recent one with k ids of continuation, else the longest continuation, most recent first
           (SuffixIndex.best_occurrence, which also states the bounds of that search).
         So runs and periodic stretches are drafted at full depth: spans [[7] * 100 + [1, 2, 3]] and context
@@ -192,7 +216,7 @@ class Corpus:
         """
         if k < 1:
             return 0, EMPTY
-        n, hits = self._longest(context, min_n, max_n, all_segments=False)
+        n, hits = self._longest(context, min_n, max_n, all_segments=False, context_n=context_n)
         if not n:
             return 0, EMPTY
         seg, m, q = hits[0]  # the newest segment matching n symbols
@@ -201,8 +225,10 @@ class Corpus:
         if len(ids) >= k:
             return n, ids
         if len(self._segments) > 1:
-            hits = self._longest(context, min_n, max_n, all_segments=True)[1]
-        tail = periodic_tail(context, n)
+            hits = self._longest(context, min_n, max_n, all_segments=True, context_n=context_n)[1]
+        tail = periodic_tail(context, min(n, max_n))
+        if tail is not None and len(tail[0]) < n:
+            tail = None  # the match reaches past the context's periodic run: its occurrences are aligned already
         best = None  # ((alignment, ids of continuation), segment, offset); newer segments first win ties
         for seg, m, q in hits:
             if tail is None:
@@ -219,20 +245,20 @@ class Corpus:
         _, seg, i = best
         return n, seg.continuation(i, k)
 
-    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8
-                     ) -> Branches | None:
+    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8,
+                     context_n: int | None = CONTEXT_N) -> Branches | None:
         """Most frequent continuations of the longest matching context suffix, as :class:`Branches` (or None).
 
-        Same longest-suffix rule as propose(). Every occurrence of that suffix (in every segment) contributes its
-        continuation of up to k ids (stopping at a separator); up to `branches` root-to-leaf paths are chosen
-        greedily by count (branches.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
+        Same longest-suffix rule as propose(), the match extended past max_n up to context_n ids. Every occurrence
+        of that suffix (in every segment) contributes its continuation of up to k ids (stopping at a separator);
+        up to `branches` root-to-leaf paths are chosen greedily by count (branches.most_frequent_tree). Ties: higher count, then most recent supporting occurrence.
         Suffixes with more than TREE_SAMPLE (1024) occurrences in a segment use TREE_SAMPLE rows evenly strided
         across the suffix-array range (a deterministic sample, stratified by the preceding context) plus the most
         recent occurrence; counts are then sample counts. Cost O(TREE_SAMPLE * k) at most.
         """
         if k < 1 or branches < 1:
             return None
-        n, hits = self._longest(context, min_n, max_n, all_segments=True)
+        n, hits = self._longest(context, min_n, max_n, all_segments=True, context_n=context_n)
         if not n:
             return None
         samples = []  # (segment, reversed offsets int64 [m]) per matching segment
@@ -267,6 +293,22 @@ class Corpus:
             return None
         return Branches(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64),
                         np.array(counts, dtype=np.int64), match_length=n, occurrences=total)
+
+    def holds(self, span: Sequence[int]) -> bool:
+        """Whether the corpus already holds ``span`` (ids, any integer sequence): all of it, contiguously, inside
+        one stored span (possibly a longer one).
+
+        This is the "already learned" test: a span is prompt + answer, and when the corpus holds it the lookup
+        matches every replay step's whole context (prompt + answer so far) at that occurrence with the same
+        suffix-array search propose() runs, so storing it again adds nothing a replay could draft. An empty span
+        is held. Cost: one binary search per segment plus the rows of span[:-1] (see SuffixIndex.holds).
+        """
+        ids = np.asarray(span, dtype=np.int64).reshape(-1)
+        if len(ids) == 0:
+            return True
+        if ids.min() < 0:
+            return False
+        return any(seg.holds(ids) for seg in reversed(self._segments))
 
     # ---- growth ---------------------------------------------------------------------------------------------
     def append(self, span: Sequence[int] | np.ndarray) -> None:

@@ -195,8 +195,17 @@ class SuffixIndex:
         return self.length * self.width + self.sa.nbytes + self.table.nbytes + self.samples.nbytes
 
     # ---- queries --------------------------------------------------------------------------------------------
-    def encode(self, rev_tail: list[int]) -> bytes:
-        """Query bytes for a reversed context tail (newest id first); stops at the first id this width can't hold."""
+    def encode(self, rev_tail) -> bytes:
+        """Query bytes for a reversed context tail (newest id first; a list of ints or an int array); stops at the
+        first id this width can't hold. Long tails are packed in numpy (a Python loop costs ~0.1 us per id)."""
+        if len(rev_tail) > 64:
+            arr = np.asarray(rev_tail, dtype=np.int64)
+            bad = (arr < 0) | (arr > self.max_token)
+            if bad.any():
+                arr = arr[:int(np.argmax(bad))]
+            return (arr + 1).astype(self.sym_dtype).tobytes()
+        if isinstance(rev_tail, np.ndarray):
+            rev_tail = rev_tail.tolist()
         n = len(rev_tail)
         if n and (min(rev_tail) < 0 or max(rev_tail) > self.max_token):
             n = 0
@@ -328,6 +337,26 @@ class SuffixIndex:
             if exact:
                 return 2 * m.n + 1, exact
         return 2 * m.n, [(m.lo, m.hi)]
+
+    def holds(self, ids: np.ndarray) -> bool:
+        """Whether ids (int [n], n >= 1, each >= 0) occur contiguously inside one span of this segment.
+
+        An occurrence ending a span has no continuation, so its own suffix is not kept; the suffix one id earlier
+        is (ids[-1] follows it). So: one binary search for ids[:-1] matched whole (the lookup's search), then a
+        gather over its rows for ids[-1]. O(log n) comparisons + O(rows of ids[:-1]); a one-id query scans the
+        stream (O(n)).
+        """
+        last = int(ids[-1]) + 1
+        if last - 1 > self.max_token:
+            return False
+        if len(ids) == 1:
+            return bool((self.rev == last).any())
+        q = self.encode(np.asarray(ids[-2::-1], dtype=np.int64).tolist())
+        m = self.longest(q, len(ids) - 1)
+        if m is None:
+            return False
+        offs = np.asarray(self.sa[m.lo:m.hi], dtype=np.int64)
+        return bool((self.rev[offs - 1] == last).any())
 
     def _best_of(self, offsets: np.ndarray, k: int) -> tuple[int, int]:
         runs = (self.continuations(offsets, k) >= 0).sum(axis=1)

@@ -16,7 +16,6 @@ journal wins, and leftovers of an unfinished compaction are removed.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -25,14 +24,15 @@ import numpy as np
 
 from redraft.io.atomic import fsync_dir, is_temporary_name
 
-from .corpus import Corpus, check_ids, load_corpus
+from .corpus import CONTEXT_N, Corpus, check_ids, load_corpus
+from .directory import GENERATION_FILE
 from .errors import CorpusError
 from .journal import JournalWriter, read_journal, write_journal
 
 COMPACT_MIN_TOKENS = 1 << 16  # journal tokens before a compaction is worth its rebuild
 EVICT_TO = 0.75  # eviction keeps the newest spans up to this share of the cap, so it runs once per cap/4 tokens
 HARD_CAP = 2  # appends wait for a running eviction rather than hold more than HARD_CAP * cap ids
-_FILE = re.compile(r"^(base|journal)-(\d{6,})\.(bin|rdj)$")
+
 
 
 def _stderr_warning(msg: str) -> None:
@@ -83,19 +83,32 @@ class OnlineCorpus:
         if self._over_cap():
             self.compact()
 
+    @classmethod
+    def in_memory(cls, corpus: Corpus, **kw) -> OnlineCorpus:
+        """An OnlineCorpus without a directory that starts from ``corpus`` (e.g. one read by
+        :func:`redraft.corpus.directory.read_directory` on a process that must not write it). kw: as the
+        constructor's, ``directory`` excepted."""
+        oc = cls(None, vocab_size=corpus.vocab_size, fingerprint=corpus.fingerprint, **kw)
+        oc._corpus = corpus
+        if oc._over_cap():
+            oc.compact()
+        return oc
+
     # ---- reads: no lock, one snapshot per call ------------------------------------------------------------------
     @property
     def corpus(self) -> Corpus:
         """The current snapshot (never modified after it is published)."""
         return self._corpus
 
-    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8):
+    def propose(self, context, k: int, min_n: int = 3, max_n: int = 8, context_n: int | None = CONTEXT_N):
         """:meth:`Corpus.propose` on the current snapshot."""
-        return self._corpus.propose(context, k, min_n=min_n, max_n=max_n)
+        return self._corpus.propose(context, k, min_n=min_n, max_n=max_n, context_n=context_n)
 
-    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8):
+    def propose_tree(self, context, k: int, branches: int = 4, min_n: int = 3, max_n: int = 8,
+                     context_n: int | None = CONTEXT_N):
         """:meth:`Corpus.propose_tree` on the current snapshot."""
-        return self._corpus.propose_tree(context, k, branches=branches, min_n=min_n, max_n=max_n)
+        return self._corpus.propose_tree(context, k, branches=branches, min_n=min_n, max_n=max_n,
+                                         context_n=context_n)
 
     @property
     def n_tokens(self) -> int:
@@ -139,6 +152,17 @@ class OnlineCorpus:
         if start:
             self.compact(wait=False)
         return True
+
+    def learn(self, span: Sequence[int]) -> bool:
+        """Append ``span`` unless the corpus already holds it (:meth:`Corpus.holds`: all of it contiguously inside
+        one stored span), so a repeated request never stores its answer twice, whatever was drafted for it.
+
+        Returns True when the span was appended. Same errors as :meth:`append`. Two writers learning the same
+        span at the same moment may both append it (the check reads the published snapshot, without the lock).
+        """
+        if self._corpus.holds(span):
+            return False
+        return self.append(span)
 
     def _add(self, tokens: np.ndarray) -> None:
         if self._journal is not None:
@@ -201,7 +225,7 @@ class OnlineCorpus:
         os.makedirs(self.directory, exist_ok=True)
         gens: dict[str, set[int]] = {"base": set(), "journal": set()}
         for name in os.listdir(self.directory):
-            m = _FILE.match(name)
+            m = GENERATION_FILE.match(name)
             if m:
                 gens[m.group(1)].add(int(m.group(2)))
         self._gen = max(gens["journal"], default=0)
@@ -246,7 +270,7 @@ class OnlineCorpus:
     def _remove_other_generations(self) -> None:
         assert self.directory is not None  # called only with a directory
         for name in os.listdir(self.directory):
-            m = _FILE.match(name)
+            m = GENERATION_FILE.match(name)
             stale = (m and int(m.group(2)) != self._gen) or is_temporary_name(name) or name.endswith(".tmp")
             if stale:
                 try:

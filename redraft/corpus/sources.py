@@ -10,7 +10,9 @@ The kind is detected by content, not by file name:
 
 A span is prompt + output everywhere (as `redraft freeze` writes it), so a replayed prompt is matched from its
 first generated token on.
-  - otherwise a text corpus (whitespace-separated ids, -1 between spans).
+  - otherwise a text corpus (whitespace-separated ids, -1 between spans);
+  - a directory: a corpus directory (``redraft serve --corpus-dir``, the vLLM proposer's REDRAFT_LEARN_CORPUS; its
+    default tenant) or one tenant's directory: the valid spans of its binary base and journal.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TypeGuard
 import numpy as np
 
 from .corpus import check_ids, load_corpus, spans_to_flat
+from .directory import read_directory
 from .errors import CorpusError
 from .format import MAGIC, read_text
 
@@ -57,6 +60,10 @@ def read_spans(path, *, vocab_size: int | None = None, fingerprint: str | None =
     Raises CorpusError naming the file (and line, for JSONL and logs) on malformed input or out-of-vocab ids.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):  # a corpus directory (redraft serve --corpus-dir, the vLLM proposer's): its valid spans
+        corpus, _ = read_directory(path, vocab_size=vocab_size, fingerprint=fingerprint)
+        tokens, offsets = corpus.spans()
+        return tokens, offsets, None
     kind = detect_kind(path)
     if kind == "binary":
         c = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)

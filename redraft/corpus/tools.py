@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 
 from .corpus import Corpus, concat_flat, load_corpus
+from .directory import read_directory, resolve
 from .errors import CorpusError
 from .format import SECTIONS, append_text, binary_version, read_text, sniff
 from .index import SuffixIndex
@@ -82,7 +83,20 @@ def convert_corpus(src, out, *, to: str, vocab_size=None, fingerprint=None, forc
 
 
 def compact_corpus(path, *, vocab_size=None, fingerprint=None, force=False) -> Corpus:
-    """Rebuild the corpus file at `path` with one fresh index, in its own format."""
+    """Rebuild the corpus file at `path` with one fresh index, in its own format; or compact a corpus directory
+    (a server's or the vLLM proposer's, see :mod:`redraft.corpus.directory`) into its next generation: one binary
+    base, an empty journal, damaged records dropped (the damaged journal is kept as ``.damaged``). Do not compact a
+    directory a running server or proposer writes."""
+    if os.path.isdir(path):
+        from .online import OnlineCorpus
+
+        problems: list[str] = []
+        oc = OnlineCorpus(resolve(path), vocab_size=vocab_size, fingerprint=fingerprint, warn=problems.append)
+        try:
+            oc.compact()
+            return oc.corpus
+        finally:
+            oc.close()
     fmt = sniff(path)
     c = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
     corpus = Corpus.from_flat(*c.spans(), vocab_size=c.vocab_size, fingerprint=c.fingerprint)
@@ -107,6 +121,13 @@ def verify_corpus(path, *, vocab_size=None) -> dict:
     and what is wrong.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        corpus, problems = read_directory(path, vocab_size=vocab_size)
+        if problems:
+            raise CorpusError(f"{path}: {len(problems)} damaged region(s), first: {problems[0]}; `redraft corpus "
+                              f"compact {path}` keeps the valid records")
+        return {"path": path, "format": "directory", "version": None, "n_tokens": corpus.n_tokens,
+                "n_spans": corpus.n_spans}
     if sniff(path) == "text":
         tokens, offsets = read_text(path, vocab_size=vocab_size)
         return {"path": path, "format": "text", "version": None, "n_tokens": len(tokens),
@@ -146,11 +167,19 @@ def distinct_ngrams(tokens: np.ndarray, offsets: np.ndarray, n: int) -> int:
 
 def corpus_stats(path, *, vocab_size=None, fingerprint=None, force=False, top: int = 5,
                  ngram_sizes=(1, 3, 8)) -> dict:
-    """Corpus.stats() plus file bytes/token, distinct n-grams and the most repeated whole spans."""
-    corpus = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
-    out = corpus.stats()
-    out["format"] = sniff(path)
-    out["file_bytes"] = os.path.getsize(path)
+    """Corpus.stats() plus file bytes/token, distinct n-grams and the most repeated whole spans (a corpus directory:
+    its valid spans, the bytes of its files, and ``problems``, the damaged regions skipped)."""
+    if os.path.isdir(path):
+        corpus, problems = read_directory(path, vocab_size=vocab_size, fingerprint=fingerprint)
+        out = corpus.stats()
+        out["format"], out["problems"] = "directory", len(problems)
+        d = resolve(path)
+        out["file_bytes"] = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d))
+    else:
+        corpus = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
+        out = corpus.stats()
+        out["format"] = sniff(path)
+        out["file_bytes"] = os.path.getsize(path)
     out["file_bytes_per_token"] = out["file_bytes"] / out["n_tokens"] if out["n_tokens"] else 0.0
     tokens, offsets = corpus.spans()
     out["distinct_ngrams"] = {n: distinct_ngrams(tokens, offsets, n) for n in ngram_sizes}

@@ -1,6 +1,6 @@
-"""The measured cost curve, cached on disk per model, dtype, thread count and machine, and the default policy built
-on it (:func:`policy_for`). The policy package itself only takes a :class:`~redraft.policy.costcurve.CostCurve`;
-measuring one runs target forwards, so it lives here, beside the target.
+"""The measured cost curve, cached on disk per model, dtype, thread count and machine (the default policy is built on
+it by :func:`redraft.compose.build_policy`). The policy package itself only takes a
+:class:`~redraft.policy.costcurve.CostCurve`; measuring one runs target forwards, so it lives here, beside the target.
 
 A curve measured on one machine says nothing about another (a GPU verifies 64 tokens for about the price of one;
 a 2-core CPU does not), nor about the same machine with another thread count or dtype. The cache key holds all of
@@ -21,11 +21,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from redraft.decoding.costmeasure import measure_cost_curve
-from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES, MAX_DRAFT_DEPTH
+from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.policy.costcurve import CostCurve
-from redraft.policy.speculation import SpeculationPolicy
 
 SCHEMA = "redraft-cost-curve/1"
 
@@ -149,14 +148,3 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
         save_curve(path, key, curve)
     return curve
 
-
-def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw) -> SpeculationPolicy:
-    """The default policy for ``model`` here: its cost curve from the cache, measured first if missing (a few
-    seconds on a CPU, once per model, dtype, thread count and machine).
-
-    Args:
-        model: a transformers causal LM or an :class:`~redraft.decoding.target.HFTarget`.
-        max_nodes: the most draft tokens one verify forward may carry.
-        kw: further :class:`~redraft.policy.speculation.SpeculationPolicy` arguments.
-    """
-    return SpeculationPolicy(cached_cost_curve(model), max_nodes=max_nodes, **kw)

@@ -56,6 +56,9 @@ class SamplingParams:
             there, and the bounds keep every penalised float32 logit finite.
         no_repeat_ngram_size: n > 0 forbids repeating any n-gram of the context (0 = off); also applies to greedy.
         min_new_tokens: the EOS ids are forbidden before this many new tokens (0 = off); also applies to greedy.
+        constraint: a grammar the output must follow (:class:`redraft.grammar.Constraint`: JSON schema, tool call),
+            or None. Anything with ``start(prompt_length)`` returning a logits processor that also has
+            ``commit(tokens)`` works; every verify row is masked with its own tree node's grammar state.
 
     The last three shape the logits the way the model's generation_config does (see :mod:`redraft.decoding.genconfig`):
     None (the default) takes the model's value, off when it has none; a value, even the "off" one, replaces it.
@@ -68,6 +71,7 @@ class SamplingParams:
     seed: int = 0
     no_repeat_ngram_size: int | None = None
     min_new_tokens: int | None = None
+    constraint: object | None = None
 
     def __post_init__(self):
         if not _number(self.temperature) or not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -87,6 +91,9 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not _integer(v) or v < 0):
                 raise ValueError(f"{name} must be an integer >= 0 (0 = off), got {v!r}")
+        if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
+            raise ValueError(f"constraint must have a start(prompt_length) method (e.g. redraft.grammar.Constraint), "
+                             f"got {type(self.constraint).__name__}")
 
     def shaping(self, base: LogitsShaping | None = None) -> LogitsShaping:
         """``base`` (the model's generation_config settings; None = none) with the values set here replacing it."""
@@ -168,17 +175,26 @@ class TokenChooser:
         self.max_new_tokens = max_new_tokens
         self.processors: list = []  # transformers LogitsProcessorList of this generation; empty = none (cheap path)
         self.context: list[int] = []  # committed ids (prompt + output), kept only when processors need them
+        self.grammar = None  # the generation's grammar state (params.constraint), one of the processors
 
     def reset(self, prompt: list[int]) -> None:
         """Start a generation: build its processors (they depend on the prompt length) and its context."""
         self.processors = self.shaping.processors(len(prompt), self.max_new_tokens, self.eos_token_ids)
+        self.grammar = None
+        if self.params.constraint is not None:
+            # last: its -inf mask survives every other processor, and top-k / top-p then see only allowed tokens
+            self.grammar = self.params.constraint.start(len(prompt))
+            self.processors.append(self.grammar)
         self.context = []
-        self.commit(prompt)
+        self.commit(prompt, prompt=True)
 
-    def commit(self, tokens: list[int]) -> None:
-        """Add newly committed tokens to the context the logits processors see."""
+    def commit(self, tokens: list[int], *, prompt: bool = False) -> None:
+        """Add newly committed tokens to the context the logits processors see (and advance the grammar state
+        past output tokens; ``prompt``: these are the prompt's, which the grammar does not constrain)."""
         if self.processors:
             self.context.extend(int(t) for t in tokens)
+        if self.grammar is not None and not prompt:
+            self.grammar.commit(tokens)
 
     def choose(self, logits: torch.Tensor, positions: list[int],
                row_extra: list[list[int]] | None = None) -> tuple[list[int], torch.Tensor]:

@@ -7,9 +7,47 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+
+
+def cache_kwarg(model) -> str:
+    """The forward keyword that takes a transformers KV cache object for ``model``: ``"cache"`` (transformers 5.2x,
+    which deprecates the other) or ``"past_key_values"`` (earlier 5.x releases, e.g. the GPU machine's 5.17, which
+    ignore an unknown ``cache=`` silently). Read from the forward's signature."""
+    return _cache_kwarg(type(model))
+
+
+@functools.cache
+def _cache_kwarg(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+@dataclass(frozen=True)
+class PrefixKV:
+    """The target's KV entries for the first tokens of a sequence, to start another sequence that begins with them.
+
+    Attributes:
+        ids: the tokens the entries belong to (length n).
+        kv: per decoder layer, (keys, values): FloatTensors [1, H_kv, n, D] in the model dtype, keys after the
+            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: the target
+            copies them when it is seeded (:meth:`HFTarget.seed`), so one entry can seed any number of sequences.
+
+    The entries were computed by whatever forwards built them (a prefill over an earlier prompt, verify forwards),
+    so their rows differ from plain decoding's by rounding: the engine treats rows computed on them as it treats
+    verify rows in exact mode.
+    """
+
+    ids: tuple[int, ...]
+    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
 
 
 class HFTarget:
@@ -31,7 +69,9 @@ class HFTarget:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
         self.sliding_window = _sliding_window(model.config)
+        self.cache_kwarg = cache_kwarg(model)
 
     def reset(self) -> None:
         """Drop the whole KV cache (start of a new sequence).
@@ -45,6 +85,37 @@ class HFTarget:
         self.cache = DynamicCache()
         self.length = 0
 
+    def seed(self, prefix: PrefixKV) -> None:
+        """Start a new sequence whose KV cache holds ``prefix``'s entries (``length`` = its token count).
+
+        Raises:
+            ValueError: ``prefix.kv`` has another number of layers than the model, or entries of another length.
+        """
+        from transformers import DynamicCache
+
+        n_layers = getattr(self.model.config, "num_hidden_layers", len(prefix.kv))
+        if len(prefix.kv) != n_layers:
+            raise ValueError(f"seed: the prefix has KV entries for {len(prefix.kv)} layers; the model has {n_layers}")
+        if any(k.shape[-2] != prefix.length or v.shape[-2] != prefix.length for k, v in prefix.kv):
+            raise ValueError(f"seed: KV entries do not hold the prefix's {prefix.length} positions")
+        self.cache = DynamicCache()
+        for i, (k, v) in enumerate(prefix.kv):
+            self.cache.update(k, v, i)  # copies: the next forward's concatenation never writes into the prefix
+        self.length = prefix.length
+
+    def snapshot(self, ids: Sequence[int]) -> PrefixKV:
+        """The cached entries of the first ``len(ids)`` positions, which must hold exactly ``ids``, as a
+        :class:`PrefixKV` (views, no copy: the cache replaces its tensors rather than writing into them).
+
+        Raises:
+            ValueError: more ids than cached positions.
+        """
+        n = len(ids)
+        if not 0 < n <= self.length:
+            raise ValueError(f"snapshot: {n} positions asked, {self.length} cached")
+        return PrefixKV(tuple(int(t) for t in ids),
+                        tuple((layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in self.cache.layers))
+
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 n_logits: int = 1) -> torch.Tensor:
@@ -56,15 +127,20 @@ class HFTarget:
             mask: additive FloatTensor [1, 1, S, length + S] or None for plain causal attention.
             n_logits: how many trailing rows need logits (the LM head is a large share of the cost).
         Returns:
-            FloatTensor [n_logits, vocab] logits of the last n_logits input rows.
+            FloatTensor [n_logits, vocab] logits of the last n_logits input rows, on the CPU (a model on a GPU
+            gets its inputs moved there; acceptance runs on the CPU either way).
         """
         if self.cache is None:
             self.reset()
-        input_ids = torch.tensor([ids], dtype=torch.long)
-        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, logits_to_keep=n_logits)
+        dev = self.device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
+        if dev.type != "cpu":
+            positions = None if positions is None else positions.to(dev)
+            mask = None if mask is None else mask.to(dev)
+        out = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=n_logits, **{self.cache_kwarg: self.cache})
         self.length += len(ids)
-        return out.logits[0]
+        return out.logits[0].cpu()
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""
@@ -105,7 +181,7 @@ class HFTarget:
         if not extra or extra == list(range(prefix, prefix + len(extra))):
             self.crop(prefix + len(extra))
             return
-        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long)
+        idx = torch.tensor(list(range(prefix)) + extra, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, idx)
             layer.values = layer.values.index_select(-2, idx)

@@ -2,7 +2,9 @@
 
 At each step the longest suffix (n = max_n down to min_n) of the live context is looked up in a frozen corpus of
 earlier outputs and the span that followed its most recent occurrence is proposed, up to K tokens, never across a
-``-1`` span separator. An acceptance guard pauses the source while its proposals keep failing, so a prompt unrelated
+``-1`` span separator. Where all max_n ids match, the occurrence whose preceding context matches the live context
+longest wins (up to context_n ids back; the most recent among equals), so a replayed templated prompt drafts its own
+stored answer. An acceptance guard pauses the source while its proposals keep failing, so a prompt unrelated
 to the corpus costs nothing. The lookup is an index query (see :mod:`redraft.corpus`), not a corpus scan.
 """
 
@@ -12,7 +14,7 @@ import sys
 
 import numpy as np
 
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_MAX_N, SUFFIX_MIN_N
+from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_CONTEXT_N, SUFFIX_MAX_N, SUFFIX_MIN_N
 from redraft.drafters.base import AcceptanceGuard
 from redraft.tree import TokenTree
 
@@ -31,22 +33,26 @@ class CorpusDrafter:
     """Drafts the continuation of the live context's longest suffix found in a frozen corpus.
 
     Args:
-        corpus: a :class:`redraft.corpus.Corpus` (anything with ``propose(context, k, min_n, max_n)``).
+        corpus: a :class:`redraft.corpus.Corpus` (anything with ``propose(context, k, min_n, max_n, context_n)``).
         k: draft depth in tokens (clamped to 1..48).
         min_n, max_n: suffix lengths tried, longest first (default 8 down to 3).
+        context_n: where all max_n ids match, the match is extended back up to this many context ids and the
+            occurrence with the longest matching preceding context wins (default 4096; None or <= max_n: off).
         guard: acceptance guard (default: MINACC 50% over >= 24 proposed tokens, pause 256 tokens).
         tree_branches: 0 = a single chain from the most recent occurrence; B > 0 = the B most frequent
             continuations as a token tree (needs tree verification, i.e. ``Engine(merge=True)`` or a tree budget).
         k_max: adaptive depth: while drafts are accepted whole, the next one is twice as deep, up to k_max
-            (1..48); any rejection goes back to k. None = always k (Colibri's behaviour). Replays are where
+            (1..48); any rejection goes back to k; a match of n > max_n context ids drafts up to min(n, k_max)
+            ids at once. None = always k (Colibri's behaviour). Replays are where
             deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
         name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
     """
 
     def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
                  guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None,
-                 name: str = "corpus") -> None:
+                 name: str = "corpus", context_n: int | None = SUFFIX_CONTEXT_N) -> None:
         self.name = name
+        self.context_n = context_n
         self.corpus = corpus
         self.k = clamp_k(k)
         self.k_max = max(self.k, clamp_k(k_max)) if k_max is not None else self.k
@@ -71,16 +77,18 @@ class CorpusDrafter:
         if self.failed or not self.guard.active or max_depth <= 0:
             return None
         k = min(self.depth, max_depth)
+        if self.k_max > self.depth and self.context_n:
+            k = min(self.k_max, max_depth)  # an extended match may earn a deeper draft (below)
         try:
             if self.tree_branches > 0:
                 br = self.corpus.propose_tree(context, k, branches=self.tree_branches,
-                                              min_n=self.min_n, max_n=self.max_n)
+                                              min_n=self.min_n, max_n=self.max_n, context_n=self.context_n)
                 if br is None or len(br.tokens) == 0:
                     return None
                 return TokenTree.from_parents(br.tokens.tolist(), br.parents.tolist(), self.name,
                                               counts=br.counts.tolist(), match_length=br.match_length,
                                               occurrences=br.occurrences)
-            n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n)
+            n, ids = self.corpus.propose(context, k, min_n=self.min_n, max_n=self.max_n, context_n=self.context_n)
         except Exception as e:  # a broken corpus must never crash a generation: turn the source off
             self.failed = True
             # printed, not warnings.warn: a warnings filter (or the once-per-location default in a process that
@@ -90,6 +98,10 @@ class CorpusDrafter:
             return None
         if n == 0 or len(ids) == 0:
             return None
+        # Adaptive depth: a match reaching past max_n (the occurrence shares n ids of preceding context, as a
+        # replay's does) drafts up to n ids at once, capped by k_max: one draft id per matched id, SuffixDecoding's
+        # depth cap (arXiv 2411.04975); shorter matches keep the doubling depth.
+        ids = ids[:max(self.depth, n if n > self.max_n else 0)]
         tree = TokenTree.chain(ids.tolist(), self.name)
         tree.match_length = n
         return tree

@@ -96,8 +96,9 @@ class GlideDrafter:
         draft = self.draft
 
         # feed the context tokens the draft has not seen (at least the root), at their absolute positions
-        ids = torch.tensor([ctx[m:]], dtype=torch.long)  # [1, S]
-        pos = torch.arange(m, L)[None]  # [1, S]
+        dev = draft.embed_weight.device  # the target's device (a GPU run drafts there too)
+        ids = torch.tensor([ctx[m:]], dtype=torch.long, device=dev)  # [1, S]
+        pos = torch.arange(m, L, device=dev)[None]  # [1, S]
         mask = prefix_mask(pos[0], n_vis)[None, None] if (kv is not None and m < n_vis) else None  # [1,1,S,T]
         h = draft(ids, pos, kv, mask, self.cache)[:, -1]  # [1, H] hidden of the root
         self.ids.extend(ctx[m:])
@@ -117,8 +118,8 @@ class GlideDrafter:
                 alts.append(top_ids[1:1 + self.cape.extras_for(float(top_p[0]))])
             spine.append(tok)
             if step + 1 < depth:  # the last drafted token never needs to be fed
-                nxt = torch.tensor([[tok]], dtype=torch.long)
-                h = draft(nxt, torch.tensor([[L + step]]), kv, None, self.cache)[:, -1]
+                nxt = torch.tensor([[tok]], dtype=torch.long, device=dev)
+                h = draft(nxt, torch.tensor([[L + step]], device=dev), kv, None, self.cache)[:, -1]
 
         self.cache.crop(L)  # forget the drafted tokens: only the verified context stays
         self._depth = len(spine)
@@ -131,23 +132,3 @@ class GlideDrafter:
         if self.guard is not None:
             self.guard.record(min(proposed, self._depth or proposed), accepted, emitted)
 
-
-def load_glide_drafter(path, model, *, gamma: int = GLIDE_GAMMA, cape: CapeBins | bool | None = None,
-                       head_vocab: int | None = None, target=None, guard: AcceptanceGuard | None = None,
-                       name: str = "glide") -> GlideDrafter:
-    """A GliDe drafter from a checkpoint directory, for ``model`` (a transformers causal LM).
-
-    Args:
-        cape: CapeBins, True for the paper's bins, or None/False for chain drafts.
-        head_vocab: N > 0 = reduced-vocabulary head of the N most frequent training tokens.
-        target: an HFTarget, or None: the engine binds its own before every generation.
-    Raises:
-        redraft.glide.checkpoint.CheckpointError / TargetMismatchError: see :func:`redraft.glide.checkpoint.load_draft`.
-    """
-    from redraft.glide.checkpoint import load_draft
-
-    draft = load_draft(path, model, head_vocab=head_vocab)
-    bins = CapeBins() if cape is True else (cape or None)
-    if name == "glide" and not draft.cfg.cross_attention:
-        name = "vanilla draft"  # a baseline checkpoint: say so in the run report
-    return GlideDrafter(draft, target, gamma=gamma, cape=bins, guard=guard, name=name)

@@ -46,7 +46,7 @@ class TargetMismatchError(CheckpointError):
 
 
 def _tensor_stats(t: torch.Tensor) -> str:
-    t = t.detach().double()
+    t = t.detach().cpu().double()  # on the CPU: the same sums whatever device the target runs on
     flat = t.flatten()
     n = flat.numel()
     picks = flat[torch.tensor([i * (n - 1) // 6 for i in range(7)])]

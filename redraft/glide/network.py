@@ -94,7 +94,7 @@ class SelfAttention(nn.Module):
             mask = None
             if S > 1:  # new token i sees the P cached ones and new tokens <= i
                 P = k.shape[2] - S
-                mask = torch.ones(S, P + S, dtype=torch.bool).tril(P)
+                mask = torch.ones(S, P + S, dtype=torch.bool, device=x.device).tril(P)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(o.transpose(1, 2).reshape(B, S, self.n * self.d))
 
@@ -278,7 +278,7 @@ class GlideDraft(nn.Module):
             self.vocab_ids, self.sub_head = None, None
             self.cfg.head_vocab = 0
             return
-        ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+        ids = torch.as_tensor(vocab_ids, dtype=torch.long).to(self.head_weight.device)
         if int(ids.min()) < 0 or int(ids.max()) >= self.head_weight.shape[0]:
             raise ValueError(f"vocabulary subset ids must lie in [0, {self.head_weight.shape[0]})")
         self.vocab_ids = ids
@@ -327,8 +327,8 @@ class GlideDraft(nn.Module):
         """Map token ids to head indices; ids outside a reduced head map to -100 (ignored by the loss)."""
         if self.vocab_ids is None:
             return token_ids
-        lut = torch.full((self.head_weight.shape[0],), -100, dtype=torch.long)
-        lut[self.vocab_ids] = torch.arange(len(self.vocab_ids))
+        lut = torch.full((self.head_weight.shape[0],), -100, dtype=torch.long, device=self.vocab_ids.device)
+        lut[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=self.vocab_ids.device)
         return torch.where(token_ids >= 0, lut[token_ids.clamp(min=0)], torch.full_like(token_ids, -100))
 
 
@@ -384,7 +384,7 @@ def build_draft(target, cfg: GlideConfig, vocab_ids: torch.Tensor | None = None)
     embed = target.get_input_embeddings().weight
     head = target.get_output_embeddings().weight
     draft = GlideDraft(cfg, embed, head, inv_freq, scaling, vocab_ids)
-    return draft.to(embed.dtype)
+    return draft.to(device=embed.device, dtype=embed.dtype)  # on the target's device (a GPU run drafts there)
 
 
 __all__ = ["GlideDraft", "DraftCache", "CrossAttention", "newest_entry", "SelfAttention", "DraftLayer", "init_from_target",

@@ -105,5 +105,5 @@ def prefix_mask(q_pos: torch.Tensor, n_visible: int) -> torch.Tensor:
     Returns:
         BoolTensor [S, n_visible].
     """
-    j = torch.arange(n_visible)
+    j = torch.arange(n_visible, device=q_pos.device)
     return j[None, :] < torch.clamp(q_pos, max=n_visible)[:, None]

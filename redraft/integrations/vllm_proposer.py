@@ -7,7 +7,7 @@ slot_mappings=...)`` (vllm/v1/worker/gpu_model_runner.py, ``propose_draft_token_
 draft ids per batch row. vLLM v1 verifies chains only, so each request gets one chain: the corpus draft (longest
 context suffix found in the corpus, :meth:`redraft.corpus.Corpus.propose`, the engine's contract and index) when it
 has one, else the n-gram draft over the live context, each behind its own per-request acceptance guard, exactly as
-:func:`redraft.drafters.build_drafters` sets them up for redraft's engine.
+:func:`redraft.compose.build_drafters` sets them up for redraft's engine.
 
 Configuration (read once, at construction: a bad value stops vLLM at start-up, not at the first request).
 ``speculative_config`` accepts no extra fields (vLLM's config classes forbid them), so only
@@ -19,7 +19,10 @@ REDRAFT_DRAFT_CORPUS        corpus file (text or binary, as ``redraft run --corp
 REDRAFT_CORPUS_K            corpus draft depth 1..min(K, 48) (default: K)
 REDRAFT_CORPUS_MINACC       corpus guard threshold, percent 0..100 (default 50); the n-gram guard uses min(it, 20)
 REDRAFT_NGRAM               0 = no n-gram fallback (default 1)
-REDRAFT_LEARN_CORPUS        text corpus that finished requests (prompt + output) are appended to, and drafted from
+REDRAFT_LEARN_CORPUS        corpus directory that finished requests (prompt + output) are learned into, and drafted
+                            from: the layout of ``redraft serve --corpus-dir`` (checksummed journal + binary base,
+                            :mod:`redraft.corpus.directory`), so the server and the proposer use each other's spans
+REDRAFT_LEARN_TENANT        the tenant subdirectory learned into (default ``default``, an open server's tenant)
 REDRAFT_CORPUS_FORCE        1 = use a binary corpus even if its tokenizer fingerprint differs from the model's
 REDRAFT_POLICY              0 = fixed depth and guards (Colibri's); default 1: the cost-aware policy, unless
                             REDRAFT_CORPUS_K or REDRAFT_CORPUS_MINACC is set (fixed settings, as on the CLI)
@@ -46,24 +49,27 @@ from multiprocessing.util import Finalize
 
 import numpy as np
 
+from redraft.compose.build import build_drafters
+from redraft.compose.env import ENV_CORPUS, ENV_FORCE, ENV_K, ENV_LEARN, ENV_MINACC, ENV_NGRAM, ENV_TENANT, first_set
 from redraft.corpus import Corpus, CorpusError, load_corpus
-from redraft.defaults import CORPUS_MINACC, MAX_DRAFT_DEPTH
-from redraft.drafters import build_drafters
+from redraft.corpus.directory import (
+    DEFAULT_TENANT,
+    TENANT_NAME,
+    check_meta,
+    is_generation_dir,
+    read_directory,
+    tenant_dir,
+)
+from redraft.corpus.online import OnlineCorpus
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.integrations.planned import PlannedDrafts, load_step_curve, verified
 from redraft.integrations.slots import RequestTracker, TrackedRequest
-from redraft.io.freeze import append_spans
 from redraft.policy import AcceptanceTracker
 from redraft.policy.load import LoadAwarePolicy, LoadPricing
 
 # under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
 log = logging.getLogger("vllm.redraft")
 
-ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
-ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
-ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
-ENV_NGRAM = ("REDRAFT_NGRAM",)
-ENV_LEARN = ("REDRAFT_LEARN_CORPUS",)
-ENV_FORCE = ("REDRAFT_CORPUS_FORCE",)
 ENV_POLICY = ("REDRAFT_POLICY",)
 ENV_COST_CURVE = ("REDRAFT_COST_CURVE",)
 
@@ -78,21 +84,18 @@ class ProposerSettings:
 
     k: int
     corpus: str | None = None
-    corpus_k: int = 8
+    corpus_k: int = CORPUS_K_DEFAULT
     minacc: float = CORPUS_MINACC
     ngram: bool = True
     learn: str | None = None
     force: bool = False
+    tenant: str = DEFAULT_TENANT
     policy: bool = True
     cost_curve: str | None = None
 
 
 def _env(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str | None]:
-    for n in names:
-        v = environ.get(n)
-        if v not in (None, ""):
-            return n, v
-    return names[0], None
+    return first_set(names, environ)  # the one reader: redraft.compose.env
 
 
 def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> ProposerSettings:
@@ -111,8 +114,15 @@ def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> Propos
     policy = _flag(environ, ENV_POLICY, True) and corpus_k is None and pct is None  # fixed settings: no policy
     return ProposerSettings(k=k, corpus=_env(environ, ENV_CORPUS)[1], corpus_k=corpus_k or top, minacc=minacc,
                             ngram=_flag(environ, ENV_NGRAM, True), learn=_env(environ, ENV_LEARN)[1],
-                            force=_flag(environ, ENV_FORCE, False), policy=policy,
-                            cost_curve=_env(environ, ENV_COST_CURVE)[1])
+                            force=_flag(environ, ENV_FORCE, False),
+                            tenant=_tenant(environ), policy=policy, cost_curve=_env(environ, ENV_COST_CURVE)[1])
+
+
+def _tenant(environ: Mapping[str, str]) -> str:
+    name, v = _env(environ, ENV_TENANT)
+    if v is not None and not TENANT_NAME.match(v):
+        raise ProposerConfigError(f"{name}={v!r}: expected a tenant name (letters, digits, '_', '.', '-'; 1-64)")
+    return v or DEFAULT_TENANT
 
 
 def _ranged(environ: Mapping[str, str], names: tuple[str, ...], kind: type, lo: int, hi: int, note: str):
@@ -141,32 +151,46 @@ def _flag(environ: Mapping[str, str], names: tuple[str, ...], default: bool) -> 
 
 
 def open_corpora(s: ProposerSettings, vocab_size: int | None, fingerprint: str | None) -> Corpus | None:
-    """The corpus to draft from: REDRAFT_DRAFT_CORPUS and the learned corpus (newer, preferred on ties) as one.
-
-    Returns None when there is neither (n-gram drafts only). Raises ProposerConfigError for a missing or malformed
-    corpus, a learned corpus that is not text, or a learned corpus whose directory does not exist.
-    """
-    segments = []
-    path = None
-    if s.corpus is not None:
-        if not os.path.isfile(s.corpus):
-            raise ProposerConfigError(f"REDRAFT_DRAFT_CORPUS={s.corpus}: no such file")
-        path = s.corpus
-        segments += _load(s.corpus, "REDRAFT_DRAFT_CORPUS", vocab_size, fingerprint, s.force).segments
-    if s.learn is not None:
-        parent = os.path.dirname(os.path.abspath(s.learn))
-        if not os.path.isdir(parent):
-            raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS={s.learn}: directory {parent} does not exist")
-        if os.path.exists(s.learn):
-            if _is_binary(s.learn):
-                raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS={s.learn}: a binary corpus cannot be appended "
-                                          "to (expected a text corpus, or a new file)")
-            if path is None or not os.path.samefile(s.learn, path):
-                segments += _load(s.learn, "REDRAFT_LEARN_CORPUS", vocab_size, None, False).segments
-        path = path or s.learn
-    if s.corpus is None and s.learn is None:
+    """The fixed corpus to draft from (REDRAFT_DRAFT_CORPUS), or None. Raises ProposerConfigError for a missing or
+    malformed corpus."""
+    if s.corpus is None:
         return None
-    return Corpus(segments, path=path, vocab_size=vocab_size, fingerprint=fingerprint)
+    if not os.path.isfile(s.corpus):
+        raise ProposerConfigError(f"REDRAFT_DRAFT_CORPUS={s.corpus}: no such file")
+    return _load(s.corpus, "REDRAFT_DRAFT_CORPUS", vocab_size, fingerprint, s.force)
+
+
+def open_learned(s: ProposerSettings, vocab_size: int, fingerprint: str | None, write: bool) -> OnlineCorpus | None:
+    """The learned corpus: the tenant's OnlineCorpus under the REDRAFT_LEARN_CORPUS directory (created with its
+    meta.json if new), or None when learning is off. A process that does not write (``write=False``: a tensor-parallel
+    rank other than 0) reads the directory into memory and leaves it unchanged.
+
+    Raises ProposerConfigError: the directory's parent does not exist, the path is a file (the text file this
+    variable once named: pass it as REDRAFT_DRAFT_CORPUS), or the directory was made for another tokenizer.
+    """
+    if s.learn is None:
+        return None
+    parent = os.path.dirname(os.path.abspath(s.learn))
+    if not os.path.isdir(parent):
+        raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS={s.learn}: directory {parent} does not exist")
+    if os.path.exists(s.learn) and not os.path.isdir(s.learn):
+        raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS={s.learn} is a file; expected a corpus directory (the layout "
+                                  f"of redraft serve --corpus-dir, created if missing); a corpus file is read "
+                                  f"through REDRAFT_DRAFT_CORPUS")
+    try:
+        d = tenant_dir(s.learn, s.tenant)
+        if not write:
+            corpus, problems = Corpus([], vocab_size=vocab_size), []
+            if is_generation_dir(d):
+                corpus, problems = read_directory(d, vocab_size=vocab_size, fingerprint=fingerprint)
+            for p in problems:
+                log.warning("redraft: %s", p)
+            return OnlineCorpus.in_memory(corpus)
+        check_meta(s.learn, vocab_size, fingerprint)
+        return OnlineCorpus(d, vocab_size=vocab_size, fingerprint=fingerprint,
+                            warn=lambda msg: log.warning("redraft: %s", msg))
+    except (CorpusError, OSError) as e:
+        raise ProposerConfigError(f"REDRAFT_LEARN_CORPUS: {e}") from None
 
 
 def _is_binary(path: str) -> bool:
@@ -218,30 +242,27 @@ class RequestDrafts:
 
 
 class SpanLearner:
-    """Finished requests into the in-memory corpus (drafted from at once) and, on one rank, the learned file.
-
-    The file is a text corpus written with :func:`redraft.io.freeze.append_spans` (one span per line, ``-1`` between
-    spans), which ``redraft run --corpus`` and the corpus tools read. A write error turns file writes off with one
-    warning; generation goes on.
+    """Finished requests into the learned corpus (:class:`~redraft.corpus.online.OnlineCorpus`): drafted from at
+    once and, on the writing rank, appended to its journal. A span the corpus already holds is not stored again
+    (:meth:`OnlineCorpus.learn`, the server's rule). A write error is logged (once) and the span is not kept;
+    generation goes on.
     """
 
-    def __init__(self, corpus: Corpus, path: str | None, write: bool) -> None:
-        self.corpus, self.path, self.write = corpus, path, write and path is not None
+    def __init__(self, corpus: OnlineCorpus) -> None:
+        self.corpus = corpus
         self.spans = 0
+        self.warned = False
 
     def learn(self, spans: Sequence[np.ndarray]) -> None:
-        """Append spans (int [n] each, prompt + output) to the corpus and, when this rank writes, the file."""
-        if not spans:
-            return
+        """Learn spans (int [n] each, prompt + output)."""
         for span in spans:
-            self.corpus.append(span)
-        self.spans += len(spans)
-        if self.write:
             try:
-                append_spans(self.path, spans)
-            except OSError as e:
-                self.write = False
-                log.warning("redraft: cannot append to %s (%s); learned spans stay in memory only", self.path, e)
+                self.spans += self.corpus.learn(span)
+            except (OSError, CorpusError) as e:
+                if not self.warned:
+                    self.warned = True
+                    log.warning("redraft: cannot learn into %s (%s); spans are not kept until it works again",
+                                self.corpus.directory, e)
 
 
 class RedraftProposer:
@@ -269,9 +290,12 @@ class RedraftProposer:
         eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
         self.eos = frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
         fingerprint = None
-        if s.corpus is not None and os.path.isfile(s.corpus) and _is_binary(s.corpus) and not s.force:
+        binary = s.corpus is not None and os.path.isfile(s.corpus) and _is_binary(s.corpus) and not s.force
+        if binary or s.learn is not None:
             fingerprint = _tokenizer_fingerprint(getattr(mc, "tokenizer", None))
-        self.corpus = open_corpora(s, self.vocab_size, fingerprint)
+        self.corpus = open_corpora(s, self.vocab_size, fingerprint if binary else None)
+        self.learned = open_learned(s, self.vocab_size, fingerprint, write=_first_tensor_parallel_rank())
+        self.learner = SpanLearner(self.learned) if self.learned is not None else None
         try:
             self.curve = load_step_curve(s.cost_curve, s.k)
         except ValueError as e:
@@ -279,17 +303,14 @@ class RedraftProposer:
         # the policy's state shared by every request: learned acceptance, and the step's price per load
         self.acceptance = AcceptanceTracker(max(s.k, 1))
         self.pricing = LoadPricing(self.curve, s.k)
-        self.learner = None
-        if s.learn is not None:
-            self.learner = SpanLearner(self.corpus, s.learn, write=_first_tensor_parallel_rank())
         self.tracker = RequestTracker()
         self.totals = {"requests": 0, "drafts": 0, "proposed": 0, "accepted": 0}
-        log.info("redraft proposer: K=%d, corpus %s (%d ids), %s, n-gram %s, learning %s",
+        log.info("redraft proposer: K=%d, corpus %s (%d ids), %s, n-gram %s, learning %s (%d ids)",
                  s.k, self.corpus.path if self.corpus is not None else "none",
                  self.corpus.n_tokens if self.corpus is not None else 0,
                  f"policy (cost curve {s.cost_curve or 'flat'})" if s.policy
                  else f"corpus K={s.corpus_k}, MINACC {100 * s.minacc:.0f}%", "on" if s.ngram else "off",
-                 s.learn or "off")
+                 s.learn or "off", self.learned.n_tokens if self.learned else 0)
         if self.learner is not None:
             # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
             # may leave through os._exit (fork), which skips atexit; multiprocessing's own exit hook still runs
@@ -351,8 +372,13 @@ class RedraftProposer:
     def _new_request(self) -> RequestDrafts | PlannedDrafts:
         s = self.settings
         self.totals["requests"] += 1
-        drafters = build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram,
+        first = self.learned if self.learned is not None else self.corpus
+        drafters = build_drafters(first, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram,
                                   ngram_k=min(s.k, MAX_DRAFT_DEPTH), policy=s.policy)
+        if self.learned is not None and self.corpus is not None:
+            # the learned corpus first, then the fixed one: the order of a server's tenant and shared corpora
+            drafters.insert(1, build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=False,
+                                              corpus_name="fixed", policy=s.policy)[0])
         if s.policy:
             return PlannedDrafts(drafters, LoadAwarePolicy(self.pricing, tracker=self.acceptance))
         return RequestDrafts(drafters)

@@ -46,7 +46,7 @@ forward, in :meth:`redraft.decoding.engine.Engine.generate`:
    what each source proposed and got accepted, counting only what the output reached.
 
 The policy is built with a curve: ``SpeculationPolicy(curve, max_nodes=...)``; the default one for a model on this
-machine is :func:`redraft.decoding.costcache.policy_for` (the cached curve, measured first if missing: ~3.5 s on
+machine is :func:`redraft.compose.build_policy` (the cached curve, measured first if missing: ~3.5 s on
 the 2-core development CPU).
 
 Limits: the curve is measured with chain forwards; a token tree's 4D mask can cost a little more (``redraft bench
@@ -55,8 +55,9 @@ cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, agains
 Modules (numpy only, no target model): costcurve (c(n), interpolation), acceptance (online per-source
 estimates), priors (source self-knowledge), select (the subtree choice), speculation (SpeculationPolicy: all of it
 per step, with probes), apply (the engine's side: a step's candidate tree with per-source priors and keys, the cut,
-the outcomes fed back). ``redraft run``, ``demo`` and ``bench run`` (method ``policy``) draft with a policy by
-default.
+the outcomes fed back). The policy is built by the composition point, :func:`redraft.compose.build_engine` (from a
+:class:`~redraft.compose.SpeculationConfig` with the policy on, the default; ``redraft.compose.build_policy(model)``
+for one alone); every front end (``run``, ``demo``, ``bench run``'s ``policy`` method, ``serve``) builds through it.
 """
 
 from redraft.policy.acceptance import AcceptanceTracker

@@ -141,6 +141,17 @@ class SpeculationPolicy:
                 self.probe_paid.discard(s)  # drafting on its own estimate again, or dropped: probes wait again
         return sel
 
+    def skip(self, source: str) -> None:
+        """A step in which ``source`` was not asked to draft because its drafts would not pay (a draft model's own
+        cost, :class:`redraft.policy.gate.PolicyGate`): counted as an idle step, so its probes still come."""
+        self.idle[source] = self.idle.get(source, 0) + 1
+        self.probe_paid.discard(source)
+
+    def probe_soon(self, source: str) -> None:
+        """Probe ``source`` at its next candidate, whatever its idle count (a new draft model: one probe tells
+        more than its prior, and it is worth the one draft it costs)."""
+        self.probe_paid.add(source)
+
     def depth(self, source: str, length: int, priors: Sequence[float] | None = None, *,
               max_depth: int | None = None) -> int:
         """How many leading tokens of a ``length``-token chain from ``source`` to verify (0 = a plain step)."""

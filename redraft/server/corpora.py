@@ -1,19 +1,17 @@
 """The corpora a server drafts from: one learned :class:`OnlineCorpus` per tenant, plus fixed shared files.
 
-Layout of ``--corpus-dir DIR``: ``DIR/meta.json`` (the tokenizer fingerprint and vocabulary size the corpora were
-made with) and ``DIR/<tenant>/`` (that tenant's journal and binary base, see :mod:`redraft.corpus.online`).
+Layout of ``--corpus-dir DIR`` (:mod:`redraft.corpus.directory`, shared with the vLLM proposer): ``DIR/meta.json``
+(the tokenizer fingerprint and vocabulary size the corpora were made with) and ``DIR/<tenant>/`` (that tenant's
+journal and binary base, see :mod:`redraft.corpus.online`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
+from redraft.corpus.directory import check_meta, tenant_dir
 from redraft.corpus.online import OnlineCorpus
-
-META = "meta.json"
 
 
 class CorporaError(ValueError):
@@ -46,7 +44,7 @@ class TenantCorpora:
         self.learned: dict[str, OnlineCorpus] = {}
         if learn:
             for t in tenants:
-                path = os.path.join(directory, t) if directory is not None else None
+                path = tenant_dir(directory, t) if directory is not None else None
                 self.learned[t] = OnlineCorpus(path, vocab_size=vocab_size, fingerprint=fingerprint,
                                                cap_tokens=cap_tokens, sync=sync, **kw)
         self.shared = _load_shared(shared, vocab_size, fingerprint)
@@ -55,9 +53,11 @@ class TenantCorpora:
         return self.learned.get(tenant)
 
     def learn_span(self, tenant: str, span: Sequence[int]) -> bool:
-        """Append a finished generation (prompt + output ids) to the tenant's corpus; False when not learning."""
+        """Learn a finished generation (prompt + output ids) into the tenant's corpus unless it already holds them
+        (:meth:`OnlineCorpus.learn`). Returns whether the corpus grew; False when not learning. Raises OSError
+        (journal write) or CorpusError (id outside the vocabulary); the corpus is then unchanged."""
         c = self.learned.get(tenant)
-        return c.append(span) if c is not None else False
+        return c.learn(span) if c is not None else False
 
     def close(self) -> None:
         for c in self.learned.values():
@@ -65,23 +65,10 @@ class TenantCorpora:
 
 
 def _check_meta(directory: str, vocab_size: int, fingerprint: str | None) -> None:
-    path = os.path.join(directory, META)
-    want = {"fingerprint": fingerprint, "vocab_size": vocab_size}
     try:
-        os.makedirs(directory, exist_ok=True)
-        if not os.path.exists(path):
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(want, f)
-            return
-        with open(path, encoding="utf-8") as f:
-            have = json.load(f)
-    except OSError as e:
-        raise CorporaError(f"--corpus-dir {directory}: cannot use it ({e.strerror or e})") from e
-    except json.JSONDecodeError as e:
-        raise CorporaError(f"--corpus-dir {directory}: {META} is not valid JSON ({e})") from e
-    if not isinstance(have, dict) or any(have.get(k) != v for k, v in want.items()):
-        raise CorporaError(f"--corpus-dir {directory} was made for another tokenizer ({META}: {have}, this model: "
-                           f"{want}); use another directory")
+        check_meta(directory, vocab_size, fingerprint)
+    except CorpusError as e:
+        raise CorporaError(f"--corpus-dir {e}") from e
 
 
 def _load_shared(paths: Sequence[str], vocab_size: int, fingerprint: str | None) -> Corpus | None:

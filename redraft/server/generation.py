@@ -1,7 +1,12 @@
 """One request through the engine: the tenant's drafters, stop strings, text deltas, then learning the answer.
 
-Runs on the scheduler's generation thread. The engine is built per request (it is a thin object) around one
-shared :class:`~redraft.decoding.target.HFTarget`, so the model and its KV cache buffers exist once.
+Runs on the scheduler's generation thread. The engine is built per request (it is a thin object) by
+:func:`redraft.compose.build_engine` around one shared :class:`~redraft.decoding.target.HFTarget`, so the model and
+its KV cache buffers exist once. Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as
+``redraft run``: the cost-aware policy by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or
+``--minacc``. The cost curve is measured once per server (cached on disk as the CLI caches it); what the policy
+learns (acceptance per draft source) is kept per tenant, in memory only, so one tenant's traffic never changes
+another tenant's draft depths (timing would show them).
 """
 
 from __future__ import annotations
@@ -10,49 +15,61 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
+from redraft.compose.build import grammar_drafters
 from redraft.corpus import CorpusError
-from redraft.decoding.engine import Engine, GenerationResult
+from redraft.decoding.engine import GenerationResult
+from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, SERVE_CORPUS_K_MAX
-from redraft.drafters import build_drafters
 
 from .corpora import TenantCorpora
+from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
-
-
-@dataclass
-class DraftSettings:
-    """How requests draft: corpus depth ``k`` (adaptive up to ``k_max``), guard threshold ``minacc`` (fraction),
-    n-gram drafts from the live context on or off."""
-
-    k: int = CORPUS_K_DEFAULT
-    k_max: int | None = SERVE_CORPUS_K_MAX
-    minacc: float = CORPUS_MINACC
-    ngram: bool = True
+from .toolcalls import ContentFilter
 
 
 @dataclass
 class Work:
-    """What a job asks for: prompt ids, the exact cap on new tokens, sampling and stop strings."""
+    """What a job asks for: prompt ids, the exact cap on new tokens (0: score the prompt only), sampling (with the
+    output's grammar constraint, if any) and stop strings; ``tool_calls``: the tool-call format to parse the answer
+    with (a :class:`~redraft.server.toolcalls.ToolCallFormat`), None when the answer cannot hold calls;
+    ``logprobs`` (None or alternatives per token) and ``echo`` (also score the prompt).
+
+    A scoring request (``echo`` with ``logprobs``) scores the prompt in one forward of its own (one per
+    :data:`~redraft.decoding.logprobs.SCORE_CHUNK` tokens) and learns nothing.
+    """
 
     prompt_ids: list[int]
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
+    tool_calls: object | None = None
+    single_call: bool = False  # parallel_tool_calls false: only the first call counts
+    logprobs: int | None = None
+    echo: bool = False
+
+    @property
+    def scoring(self) -> bool:
+        return self.echo and self.logprobs is not None
 
 
 @dataclass
 class Outcome:
     """A finished generation: the engine's result, the final text (cut before a stop string) and the OpenAI
-    finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context)."""
+    finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context, ``tool_calls``
+    when the answer holds tool calls). With tool calls, ``tool_calls`` holds them in OpenAI's shape and ``content``
+    the text outside them (None when empty); otherwise ``tool_calls`` is None and ``content`` is ``text``."""
 
     result: GenerationResult
     text: str
     finish_reason: str
     learned: bool
+    tool_calls: list[dict] | None = None
+    content: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Generator:
@@ -61,16 +78,27 @@ class Generator:
     Args:
         loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids).
         corpora: the tenants' learned corpora and the shared corpus.
-        draft: :class:`DraftSettings`.
+        config: how requests draft (:class:`~redraft.compose.SpeculationConfig`; default: the policy, n-gram
+            drafts, exact mode, as ``redraft run``). Its ``corpus`` path is ignored: ``corpora`` are the corpora.
         on_learned: called with the tenant after its corpus grew (metrics).
+        curve: the policy's :class:`~redraft.policy.CostCurve`; None = this model's cached curve, measured at
+            construction when missing (a few seconds on a CPU, once per model, dtype, thread count and machine).
+        prefix_cache: a :class:`~redraft.server.prefix_cache.PrefixCache` (each request starts from its tenant's
+            longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.
     """
 
-    def __init__(self, loaded, corpora: TenantCorpora, draft: DraftSettings,
-                 on_learned: Callable[[str], None] | None = None) -> None:
+    def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
+                 on_learned: Callable[[str], None] | None = None, curve=None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
         self.target = HFTarget(loaded.model)
-        self.corpora, self.draft, self.on_learned = corpora, draft, on_learned
+        self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
+        self.prefix_cache = prefix_cache
+        self.curve = None
+        if self.config.policy_on:  # measured once per server, before the first request (not inside one)
+            self.curve = curve if curve is not None else build_policy(loaded.model).curve
+        self.policies: dict = {}  # tenant -> SpeculationPolicy: learned acceptance, never shared across tenants
 
     @property
     def context_length(self) -> int | None:
@@ -80,24 +108,51 @@ class Generator:
     def vocab_size(self) -> int:
         return self.target.vocab_size
 
-    def drafters(self, tenant: str) -> list:
-        """Draft sources in priority order: the tenant's learned corpus, the shared corpus, n-gram lookup."""
-        d = self.draft
+    def drafters(self, tenant: str, constraint=None) -> list:
+        """Draft sources in priority order: the request's output grammar (``constraint``, see
+        :func:`redraft.compose.build.grammar_drafters`), the tenant's learned corpus, the shared corpus, n-gram
+        lookup."""
         own = self.corpora.get(tenant)
-        drafters = build_drafters(own, k=d.k, minacc=d.minacc, ngram=d.ngram, k_max=d.k_max)
+        drafters = drafters_for(self.config, own)
         if self.corpora.shared is not None:
-            # named apart from the tenant's learned corpus: its own statistics
-            shared = build_drafters(self.corpora.shared, k=d.k, minacc=d.minacc, ngram=False, k_max=d.k_max,
-                                    corpus_name="shared")[0]
+            # named apart from the tenant's learned corpus: its own statistics (and the policy's own estimates)
+            shared = drafters_for(self.config, self.corpora.shared, corpus_name="shared", ngram=False)[0]
             drafters.insert(1 if own is not None else 0, shared)
-        return drafters
+        return grammar_drafters(self.config, constraint) + drafters
+
+    def policy(self, tenant: str):
+        """The tenant's :class:`~redraft.policy.SpeculationPolicy` (None without the policy): one per tenant, all
+        on the server's one cost curve."""
+        if self.curve is None:
+            return None
+        if tenant not in self.policies:
+            self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
+        return self.policies[tenant]
+
+    def engine(self, tenant: str, constraint=None):
+        """The engine for one request of ``tenant``: its drafters and its policy."""
+        return build_engine(self.target, self.config, eos_token_ids=self.eos,
+                            drafters=self.drafters(tenant, constraint), policy=self.policy(tenant))
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
-        engine = Engine(self.target, self.drafters(job.tenant), eos_token_ids=self.eos,
-                        max_depth=max(self.draft.k, self.draft.k_max or 0))
+        scored = score_prompt(self.target, work.prompt_ids, work.logprobs) if work.scoring else None
+        if work.max_tokens == 0:
+            forwards = -(-len(work.prompt_ids) // SCORE_CHUNK) if scored else 0
+            res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=forwards,
+                                   logprobs=None if work.logprobs is None else [])
+            return Outcome(result=res, text="", finish_reason="length", learned=False, prompt_logprobs=scored)
+        engine = self.engine(job.tenant, work.sampling.constraint)
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
+        content = ContentFilter(work.tool_calls) if work.tool_calls is not None else None
+        if content is not None:
+            emit_text = emit
+
+            def emit(delta: str) -> None:
+                shown = content.feed(delta)
+                if shown:
+                    emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
             if job.cancel.is_set():
@@ -106,18 +161,35 @@ class Generator:
             if delta:
                 emit(delta)
 
+        cache = self.prefix_cache
+        hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
         res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None)
+                              stop=stop if stop else None, prefix=hit,
+                              logprobs=work.logprobs)
+        if cache is not None:
+            remember(cache, job.tenant, self.target, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
-        rest = stream.finish(text)
-        if rest:
-            emit(rest)
+        calls, answer = None, text
+        if content is not None:
+            answer, calls = work.tool_calls.parse(text)
+            if work.single_call:
+                calls = calls[:1]
+            rest = content.finish(answer)
+            if rest:
+                emit_text(rest)
+            calls = calls or None
+            if calls is None:
+                answer = text
+        else:
+            rest = stream.finish(text)
+            if rest:
+                emit(rest)
         # learn before the response completes: the journal record is synced when the client sees the end
         learned = False
         own = self.corpora.get(job.tenant)
         try:
-            if own is not None and res.output_ids and not reproduces(own, work.prompt_ids, res.output_ids):
+            if own is not None and res.output_ids and not work.scoring:
                 learned = self.corpora.learn_span(job.tenant, work.prompt_ids + res.output_ids)
         except (OSError, CorpusError) as e:  # the answer is still right; only the learning failed
             print(f"redraft serve: warning: tenant {job.tenant}: span not learned ({type(e).__name__}: {e})",
@@ -125,19 +197,8 @@ class Generator:
         if learned and self.on_learned is not None:
             self.on_learned(job.tenant)
         reason = "length" if res.stop_reason in ("length", "context") else "stop"
-        return Outcome(result=res, text=text, finish_reason=reason, learned=learned)
+        if calls and reason == "stop":  # a cut-off answer stays "length", its complete calls still returned
+            reason = "tool_calls"
+        return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
+                       prompt_logprobs=scored)
 
-
-def reproduces(corpus, prompt: list[int], output: list[int], k: int = 48) -> bool:
-    """Whether ``corpus`` already drafts all of ``output`` after ``prompt``: following its proposals from the prompt
-    gives exactly the output. A replayed answer is then not learned again, so repeating requests costs no memory
-    and leaves the cap to new answers. Costs one lookup per k output tokens."""
-    context, i = list(prompt), 0
-    while i < len(output):
-        n, ids = corpus.propose(context, k)
-        want = output[i:i + len(ids)]
-        if n == 0 or ids[:len(want)].tolist() != want:
-            return False
-        context += want
-        i += len(want)
-    return True

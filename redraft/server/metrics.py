@@ -7,7 +7,9 @@ vLLM names used (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py): ``
 ``vllm:e2e_request_latency_seconds``, ``vllm:time_to_first_token_seconds``; so vLLM's PromQL for the acceptance
 rate (accepted / draft tokens) and mean acceptance length (1 + accepted / drafts) works unchanged. redraft adds a
 ``source`` label to the spec-decode counters (corpus, shared, ngram, ...) and its own ``redraft:`` metrics where vLLM
-has none: HTTP requests by status, target forwards, tokens per forward, learned corpus size per tenant.
+has none: HTTP requests by status, target forwards, tokens per forward, learned corpus size per tenant. The prefix
+cache counts as vLLM's does (``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``, in prompt tokens), plus
+``redraft:prefix_cache_evictions``, ``redraft:prefix_cache_tokens`` and ``redraft:prefix_cache_entries``.
 Counters are exposed with prometheus_client's ``_total`` suffix, as vLLM's are.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from redraft.decoding.engine import GenerationResult
+from redraft.server.prefix_cache import PrefixCache
 
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _TPF = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 49)
@@ -64,6 +67,17 @@ class ServerMetrics:
                                    registry=r)
         self.corpus_spans = Gauge("redraft:corpus_spans", "Spans in each tenant's learned corpus.", m + ["tenant"],
                                   registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                      m, registry=r).labels(model_name)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens whose KV entries came from the prefix "
+                                   "cache.", m, registry=r).labels(model_name)
+        self.prefix_evictions = Counter("redraft:prefix_cache_evictions", "Prefix cache entries evicted by the "
+                                        "token budget.", m, registry=r).labels(model_name)
+        self.prefix_tokens = Gauge("redraft:prefix_cache_tokens", "Tokens whose KV entries the prefix cache holds, "
+                                   "all tenants.", m, registry=r).labels(model_name)
+        self.prefix_entries = Gauge("redraft:prefix_cache_entries", "Entries in the prefix cache, all tenants.", m,
+                                    registry=r).labels(model_name)
+        self._prefix_evicted = 0
         self.corpus_evicted = Gauge("redraft:corpus_evicted_spans", "Spans evicted by the per-tenant cap since "
                                     "start.", m + ["tenant"], registry=r)
 
@@ -84,6 +98,16 @@ class ServerMetrics:
             self.drafts.labels(self.model_name, name).inc(st.steps)
             self.draft_tokens.labels(self.model_name, name).inc(st.proposed)
             self.accepted_tokens.labels(self.model_name, name).inc(st.accepted)
+
+    def prefix_cache(self, res: GenerationResult, cache: PrefixCache) -> None:
+        """Count one finished request's prefix cache lookup (its prompt tokens, the hit) and the store's state."""
+        self.prefix_queries.inc(len(res.prompt_ids))
+        self.prefix_hits.inc(res.prefix_hit_tokens)
+        evicted = cache.stats.evictions
+        self.prefix_evictions.inc(max(0, evicted - self._prefix_evicted))
+        self._prefix_evicted = evicted
+        self.prefix_tokens.set(cache.tokens)
+        self.prefix_entries.set(len(cache))
 
     def corpus(self, tenant: str, n_tokens: int, n_spans: int, evicted: int) -> None:
         self.corpus_tokens.labels(self.model_name, tenant).set(n_tokens)

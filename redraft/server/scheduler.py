@@ -48,6 +48,7 @@ class Job:
         loop, events: the event loop of the request and the queue its handler reads events from.
         cancel: set by the handler when the client leaves; the generation stops at its next step.
         arrived, started, first_token: ``time.perf_counter()`` stamps (started/first_token None until then).
+        outcome: what the runner returned, once it finished (None until then, or when it failed).
     """
 
     tenant: str
@@ -58,6 +59,7 @@ class Job:
     arrived: float = field(default_factory=time.perf_counter)
     started: float | None = None
     first_token: float | None = None
+    outcome: Any = None
 
     @property
     def queue_seconds(self) -> float:
@@ -162,7 +164,8 @@ class Scheduler:
             try:
                 if job.cancel.is_set():
                     raise Cancelled()
-                job.post("done", self.runner(job, lambda text, j=job: self._emit(j, text)))
+                job.outcome = self.runner(job, lambda text, j=job: self._emit(j, text))
+                job.post("done", job.outcome)
             except Cancelled:
                 job.post("aborted")
             except Exception as e:  # noqa: BLE001 - reported to the request; the worker must live on

@@ -1,10 +1,12 @@
 """OpenAI request bodies: parse, type-check and range-check ``/v1/completions`` and ``/v1/chat/completions``.
 
-Every field the OpenAI API defines is either supported, accepted only at its no-op value (``n: 1``,
-``frequency_penalty: 0``, ``logprobs: null``, ...), or refused with a 400 that names it: a request is never
+Every field the OpenAI API defines is either supported, accepted only at its no-op value (``best_of: 1``,
+``frequency_penalty: 0``, ``tools: []``, ...), or refused with a 400 that names it: a request is never
 answered as if a field it relies on had been honoured. Fields the API does not define are refused the same way,
 except redraft's extensions ``top_k`` (0 or -1 = off) and ``repetition_penalty`` (1 = off).
-Status codes: malformed JSON, unsupported fields and out-of-range values 400; wrong types 422.
+Status codes: every invalid request is a 400 ``invalid_request_error`` naming the field in ``param`` (OpenAI's
+convention; never 422). Whole-number floats are integers (JSON Schema's rule: ``"max_tokens": 4.0`` is 4).
+Bodies nested deeper than :data:`MAX_JSON_DEPTH` levels and strings holding lone UTF-16 surrogates are refused.
 
 Unlike OpenAI's default of 1.0, ``temperature`` defaults to 0 (greedy): the same request then gives the same
 answer and replays from the corpus. With temperature > 0 and no ``seed``, a random seed is drawn and reported in
@@ -17,9 +19,9 @@ import json
 import math
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from redraft.decoding.sampling import SamplingParams
 
@@ -41,16 +43,27 @@ class APIError(Exception):
 _NONE = (None,)
 # accepted only at these values (the ones that change nothing); any other value is a 400 naming the field
 _NOOP_COMMON: dict[str, tuple] = {
-    "n": (None, 1), "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {}),
+    "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {}),
 }
-_NOOP_COMPLETION = {**_NOOP_COMMON, "logprobs": _NONE, "echo": (None, False), "best_of": (None, 1),
-                    "suffix": _NONE}
-_NOOP_CHAT = {**_NOOP_COMMON, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
-              "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-              "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
+_NOOP_COMPLETION = {**_NOOP_COMMON, "best_of": (None, 1), "suffix": _NONE}
+_NOOP_CHAT = {**_NOOP_COMMON, "functions": (None, []), "function_call": (None, "none"),
+              "store": (None, False), "modalities": (None, ["text"]),
               "audio": _NONE, "prediction": _NONE, "reasoning_effort": _NONE, "verbosity": _NONE,
-              "web_search_options": _NONE, "service_tier": (None, "auto", "default"),
-              "parallel_tool_calls": (None, True, False)}
+              "web_search_options": _NONE, "service_tier": (None, "auto", "default")}
+
+
+MAX_JSON_DEPTH = 32  # nesting levels of a request body (the deepest valid request needs 5)
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit
+MAX_TOP_LOGPROBS = 20  # OpenAI's chat limit
+MAX_CHOICES = 128  # prompts x n per request
+
+
+def _whole(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+WholeInt = Annotated[int, BeforeValidator(_whole)]
+"""An integer field that also takes a whole-number float (``4.0``), as JSON Schema's ``integer`` does."""
 
 
 class _Strict(BaseModel):
@@ -63,20 +76,23 @@ class StreamOptions(_Strict):
 
 class _Common(_Strict):
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: WholeInt | None = None
+    n: WholeInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: WholeInt | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    top_k: int | None = None
+    top_k: WholeInt | None = None
     repetition_penalty: float | None = None
     user: str | None = None  # an end-user id for the caller's own records; no effect on output
 
 
 class CompletionBody(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: WholeInt | None = None
+    echo: bool | None = None
 
 
 class TextPart(_Strict):
@@ -88,20 +104,30 @@ class Message(_Strict):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None  # assistant turns (checked by server/tools.py)
+    tool_call_id: str | None = None  # tool turns
 
 
 class ChatBody(_Common):
     messages: list[Message]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: WholeInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: WholeInt | None = None
     metadata: dict[str, str] | None = None  # stored-completion tags; no effect on output
     prompt_cache_key: str | None = None  # a cache routing hint; no effect on output
     safety_identifier: str | None = None  # an end-user id; no effect on output
+    # tool calling and structured output: shapes checked here, contents by server/tools.py and server/structured.py
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
 
 
 _EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of those", "messages":
              "a list of {role, content} objects", "stop": "a string or a list of strings",
              "stream_options": "an object like {\"include_usage\": true}", "metadata": "an object of strings"}
-_ROLES = {"system", "developer", "user", "assistant"}
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_STOP_STRINGS = 4  # OpenAI's limit on 'stop'
 
 
 @dataclass
@@ -110,9 +136,16 @@ class ParsedRequest:
 
     Attributes:
         kind: "completion" or "chat". model: the requested model id (None = the served one).
-        prompt: text or token ids (completions). messages: [{role, content}] with text content (chat).
+        prompt: text or token ids (completions; the first of ``prompts``). prompts: every prompt of the request
+            (several give several choices). messages: [{role, content}] with text content (chat).
         max_tokens: the cap asked for (None = the endpoint's default). sampling: :class:`SamplingParams`.
         stop: stop strings. stream, include_usage: SSE streaming, and a final usage chunk in it.
+        tools, tool_choice, parallel_tool_calls, response_format: the chat fields as sent (None = not sent);
+            the server checks them with :func:`redraft.server.tools.parse_tools` and
+            :func:`redraft.server.structured.parse_response_format`.
+        n: choices per prompt. logprobs: None, or how many alternatives per token to report with each token's
+            log-probability (completions ``logprobs``; chat ``top_logprobs`` when ``logprobs`` is true).
+        echo: completions only: the choice's text (and logprobs) begin with the prompt's.
     """
 
     kind: Literal["completion", "chat"]
@@ -124,6 +157,14 @@ class ParsedRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
+    prompts: list[str | list[int]] = field(default_factory=list)
+    n: int = 1
+    logprobs: int | None = None
+    echo: bool = False
 
 
 def parse_json(raw: bytes) -> dict:
@@ -135,13 +176,46 @@ def parse_json(raw: bytes) -> dict:
         body = json.loads(raw, parse_constant=no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON ({e})") from e
+    except RecursionError:
+        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, not {_type_name(body)}")
+    check_json_values(body)
     return body
 
 
+def check_json_values(body: Any) -> None:
+    """Refuse (APIError 400) a decoded body nested deeper than :data:`MAX_JSON_DEPTH` or holding a string that is
+    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON's escapes allow). Iterative; a
+    field's path (``messages[0].content``) is built only for the error."""
+    todo: list[tuple[Any, int, tuple]] = [(body, 1, ())]
+    while todo:
+        v, depth, loc = todo.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                           param=str(loc[0]) if loc else None)
+        if isinstance(v, dict):
+            for k, x in v.items():
+                _check_text(k, loc + (k,))
+                if isinstance(x, (dict, list, str)):
+                    todo.append((x, depth + 1, loc + (k,)))
+        elif isinstance(v, list):
+            todo.extend((x, depth + 1, loc + (i,)) for i, x in enumerate(v) if isinstance(x, (dict, list, str)))
+        elif isinstance(v, str):
+            _check_text(v, loc)
+
+
+def _check_text(s: str, loc: tuple) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        path = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x)) for i, x in enumerate(loc))
+        raise APIError(400, f"'{path}' is not valid Unicode (a lone surrogate at character {e.start})",
+                       param=path or None) from None
+
+
 def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
-    """Check a decoded body field by field. Raises APIError (400 unsupported/out of range, 422 wrong type)."""
+    """Check a decoded body field by field. Raises APIError 400 (unsupported, out of range or wrong type)."""
     model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
     for name, value in body.items():
         if name in model_cls.model_fields:
@@ -163,16 +237,38 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     max_tokens = req.max_tokens
     if kind == "chat" and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
-    if max_tokens is not None and max_tokens < 1:
+    echo = kind == "completion" and bool(req.echo)
+    if max_tokens is not None and max_tokens < (0 if echo else 1):
         param = "max_completion_tokens" if kind == "chat" and req.max_completion_tokens is not None else "max_tokens"
-        raise APIError(400, f"'{param}' must be at least 1, got {max_tokens}", param=param)
+        raise APIError(400, f"'{param}' must be at least 1 (0 only with 'echo'), got {max_tokens}", param=param)
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                       param="stop")
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_CHOICES:
+        raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, got {n}", param="n")
+    logprobs = _logprobs(req, kind)
+    if stream and logprobs is not None:
+        raise APIError(400, "'logprobs' is not supported with 'stream' by redraft", param="logprobs",
+                       code="unsupported_parameter")
     out = ParsedRequest(kind=kind, model=req.model, sampling=_sampling(req), max_tokens=max_tokens,
-                        stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []), stream=stream,
-                        include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                        stop=stop, stream=stream,
+                        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                        n=n, logprobs=logprobs, echo=echo)
     if kind == "completion":
-        out.prompt = _prompt(req.prompt)
+        out.prompts = _prompts(req.prompt)
+        out.prompt = out.prompts[0]
+        if len(out.prompts) * n > MAX_CHOICES:
+            raise APIError(400, f"{len(out.prompts)} prompts x n={n} choices exceed the limit of {MAX_CHOICES} "
+                                "choices per request", param="n")
     else:
         out.messages = _messages(req.messages)
+        out.tools, out.tool_choice = req.tools, req.tool_choice
+        if n > 1 and req.tools and req.tool_choice != "none":
+            raise APIError(400, "'n' > 1 with 'tools' is not supported by redraft (one choice per tool-calling "
+                                "request)", param="n", code="unsupported_parameter")
+        out.parallel_tool_calls, out.response_format = req.parallel_tool_calls, req.response_format
     return out
 
 
@@ -194,15 +290,34 @@ def _sampling(req: _Common) -> SamplingParams:
                           repetition_penalty=rp if rp is not None else 1.0, seed=seed)
 
 
-def _prompt(prompt) -> str | list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise APIError(400, f"'prompt' holds {len(prompt)} prompts; redraft takes one prompt per request",
-                           param="prompt")
-        prompt = prompt[0]
-    if len(prompt) == 0:
-        raise APIError(400, "'prompt' is empty", param="prompt")
-    return prompt
+def _logprobs(req: _Common, kind: str) -> int | None:
+    """Alternatives per token to report, or None: completions' ``logprobs`` (0..5), chat's ``top_logprobs`` (0..20,
+    with ``logprobs: true``)."""
+    if kind == "completion":
+        k = req.logprobs
+        if k is not None and not 0 <= k <= MAX_COMPLETION_LOGPROBS:
+            raise APIError(400, f"'logprobs' must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {k}",
+                           param="logprobs")
+        return k
+    k = req.top_logprobs
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise APIError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}, got {k}",
+                       param="top_logprobs")
+    if not req.logprobs:
+        if k:
+            raise APIError(400, "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+        return None
+    return k or 0
+
+
+def _prompts(prompt) -> list[str | list[int]]:
+    """One prompt (text or ids) or a list of them -> the list; each must be non-empty."""
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            where = "'prompt'" if len(prompts) == 1 else f"'prompt[{i}]'"
+            raise APIError(400, f"{where} is empty", param="prompt")
+    return prompts
 
 
 def _messages(messages: list[Message]) -> list[dict]:
@@ -213,10 +328,15 @@ def _messages(messages: list[Message]) -> list[dict]:
         if m.role not in _ROLES:
             raise APIError(400, f"messages[{i}].role {m.role!r} is not supported (expected one of "
                                 f"{', '.join(sorted(_ROLES))})", param=f"messages[{i}].role")
-        if m.content is None:
-            raise APIError(400, f"messages[{i}].content is missing (tool calls are not supported)",
+        if m.tool_calls is not None and m.role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls is only allowed on assistant messages",
+                           param=f"messages[{i}].tool_calls")
+        if m.content is None and not m.tool_calls:
+            raise APIError(400, f"messages[{i}].content is missing (null is allowed only beside tool_calls)",
                            param=f"messages[{i}].content")
-        if isinstance(m.content, str):
+        if m.content is None:
+            text = None
+        elif isinstance(m.content, str):
             text = m.content
         else:
             for j, part in enumerate(m.content):
@@ -224,7 +344,12 @@ def _messages(messages: list[Message]) -> list[dict]:
                     raise APIError(400, f"messages[{i}].content[{j}] of type {part.type!r} is not supported "
                                         "(text parts only)", param=f"messages[{i}].content")
             text = "".join(part.text for part in m.content)
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": text}
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
     return out
 
 
@@ -235,10 +360,10 @@ def _type_error(e: ValidationError, body: dict) -> APIError:
     top = str(err["loc"][0])
     path = top + "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc[1:])
     if err["type"] == "missing":
-        return APIError(422, f"'{path}' is required", param=path)
+        return APIError(400, f"'{path}' is required", param=path)
     if top in _EXPECTED and len(loc) <= 1:
-        return APIError(422, f"'{top}' must be {_EXPECTED[top]} (got {_type_name(body.get(top))})", param=top)
-    return APIError(422, f"'{path}': {err['msg'].lower()} (got {_type_name(err.get('input'))})", param=path)
+        return APIError(400, f"'{top}' must be {_EXPECTED[top]} (got {_type_name(body.get(top))})", param=top)
+    return APIError(400, f"'{path}': {err['msg'].lower()} (got {_type_name(err.get('input'))})", param=path)
 
 
 def _same(value: Any, ok: Any) -> bool:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from redraft.decoding.target import cache_kwarg
 from redraft.io.atomic import atomic_path, write_json
 from redraft.io.questions import load_questions
 
@@ -128,6 +129,7 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     from transformers import DynamicCache
 
     base, head = model.base_model, model.get_output_embeddings().weight
+    dev = head.device  # the model's device: a GPU run generates there, the records come back to the CPU
     eos = set(int(e) for e in eos_ids)
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_id, dtype=torch.long)
@@ -135,11 +137,13 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
     for b, p in enumerate(prompts):
         ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
         att[b, P - len(p):] = 1
+    ids, att = ids.to(dev), att.to(dev)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    h = base(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+    kw = {cache_kwarg(base): cache}  # "cache", or "past_key_values" before transformers 5.2x
+    h = base(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, **kw).last_hidden_state
     prompt_labels, prompt_ti, prompt_tl = _chunked_top(h, head, topk)  # [B, P], [B, P, k]
-    gen_rng = torch.Generator().manual_seed(seed)
+    gen_rng = torch.Generator(device=dev).manual_seed(seed)
 
     def choose(h_last: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
         """The next input ids [B]: the greedy choice, or a top-k sample at ``temperature``."""
@@ -150,38 +154,45 @@ def generate_records(model, prompts: Sequence[Sequence[int]], layers: Sequence[i
         return top.indices.gather(-1, torch.multinomial(probs, 1, generator=gen_rng))[:, 0]
 
     nxt = choose(h[:, -1], prompt_labels[:, -1])
+    nxt_ids = nxt.tolist()  # one device sync per step, not one per row
     gen = [[] for _ in range(B)]  # generated inputs per row
     done = [False] * B
     for b in range(B):
-        done[b] = int(nxt[b]) in eos or max_new_tokens <= 1
+        done[b] = nxt_ids[b] in eos or max_new_tokens <= 1
     step_labels, step_ti, step_tl = [], [], []
     for _ in range(max_new_tokens - 1):
         if all(done):
             break
         for b in range(B):
             if not done[b]:
-                gen[b].append(int(nxt[b]))
-        att = torch.cat((att, torch.ones(B, 1, dtype=torch.long)), 1)
+                gen[b].append(nxt_ids[b])
+        att = torch.cat((att, torch.ones(B, 1, dtype=torch.long, device=dev)), 1)
         pos = pos[:, -1:] + 1
-        h = base(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, cache=cache,
-                 use_cache=True).last_hidden_state
+        h = base(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True,
+                 **kw).last_hidden_state
         greedy, ti, tl = _top(h[:, -1] @ head.T, topk)
         step_labels.append(greedy)
         step_ti.append(ti)
         step_tl.append(tl)
         nxt = choose(h[:, -1], greedy)
+        nxt_ids = nxt.tolist()
         for b in range(B):
-            if not done[b] and (int(nxt[b]) in eos or len(gen[b]) >= max_new_tokens - 1):
+            if not done[b] and (nxt_ids[b] in eos or len(gen[b]) >= max_new_tokens - 1):
                 done[b] = True
     records = []
+    prompt_labels = prompt_labels.cpu()
+    steps = torch.stack(step_labels, 1).cpu() if step_labels else None  # [B, steps]
+    if topk > 0:
+        prompt_ti, prompt_tl = prompt_ti.cpu(), prompt_tl.cpu()
+        step_ti, step_tl = [t.cpu() for t in step_ti], [t.cpu() for t in step_tl]
     for b, p in enumerate(prompts):
         n_gen = len(gen[b])
         seq = list(p) + gen[b]
         # labels: the prompt positions' argmax, then each generated input's successor choice
-        labels = prompt_labels[b, P - len(p):].tolist() + [int(step_labels[t][b]) for t in range(n_gen)]
-        cols = torch.cat((torch.arange(P - len(p), P), torch.arange(P, P + n_gen)))  # this row's cache columns
-        k = torch.stack([cache.layers[i].keys[b][:, cols] for i in layers]).half()  # [Ld, Hkt, N, D]
-        v = torch.stack([cache.layers[i].values[b][:, cols] for i in layers]).half()
+        labels = prompt_labels[b, P - len(p):].tolist() + (steps[b, :n_gen].tolist() if n_gen else [])
+        cols = torch.cat((torch.arange(P - len(p), P), torch.arange(P, P + n_gen))).to(dev)  # this row's columns
+        k = torch.stack([cache.layers[i].keys[b][:, cols] for i in layers]).half().cpu()  # [Ld, Hkt, N, D]
+        v = torch.stack([cache.layers[i].values[b][:, cols] for i in layers]).half().cpu()
         rec = Record(torch.tensor(seq), torch.tensor(labels), len(p), k, v, -1 if qids is None else int(qids[b]))
         if topk > 0:
             rec.top_ids = torch.cat([prompt_ti[b, P - len(p):]] + [step_ti[t][b:b + 1] for t in range(n_gen)])
@@ -200,14 +211,16 @@ def text_records(model, windows: Sequence[Sequence[int]], layers: Sequence[int],
     """
     from transformers import DynamicCache
 
+    head = model.get_output_embeddings().weight
     ids = torch.tensor([list(w) for w in windows], dtype=torch.long)
     cache = DynamicCache(config=model.config)
-    h = model.base_model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state
-    labels, ti, tl = _chunked_top(h, model.get_output_embeddings().weight, topk)
+    h = model.base_model(input_ids=ids.to(head.device), use_cache=True,
+                         **{cache_kwarg(model.base_model): cache}).last_hidden_state
+    labels, ti, tl = (None if t is None else t.cpu() for t in _chunked_top(h, head, topk))
     out = []
     for b in range(ids.shape[0]):
-        k = torch.stack([cache.layers[i].keys[b] for i in layers]).half()
-        v = torch.stack([cache.layers[i].values[b] for i in layers]).half()
+        k = torch.stack([cache.layers[i].keys[b] for i in layers]).half().cpu()
+        v = torch.stack([cache.layers[i].values[b] for i in layers]).half().cpu()
         out.append(Record(ids[b], labels[b], ids.shape[1], k, v, top_ids=None if ti is None else ti[b],
                           top_logp=None if tl is None else tl[b]))
     return out
@@ -355,7 +368,7 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
                           max_new_tokens: int, eos_ids: Iterable[int], seconds: float | None = None,
                           max_batch: int = 32, max_tokens: int = 8192, max_prompt: int = 1024, progress=None,
                           temperature: float = 0.0, seed: int = 0, texts: Sequence[str] | None = None,
-                          topk: int = 0) -> int:
+                          topk: int = 0, min_batches: int = 0) -> int:
     """Generate answers for ``question_ids`` not yet in ``store`` (in the given order), until ``seconds`` run out.
 
     Args:
@@ -366,6 +379,7 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
         progress: optional callable(n_records, n_tokens) after each batch.
         texts: the questions as plain strings (``question_ids`` index them); None = Spec-Bench's first turns.
         topk: keep the target's top-k next tokens per position (see :func:`generate_records`).
+        min_batches: this many batches run whatever ``seconds`` says (a bounded run still gets some data).
     Returns:
         number of records added.
     """
@@ -379,8 +393,8 @@ def build_generation_data(model, tokenizer, store: FeatureStore, layers: Sequenc
     lengths = {i: len(prompts[i]) + max_new_tokens for i in todo}
     t0, added = time.perf_counter(), 0
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for batch in batches_by_length(todo, lengths, max_tokens, max_batch):
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
+    for n_batch, batch in enumerate(batches_by_length(todo, lengths, max_tokens, max_batch)):
+        if seconds is not None and time.perf_counter() - t0 >= seconds and n_batch >= min_batches:
             break
         t1, c1 = time.perf_counter(), time.process_time()
         recs = generate_records(model, [prompts[i] for i in batch], layers, max_new_tokens=max_new_tokens,

@@ -9,6 +9,7 @@ tokens per verify forward, wall-clock tokens/s and speed-up, and whether the out
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redraft.decoding.runstats import RunSummary
@@ -18,7 +19,8 @@ from redraft.io import atomic
 
 @dataclass
 class Config:
-    """One measured configuration: a draft checkpoint (None = plain greedy), head size, chain or CaPE."""
+    """One measured configuration: a draft checkpoint (None = plain greedy), head size, chain or CaPE; or
+    ``drafters``, a callable(HFTarget) -> list of drafters (a corpus or n-gram source) used instead of a checkpoint."""
 
     label: str
     path: str | None = None
@@ -26,6 +28,7 @@ class Config:
     cape: CapeBins | None = None
     gamma: int = 4
     minacc: float | None = None  # acceptance guard (fraction), as `redraft run` attaches it; None = no guard
+    drafters: Callable | None = None
 
 
 @dataclass
@@ -58,26 +61,26 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     Raises:
         ValueError: the first configuration is not plain greedy.
     """
-    from redraft.decoding.engine import Engine
+    from redraft.compose import SpeculationConfig, build_engine, glide_drafter
     from redraft.decoding.target import HFTarget
-    from redraft.drafters.base import AcceptanceGuard
-    from redraft.drafters.glide import load_glide_drafter
+    from redraft.defaults import MAX_DRAFT_DEPTH
     from redraft.io.prompts import encode_prompt
     from redraft.io.questions import load_questions
 
-    if configs[0].path is not None:
+    if configs[0].path is not None or configs[0].drafters is not None:
         raise ValueError("the first configuration must be plain greedy (the reference)")
     qs = load_questions()
     prompts = [encode_prompt(loaded.tokenizer, qs[i]["turns"][0]) for i in question_ids]
     engines = []
     for c in configs:
         target = HFTarget(loaded.model)
-        drafters = []
+        drafters = [] if c.drafters is None else list(c.drafters(target))
         if c.path is not None:
-            drafters = [load_glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape,
-                                           head_vocab=c.head_vocab or None, target=target,
-                                           guard=AcceptanceGuard(c.minacc) if c.minacc is not None else None)]
-        engine = Engine(target, drafters, eos_token_ids=loaded.eos_token_ids, merge=True, tree_budget=tree_budget)
+            drafters = [glide_drafter(c.path, loaded.model, gamma=c.gamma, cape=c.cape, head_vocab=c.head_vocab or None,
+                                      target=target, minacc=c.minacc)]
+        # the draft model alone, no policy (its guard, if any, is the GliDe drafter's own); depth capped at 48 only
+        spec = SpeculationConfig(k=MAX_DRAFT_DEPTH, policy=False, ngram=False, tree_budget=tree_budget)
+        engine = build_engine(target, spec, eos_token_ids=loaded.eos_token_ids, drafters=drafters)
         engine.generate(prompts[0][:8], 2)  # warm-up
         engines.append(engine)
     results = [Result(c.label) for c in configs]

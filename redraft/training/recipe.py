@@ -32,9 +32,12 @@ def default_glide_dir() -> Path:
 def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0, max_new_tokens: int = 128,
                         text_windows: int = 0, data_dir: str | os.PathLike | None = None, progress: bool = True,
                         samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
-                        self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr):
+                        self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr,
+                        gen_batch: int | None = None, gen_tokens: int | None = None, min_batches: int = 0):
     """Build/reuse the training records for ``loaded`` (a LoadedModel); the arguments are
-    :func:`redraft.training.train.run_training`'s.
+    :func:`redraft.training.train.run_training`'s, plus ``gen_batch`` / ``gen_tokens``: the most answers and padded
+    tokens per generation batch (None = the CPU sizes, 32-64 answers and 8-16k tokens; a GPU takes far more), and
+    ``min_batches``: batches of self-question and Spec-Bench answers generated even once the budget is spent.
 
     Returns:
         (records, heldout records, vocabulary ranking LongTensor [vocab], JSON-able data description).
@@ -65,9 +68,12 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
     held_store = FeatureStore(root / "heldout", meta)
     eos = loaded.eos_token_ids
 
+    sizes = {} if gen_batch is None else {"max_batch": gen_batch, "max_tokens": gen_tokens or 16384}
+    big = sizes or {"max_batch": 64, "max_tokens": 16384}  # the self-question and sampled sets' batches
+
     t0 = time.perf_counter()
     build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
-                          eos_ids=eos)
+                          eos_ids=eos, **sizes)
     self_store = FeatureStore(root / f"self-k{topk}", {**meta, "topk": topk, "source": "self-questions"}) \
         if self_questions else None
     text_store = FeatureStore(root / f"text-k{topk}", {**meta, "topk": topk, "source": "stdlib"}) \
@@ -85,14 +91,14 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
             qs = load_questions()
             qtexts = load_or_make(root / "self-questions.json", model, tok, self_questions,
                                   held_out=[q["turns"][0] for i, q in enumerate(qs) if is_held_out(i)], seed=0,
-                                  batch=64, max_new_tokens=64, temperature=0.8)
+                                  batch=big["max_batch"], max_new_tokens=64, temperature=0.8)
             build_generation_data(model, tok, self_store, layers, question_ids=list(range(len(qtexts))),
-                                  max_new_tokens=max_new_tokens, eos_ids=eos, max_batch=64, max_tokens=16384,
-                                  max_prompt=sample_max_prompt, texts=qtexts, topk=topk,
+                                  max_new_tokens=max_new_tokens, eos_ids=eos, **big,
+                                  max_prompt=sample_max_prompt, texts=qtexts, topk=topk, min_batches=min_batches,
                                   seconds=max(0.0, budget_end - time.perf_counter()),
                                   progress=lambda r, n: bar.update(n))
         build_generation_data(model, tok, train_store, layers, question_ids=training_order(load_questions()),
-                              max_new_tokens=max_new_tokens, eos_ids=eos,
+                              max_new_tokens=max_new_tokens, eos_ids=eos, **sizes, min_batches=min_batches,
                               seconds=max(0.0, budget_end - time.perf_counter()),
                               progress=lambda r, n: bar.update(n))
         for v in range(1, samples + 1):
@@ -104,7 +110,8 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
             build_generation_data(model, tok, FeatureStore(root / name, {**meta, "temperature":
                                   sample_temperature, "sample": v}), layers,
                                   question_ids=training_order(load_questions()), max_new_tokens=max_new_tokens,
-                                  eos_ids=eos, seconds=left, max_batch=64, max_prompt=sample_max_prompt,
+                                  eos_ids=eos, seconds=left, **(sizes or {"max_batch": 64}),
+                                  max_prompt=sample_max_prompt,
                                   temperature=sample_temperature, seed=v, progress=lambda r, n: bar.update(n))
         bar.close()
     if text_store is not None:

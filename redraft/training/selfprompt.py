@@ -157,6 +157,7 @@ def sample_questions(model, tokenizer, n: int, *, held_out: Sequence[str], seed:
         ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])
         att = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
         torch.manual_seed(seed * 1_000_003 + i)
+        ids, att = ids.to(model.device), att.to(model.device)
         gen = model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
                              top_k=top_k, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
                              eos_token_id=eos)

@@ -1,0 +1,74 @@
+"""A ``redraft serve`` process for the serve benchmarks, and reading its Prometheus metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def metric_value(text: str, name: str, **labels) -> float:
+    """Sum of the samples of metric ``name`` whose labels include ``labels``, in Prometheus text ``text``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class ServerProcess:
+    """``python -m redraft serve`` on a free loopback port, its stderr in ``log``."""
+
+    def __init__(self, model: str | None, log: Path, *extra: str, threads: int | None = None) -> None:
+        self.log, self.base = log, None
+        cmd = [sys.executable, "-m", "redraft"] + (["--threads", str(threads)] if threads else []) + ["serve"]
+        cmd += (["--model", model] if model else []) + ["--port", "0", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "a"),
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def wait_ready(self, timeout: float = 600.0) -> str:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.findall(r"on (http://[^\s/]+)/v1", self.log.read_text(errors="replace"))
+            if m:
+                try:
+                    if httpx.get(f"{m[-1]}/health", timeout=5).status_code == 200:
+                        self.base = m[-1]
+                        return self.base
+                except httpx.TransportError:
+                    pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited (rc {self.proc.returncode}); see {self.log}")
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError(f"the server did not start within {timeout:.0f} s; see {self.log}")
+
+    def metrics(self) -> str:
+        import httpx
+
+        return httpx.get(f"{self.base}/metrics", timeout=30).text
+
+    def rss(self) -> int:
+        import psutil
+
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,84 @@
+"""One access-log line per HTTP request on stderr, and the ``x-request-id`` response header.
+
+A pure ASGI middleware (streaming and disconnects pass through untouched). Each request gets an id: the client's
+``x-request-id`` header when it sent a usable one (echoed back, as nginx, Envoy and OpenAI's API do), else a fresh
+one; every response carries it in ``x-request-id``. When the response ends, one line is written, e.g.::
+
+    redraft serve: 127.0.0.1 "POST /v1/chat/completions" 200 tenant=default prompt_tokens=812 completion_tokens=64
+    tokens_per_forward=5.33 prefix_hit_tokens=748 seconds=1.204 request_id=3f2a...
+
+(one line; ``-`` for what a request does not have: a health check has no tenant or tokens). The route handler
+puts what it knows into the request's state (``request.state.tenant``, ``request.state.job`` whose ``outcome``
+holds the generation's result) and the middleware reads it when the response is complete.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from typing import Any, TextIO
+
+REQUEST_ID_HEADER = b"x-request-id"
+_GOOD_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # printable, no spaces: safe to log and to echo
+
+
+class AccessLog:
+    """ASGI middleware: request ids and access-log lines.
+
+    Args:
+        app: the wrapped ASGI application.
+        enabled: False = no log lines (``--quiet``); the request id header is sent either way.
+        stream: where lines go (default ``sys.stderr`` at the time of each write).
+    """
+
+    def __init__(self, app, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.app, self.enabled, self.stream = app, enabled, stream
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = request_id(dict(scope.get("headers") or []).get(REQUEST_ID_HEADER))
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        t0, status = time.perf_counter(), [500]
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() != REQUEST_ID_HEADER]
+                message = {**message, "headers": headers + [(REQUEST_ID_HEADER, rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if self.enabled:
+                line = access_line(scope, status[0], time.perf_counter() - t0, state)
+                print(line, file=self.stream or sys.stderr, flush=True)
+
+
+def request_id(sent: bytes | None) -> str:
+    """The client's id when it is 1-128 characters of letters, digits and ``._:-``; else a fresh uuid4 hex."""
+    if sent:
+        text = sent.decode("latin-1")
+        if _GOOD_ID.fullmatch(text):
+            return text
+    return uuid.uuid4().hex
+
+
+def access_line(scope, status: int, seconds: float, state: dict[str, Any]) -> str:
+    """The log line of one finished request (see the module doc for its fields)."""
+    client = scope.get("client") or ("-", 0)
+    path = scope.get("path", "")
+    fields: dict[str, Any] = {"tenant": state.get("tenant", "-"), "prompt_tokens": "-", "completion_tokens": "-",
+                              "tokens_per_forward": "-", "prefix_hit_tokens": "-"}
+    outcome = getattr(state.get("job"), "outcome", None)
+    res = getattr(outcome, "result", None)
+    if res is not None:
+        fields.update(prompt_tokens=len(res.prompt_ids), completion_tokens=len(res.output_ids),
+                      tokens_per_forward=f"{res.tokens_per_forward:.2f}", prefix_hit_tokens=res.prefix_hit_tokens)
+    kv = " ".join(f"{k}={v}" for k, v in fields.items())
+    return (f"redraft serve: {client[0]} \"{scope.get('method', '-')} {path}\" {status} {kv} "
+            f"seconds={seconds:.3f} request_id={state.get('request_id', '-')}")

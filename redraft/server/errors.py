@@ -1,0 +1,61 @@
+"""OpenAI-style error responses for every failure of the FastAPI application.
+
+Every error body is ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape). Request problems are
+400 ``invalid_request_error``: FastAPI's own body validation (``RequestValidationError``, a 422 by default) is
+answered as a 400 naming the first offending field in ``param``. A 404/405 names the method and path; a 405
+carries ``Allow`` (RFC 9110 15.5.6). Anything unexpected is a 500 ``server_error``.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from .scheduler import ShuttingDown
+from .schemas import APIError
+
+
+def as_api_error(e: BaseException) -> APIError:
+    """The APIError to answer ``e`` with (503 for a shutdown, 500 for anything not already an APIError)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ShuttingDown):
+        return APIError(503, str(e), code="shutting_down")
+    return APIError(500, f"internal error ({type(e).__name__}: {e})")
+
+
+def validation_error(e: RequestValidationError) -> APIError:
+    """A 400 naming the first field FastAPI's validation refused (``param`` as ``a.b[0]``, body prefix dropped)."""
+    errors = e.errors()
+    if not errors:
+        return APIError(400, "the request is invalid")
+    err = errors[0]
+    loc = [x for x in err.get("loc", ()) if x not in ("body", "query", "path", "header")]
+    param = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x)) for i, x in enumerate(loc))
+    what = f"'{param}': " if param else ""
+    return APIError(400, f"{what}{str(err.get('msg', 'invalid')).lower()}", param=param or None)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers on ``app``."""
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, e: RequestValidationError):
+        err = validation_error(e)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
+        headers = dict(e.headers or {})
+        return JSONResponse(APIError(e.status_code, msg).body(), status_code=e.status_code, headers=headers or None)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, e: Exception):
+        return JSONResponse(as_api_error(e).body(), status_code=500)

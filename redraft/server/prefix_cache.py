@@ -1,0 +1,138 @@
+"""Prefix KV reuse across requests: the target's KV entries of recent sequences (prompt + answer), per tenant.
+
+Agent loops and chat clients resend the whole conversation with every request; each new prompt begins with the
+previous prompt and its answer. Serving peers keep the KV entries of such common prefixes (vLLM's automatic prefix
+caching, SGLang's RadixAttention, llama.cpp's slot cache) so only the new tail is prefilled. :class:`PrefixCache`
+does that for ``redraft serve``:
+
+- **One store** for the whole server, keyed by (tenant, token ids): a request starts from the longest cached
+  prefix of its prompt among its own tenant's entries. One tenant's entries never serve another's (a shared
+  prefix cache leaks prompts through timing: PromptPeek). The store holds no per-request state, so a batching
+  scheduler can later read and fill the same store from several sequences (methods take a lock).
+- **Bounded** by a token budget over all tenants (``--prefix-cache-tokens``): least recently used entries are
+  evicted first. An entry that a new one extends (its ids are a prefix of the new ids) is replaced by it, so a
+  conversation holds one entry, its latest turn.
+- **Exact**: the entries were computed by other forward shapes than plain decoding of the new prompt would use,
+  so the engine judges rows computed on them like verify rows (see ``Engine.generate(prefix=...)``).
+
+Memory: an entry costs ``2 x layers x kv_heads x head_dim x dtype bytes`` per token (46 KB in float32 for the
+default SmolLM2-135M: 16,384 tokens take ~750 MB).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from redraft.decoding.engine import GenerationResult
+from redraft.decoding.target import HFTarget, PrefixKV
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counts since start: ``queries`` prompt tokens looked up, ``hits`` prompt tokens served from the store,
+    ``evictions`` entries evicted by the budget, ``replaced`` entries replaced by an extension of themselves."""
+
+    queries: int = 0
+    hits: int = 0
+    evictions: int = 0
+    replaced: int = 0
+
+
+class PrefixCache:
+    """KV entries of recent sequences per tenant, least recently used evicted beyond ``max_tokens``.
+
+    Args:
+        max_tokens: token budget over all entries of all tenants (0 = store nothing).
+        min_hit: shortest prefix worth reusing, in tokens (shorter matches start from an empty cache).
+
+    Attributes:
+        stats: :class:`PrefixCacheStats`. tokens: tokens held now.
+    """
+
+    def __init__(self, max_tokens: int, min_hit: int = 1) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens, self.min_hit = int(max_tokens), max(1, int(min_hit))
+        self.entries: OrderedDict[tuple[str, tuple[int, ...]], PrefixKV] = OrderedDict()  # oldest first
+        self.tokens = 0
+        self.stats = PrefixCacheStats()
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, tenant: str, prompt: Sequence[int]) -> PrefixKV | None:
+        """The longest cached prefix of ``prompt`` among ``tenant``'s entries, cut to leave at least one prompt
+        token to feed (the engine needs a row to choose the first token from); None when shorter than ``min_hit``.
+        The entry used becomes the most recently used. Counts ``len(prompt)`` queried tokens and the hit."""
+        prompt = [int(t) for t in prompt]
+        with self.lock:
+            self.stats.queries += len(prompt)
+            best, best_n = None, 0
+            for key, entry in self.entries.items():
+                if key[0] != tenant:
+                    continue
+                n = common_prefix(entry.ids, prompt, limit=len(prompt) - 1)
+                if n > best_n:
+                    best, best_n = key, n
+            if best is None or best_n < self.min_hit:
+                return None
+            self.entries.move_to_end(best)
+            entry = self.entries[best]
+            self.stats.hits += best_n
+        if best_n == entry.length:
+            return entry
+        return PrefixKV(entry.ids[:best_n], tuple((k[:, :, :best_n], v[:, :, :best_n]) for k, v in entry.kv))
+
+    def store(self, tenant: str, entry: PrefixKV) -> None:
+        """Keep ``entry`` for ``tenant`` as the most recently used; drop the tenant's entries it extends, then the
+        least recently used entries of any tenant until the budget holds. An entry longer than the whole budget
+        is not kept."""
+        if entry.length == 0 or entry.length > self.max_tokens:
+            return
+        with self.lock:
+            for key in [k for k in self.entries if k[0] == tenant and len(k[1]) <= entry.length
+                        and entry.ids[:len(k[1])] == k[1]]:
+                self.tokens -= len(key[1])
+                del self.entries[key]
+                self.stats.replaced += 1
+            self.entries[(tenant, entry.ids)] = entry
+            self.tokens += entry.length
+            while self.tokens > self.max_tokens:
+                (_, ids), _ = self.entries.popitem(last=False)
+                self.tokens -= len(ids)
+                self.stats.evictions += 1
+
+    def tenant_tokens(self, tenant: str) -> int:
+        """Tokens held for ``tenant``."""
+        with self.lock:
+            return sum(len(ids) for t, ids in self.entries if t == tenant)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """Length of the longest common prefix of two id sequences, at most ``limit``."""
+    n = min(len(a), len(b), len(a) if limit is None else max(0, limit))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if len(diff) else n
+
+
+def remember(cache: PrefixCache, tenant: str, target: HFTarget, result: GenerationResult) -> int:
+    """Store the target's KV entries of ``result``'s prompt + output after a generation; returns the tokens kept.
+
+    After ``Engine.generate`` the target's cache holds the committed sequence, except the last emitted token
+    (no forward has read it yet) and perhaps accepted tokens that a stop cut from the output: the entry is the
+    cached positions that belong to prompt + output.
+    """
+    ids = list(result.prompt_ids) + list(result.output_ids)
+    n = min(target.length, len(ids))
+    if n <= 0 or cache.max_tokens <= 0:
+        return 0
+    cache.store(tenant, target.snapshot(ids[:n]))
+    return n

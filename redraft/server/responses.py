@@ -1,0 +1,86 @@
+"""Response bodies of the generation routes: choices (with log-probabilities and echo), usage, ``redraft`` stats.
+
+``usage`` counts each prompt once (however many choices it has) and every choice's completion tokens.
+``system_fingerprint`` names what decides the output besides the request: redraft's version, the model id, its
+dtype and size, and the transformers and torch versions (OpenAI: "can be used in conjunction with the seed request
+parameter to understand when backend changes have been made that might impact determinism").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from .generation import Outcome
+from .logprobs import chat_logprobs, completion_logprobs
+from .scheduler import Job
+from .schemas import ParsedRequest
+
+
+def fingerprint(model_id: str, generator) -> str:
+    """``fp_`` + 12 hex digits of a hash of what decides outputs (see the module doc)."""
+    import torch
+    import transformers
+
+    from redraft import __version__
+
+    target = generator.target
+    key = f"{__version__}|{model_id}|{target.dtype}|{target.vocab_size}|{target.max_length}|" \
+          f"{transformers.__version__}|{torch.__version__}"
+    return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def prompt_text(tokenizer, req: ParsedRequest, index: int, ids: list[int]) -> str:
+    """Choice ``index``'s prompt as echoed: a text prompt exactly as sent, token ids decoded (special tokens kept)."""
+    prompt = req.prompts[index // req.n] if req.prompts else req.prompt
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def usage(req: ParsedRequest, jobs: list[Job], outcomes: list[Outcome]) -> dict:
+    """OpenAI's usage object, summed over prompts (each counted once) and choices."""
+    p = sum(len(o.result.prompt_ids) for o in outcomes[::req.n])
+    c = sum(len(o.result.output_ids) for o in outcomes)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def stats(job: Job, out: Outcome) -> dict[str, Any]:
+    """The ``redraft`` extension field: one generation's speculation statistics and timings."""
+    res = out.result
+    return {"tokens_per_forward": round(res.tokens_per_forward, 4), "forwards": res.forwards,
+            "sources": {name: st.to_dict(digits=4) for name, st in res.sources.items()},
+            "queue_seconds": round(job.queue_seconds, 4), "generation_seconds": round(res.seconds, 4),
+            "tokens_per_second": round(res.tokens_per_second, 2), "learned": out.learned,
+            "prefix_hit_tokens": res.prefix_hit_tokens, "seed": job.payload.sampling.seed}
+
+
+def completion_body(req: ParsedRequest, rid: str, model: str, jobs: list[Job], outcomes: list[Outcome],
+                    tokenizer) -> dict:
+    """The whole (non-streamed) response. ``redraft`` holds the first choice's statistics, and with several
+    choices also ``choices``: each one's."""
+    choices = []
+    for index, out in enumerate(outcomes):
+        res = out.result
+        if req.kind == "chat":
+            lp = chat_logprobs(tokenizer, res.logprobs) if res.logprobs is not None else None
+            message = {"role": "assistant", "content": out.text}
+            if out.tool_calls:
+                message = {"role": "assistant", "content": out.content, "tool_calls": out.tool_calls}
+            choices.append({"index": index, "message": message, "logprobs": lp, "finish_reason": out.finish_reason})
+            continue
+        text, lp = out.text, None
+        if req.echo:
+            text = prompt_text(tokenizer, req, index, res.prompt_ids) + text
+        if res.logprobs is not None:
+            ids, entries = res.output_ids, list(res.logprobs)
+            if req.echo:
+                ids, entries = res.prompt_ids + ids, list(out.prompt_logprobs or [None] * len(res.prompt_ids)) + entries
+            lp = completion_logprobs(tokenizer, ids, entries)
+        choices.append({"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason})
+    redraft = stats(jobs[0], outcomes[0])
+    if len(jobs) > 1:
+        redraft["choices"] = [stats(j, o) for j, o in zip(jobs, outcomes, strict=True)]
+    return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": choices, "usage": usage(req, jobs, outcomes),
+            "redraft": redraft}
+

