@@ -31,7 +31,7 @@ def drafter_classes() -> set[str]:
     return names
 
 
-FORBIDDEN = {"Engine", "SpeculationPolicy"}
+FORBIDDEN = {"Engine", "SpeculationPolicy", "LoadAwarePolicy", "PolicyGate"}
 
 
 def constructions(source: str, names: set[str]) -> list[tuple[int, str]]:

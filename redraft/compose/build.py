@@ -172,6 +172,15 @@ def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **
     return SpeculationPolicy(curve, max_nodes=max_nodes, **kw)
 
 
+def build_load_policy(pricing, tracker):
+    """A :class:`~redraft.policy.load.LoadAwarePolicy` for one request of a batched runtime (the vLLM proposer):
+    ``pricing`` (a :class:`~redraft.policy.load.LoadPricing`: the step's cost at the batch's load) and ``tracker``
+    (an :class:`~redraft.policy.AcceptanceTracker` shared by all requests). numpy only."""
+    from redraft.policy.load import LoadAwarePolicy
+
+    return LoadAwarePolicy(pricing, tracker=tracker)
+
+
 def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw):
     """:func:`build_policy` for ``model`` (its cost curve cached)."""
     return build_policy(model, max_nodes=max_nodes, **kw)

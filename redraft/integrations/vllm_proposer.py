@@ -49,7 +49,7 @@ from multiprocessing.util import Finalize
 
 import numpy as np
 
-from redraft.compose.build import build_drafters
+from redraft.compose.build import build_drafters, build_load_policy
 from redraft.compose.env import ENV_CORPUS, ENV_FORCE, ENV_K, ENV_LEARN, ENV_MINACC, ENV_NGRAM, ENV_TENANT, first_set
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.directory import (
@@ -65,7 +65,7 @@ from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.integrations.planned import PlannedDrafts, load_step_curve, verified
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
-from redraft.policy.load import LoadAwarePolicy, LoadPricing
+from redraft.policy.load import LoadPricing
 
 # under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
 log = logging.getLogger("vllm.redraft")
@@ -380,7 +380,7 @@ class RedraftProposer:
             drafters.insert(1, build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=False,
                                               corpus_name="fixed", policy=s.policy)[0])
         if s.policy:
-            return PlannedDrafts(drafters, LoadAwarePolicy(self.pricing, tracker=self.acceptance))
+            return PlannedDrafts(drafters, build_load_policy(self.pricing, self.acceptance))
         return RequestDrafts(drafters)
 
     def flush(self) -> None:
