@@ -146,8 +146,8 @@ class Server:
         ctx = self.generator.context_length
         room = ctx - len(ids) if ctx else NO_CONTEXT_LIMIT
         if ctx and room <= 0:
-            what = "messages" if req.kind == "chat" else "prompt"
-            raise APIError(400, f"the {what} encode to {len(ids)} tokens; this model's context is {ctx} tokens "
+            what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
+            raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this model's context is {ctx} tokens "
                                 "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
         max_tokens = req.max_tokens
         if max_tokens is None:
