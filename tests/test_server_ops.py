@@ -206,6 +206,8 @@ def test_cors_preflight_and_headers(live):
     bad = httpx.options(f"{live.url}/chat/completions", timeout=10, headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
+    err = bad.json()["error"]  # an OpenAI-style body, like every other error
+    assert err["param"] == "origin" and err["type"] == "invalid_request_error" and "origin" in err["message"]
 
 
 def test_no_cors_headers_without_origins(model_dir, loaded):
@@ -214,7 +216,8 @@ def test_no_cors_headers_without_origins(model_dir, loaded):
         assert "access-control-allow-origin" not in r.headers
         pre = httpx.options(f"{srv.url}/chat/completions", timeout=10, headers={
             "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
-        assert pre.status_code == 405
+        assert pre.status_code == 405 and pre.headers["allow"] == "POST"
+        assert "does not take OPTIONS (it takes POST)" in pre.json()["error"]["message"]
 
 
 # ---- the agent benchmark phase ----------------------------------------------------------------------------------------

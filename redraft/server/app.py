@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redraft.io.prompts import encode_chat, uses_chat_template
@@ -354,7 +353,7 @@ class Server:
         responses_api.add_routes(app, self)
         openapi.install(app)
         if self.options.cors_origins:
-            app.add_middleware(CORSMiddleware, allow_origins=self.options.cors_origins, allow_methods=["*"],
+            app.add_middleware(errors.CORS, allow_origins=self.options.cors_origins, allow_methods=["*"],
                                allow_headers=["*"], expose_headers=["x-request-id"])
         return AccessLog(_CountRequests(app, self.metrics), enabled=self.options.access_log)
 
