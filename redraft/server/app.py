@@ -213,7 +213,7 @@ class Server:
         works = self.works(req)
         loop = asyncio.get_running_loop()
         jobs = [Job(tenant=tenant, payload=w, loop=loop) for w in works]
-        request.state.job = jobs[0]  # for the access log
+        request.state.jobs, request.state.choices_per_prompt = jobs, req.n  # for the access log
         try:
             for job in jobs:
                 self.scheduler.submit(job)
