@@ -152,6 +152,17 @@ def test_help_lists_commands(capsys):
     assert rows["run"].startswith("generate a reply to one prompt")
 
 
+def test_serve_help_names_every_route(capsys):
+    from redraft.server.app import ENDPOINTS
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for route in (*ENDPOINTS, "/openapi.json"):
+        assert route in out, route
+    assert "--minacc PCT" in out  # the metavar the help text speaks of
+
+
 # ---- environment: corpus, K, MINACC ------------------------------------------------------------------------------
 
 def _args(*argv):

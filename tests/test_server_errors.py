@@ -39,8 +39,12 @@ CASES = [
     (COMPLETIONS, b'{"prompt": "t05", "user": "\\ud800"}', 400, "user", "lone surrogate"),
     (COMPLETIONS, b'{"prompt": "\\udc00 t05"}', 400, "prompt", "lone surrogate"),
     (CHAT, b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', 400, "messages[0].content", "lone surrogate"),
-    (COMPLETIONS, b'{"prompt": "t05", "metadata": ' + b'[' * 40 + b']' * 40 + b'}', 400, None, "nested"),
-    (COMPLETIONS, b'{"prompt": ' + b'[' * 100000 + b']' * 100000 + b'}', 400, None, "nested"),
+    (COMPLETIONS, b'{"prompt": "t05", "metadata": ' + b'[' * 40 + b']' * 40 + b'}', 400, "metadata", "nested"),
+    # too deep for json.loads itself: the field is found by a scan of the raw body
+    (COMPLETIONS, b'{"prompt": ' + b'[' * 100000 + b']' * 100000 + b'}', 400, "prompt", "nested"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "t05 ]]"}], "metadata": {"a": '
+     + b'{"b": ' * 10000 + b'1' + b'}' * 10001 + b'}', 400, "metadata", "nested"),
+    (COMPLETIONS, b'[' * 10000 + b']' * 10000, 400, None, "nested"),
     (COMPLETIONS, {"prompt": "t05", "best_of": 3}, 400, "best_of", "not supported"),
     (CHAT, {"messages": OK_CHAT, "tools": [{"type": "retrieval"}]}, 400, "tools[0]", "function tools"),
     (CHAT, {"messages": OK_CHAT, "tool_choice": "required"}, 400, "tool_choice", "needs 'tools'"),
@@ -82,6 +86,18 @@ def test_bad_request_gets_an_openai_error(live, endpoint, body, status, param, s
     assert says in err["message"] and err["type"] == "invalid_request_error"
     if param is not None:
         assert err["param"] == param and param.split(".")[0].split("[")[0] in err["message"]
+
+
+def test_a_lone_surrogate_in_a_field_name_is_a_400_not_a_500(live):
+    # the name is quoted in the message and param, which must still encode as UTF-8: written as the escape
+    r = httpx.post(live.url + COMPLETIONS, content=b'{"prompt": "t05", "\\ud800x": 1}',
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "\\ud800x" and "lone surrogate" in err["message"]
+    r = httpx.post(live.url + COMPLETIONS, content=b'{"prompt": "t05", "\\udc00": ' + b'[' * 5000 + b'}',
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "\\udc00", r.text
 
 
 def test_openai_client_raises_the_matching_errors(live):

@@ -135,6 +135,17 @@ def test_access_log_line_per_request(logged, capsys):
     assert any('"GET /health" 200 tenant=- ' in ln for ln in lines)
 
 
+def test_access_log_counts_every_choice_as_usage_does(logged, capsys):
+    capsys.readouterr()
+    r = httpx.post(f"{logged.url}/completions", json={"prompt": [[20, 21, 22], [30, 31]], "max_tokens": 4, "n": 2},
+                   headers={"Authorization": "Bearer key-b"}, timeout=60)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == 5
+    gen = [ln for ln in _log_lines(capsys, '"POST /v1/completions" 200') if '"POST /v1/completions" 200' in ln]
+    assert len(gen) == 1 and f"prompt_tokens=5 completion_tokens={usage['completion_tokens']} " in gen[0], gen
+
+
 def test_unauthorized_request_is_logged_with_its_status(logged, capsys):
     capsys.readouterr()
     r = httpx.post(f"{logged.url}/completions", json={"prompt": [1], "max_tokens": 1}, timeout=10)
@@ -206,6 +217,8 @@ def test_cors_preflight_and_headers(live):
     bad = httpx.options(f"{live.url}/chat/completions", timeout=10, headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
+    err = bad.json()["error"]  # an OpenAI-style body, like every other error
+    assert err["param"] == "origin" and err["type"] == "invalid_request_error" and "origin" in err["message"]
 
 
 def test_no_cors_headers_without_origins(model_dir, loaded):
@@ -214,7 +227,8 @@ def test_no_cors_headers_without_origins(model_dir, loaded):
         assert "access-control-allow-origin" not in r.headers
         pre = httpx.options(f"{srv.url}/chat/completions", timeout=10, headers={
             "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
-        assert pre.status_code == 405
+        assert pre.status_code == 405 and pre.headers["allow"] == "POST"
+        assert "does not take OPTIONS (it takes POST)" in pre.json()["error"]["message"]
 
 
 # ---- the agent benchmark phase ----------------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ def test_response_equals_chat_completion(live):
     assert r.output_text == chat(live, [{"role": "user", "content": words([7, 8, 9])}])
     assert r.usage.output_tokens <= 12 and r.usage.input_tokens == 3
     assert r.status in ("completed", "incomplete")
+    # the request's speculation statistics, as in chat completions; prefix-cache hits are OpenAI's cached tokens
+    assert r.model_extra["redraft"]["forwards"] >= 1
+    assert r.usage.input_tokens_details.cached_tokens == r.model_extra["redraft"]["prefix_hit_tokens"]
     r2 = client.responses.create(model=live.server.model_id, instructions=words([4]), max_output_tokens=12,
                                  input=[{"role": "user", "content": [{"type": "input_text", "text": words([5])}]}])
     assert r2.output_text == chat(live, [{"role": "system", "content": words([4])},
@@ -75,6 +78,8 @@ def test_streamed_events(live):
     ({"input": "t05", "tools": [{"type": "function", "name": "f"}]}, "tools"),
     ({"input": "t05", "bogus": 1}, "bogus"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
+    ({"input": "t05", "max_output_tokens": 10 ** 6}, "max_output_tokens"),  # beyond the context: named as sent
+    ({"input": words([5] * 1000)}, "input"),  # over the 640-token context
 ])
 def test_bad_requests_are_400(live, body, param):
     r = httpx.post(live.url + "/responses", json=body, timeout=30)

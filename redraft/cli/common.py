@@ -89,7 +89,7 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
     :meth:`redraft.compose.SpeculationConfig.from_args`)."""
     p.add_argument("--k", type=draft_depth, default=None, help="fixed corpus draft depth 1..48 (default 8 with "
                    "--no-policy; given, no policy); env REDRAFT_CORPUS_K or COLI_CORPUS_K")
-    p.add_argument("--minacc", type=percent, default=None,
+    p.add_argument("--minacc", type=percent, default=None, metavar="PCT",
                    help="pause corpus drafts for 256 tokens when their acceptance falls below PCT%% over three drafts "
                         "(default 50; given, no policy); the n-gram source uses min(PCT, 20) and pauses 64 tokens, a "
                         "GliDe draft min(PCT, 25) per draft level; env REDRAFT_CORPUS_MINACC or COLI_CORPUS_MINACC")
@@ -97,8 +97,8 @@ def add_speculation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-ngram", action="store_true", help="no n-gram drafts from the live context")
     p.add_argument("--k-max", type=draft_depth, default=None, metavar="K",
                    help="adaptive corpus depth: double the draft while it is accepted whole, and draft as many ids "
-                        "as a match past 8 context ids matched, up to K (<= 48); default off (always --k); given, "
-                        "no policy")
+                        "as a match past 8 context ids matched, up to K (<= 48); given, no policy (by default the "
+                        "policy picks each depth; with --no-policy or --k alone the depth stays --k)")
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:

@@ -33,8 +33,9 @@ def register(sub) -> None:
     """Add ``serve`` to the top-level sub-parsers."""
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server whose corpus grows from its own answers",
-        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. Every finished "
-                    "answer joins its tenant's corpus and drafts the next requests, so a repeated request comes "
+        description="Serve OpenAI's /v1/completions, /v1/chat/completions (tools, response_format) and "
+                    "/v1/responses, /v1/models, /health, /metrics, vLLM's /tokenize, /detokenize and /tokenizer_info, "
+                    "and the OpenAPI document (/openapi.json, /docs): docs/serving.md. Every finished answer joins its tenant's corpus and drafts the next requests, so a repeated request comes "
                     "back faster with identical output.")
     add_model_arg(p)
     add_dtype_arg(p)

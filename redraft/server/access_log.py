@@ -9,7 +9,8 @@ one; every response carries it in ``x-request-id``. When the response ends, one 
 
 (one line; ``-`` for what a request does not have: a health check has no tenant or tokens). The route handler
 puts what it knows into the request's state (``request.state.tenant``, ``request.state.job`` whose ``outcome``
-holds the generation's result) and the middleware reads it when the response is complete.
+holds the generation's result, or ``request.state.jobs`` and ``choices_per_prompt`` for a request of several
+choices, counted as ``usage`` counts them) and the middleware reads it when the response is complete.
 """
 
 from __future__ import annotations
@@ -74,11 +75,16 @@ def access_line(scope, status: int, seconds: float, state: dict[str, Any]) -> st
     path = scope.get("path", "")
     fields: dict[str, Any] = {"tenant": state.get("tenant", "-"), "prompt_tokens": "-", "completion_tokens": "-",
                               "tokens_per_forward": "-", "prefix_hit_tokens": "-"}
-    outcome = getattr(state.get("job"), "outcome", None)
-    res = getattr(outcome, "result", None)
-    if res is not None:
-        fields.update(prompt_tokens=len(res.prompt_ids), completion_tokens=len(res.output_ids),
-                      tokens_per_forward=f"{res.tokens_per_forward:.2f}", prefix_hit_tokens=res.prefix_hit_tokens)
+    jobs = state.get("jobs") or [state.get("job")]
+    n = state.get("choices_per_prompt", 1)
+    results = [getattr(getattr(j, "outcome", None), "result", None) for j in jobs]
+    done = [r for r in results if r is not None]
+    if done:  # several choices (prompts x n): summed as usage sums them, each prompt counted once
+        forwards = sum(r.forwards for r in done)
+        tpf = sum(len(r.output_ids) for r in done) / forwards if forwards else done[0].tokens_per_forward
+        fields.update(prompt_tokens=sum(len(r.prompt_ids) for r in results[::n] if r is not None),
+                      completion_tokens=sum(len(r.output_ids) for r in done), tokens_per_forward=f"{tpf:.2f}",
+                      prefix_hit_tokens=sum(r.prefix_hit_tokens for r in done))
     kv = " ".join(f"{k}={v}" for k, v in fields.items())
     return (f"redraft serve: {client[0]} \"{scope.get('method', '-')} {path}\" {status} {kv} "
             f"seconds={seconds:.3f} request_id={state.get('request_id', '-')}")

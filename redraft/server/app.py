@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redraft.io.prompts import encode_chat, uses_chat_template
@@ -146,8 +145,8 @@ class Server:
         ctx = self.generator.context_length
         room = ctx - len(ids) if ctx else NO_CONTEXT_LIMIT
         if ctx and room <= 0:
-            what = "messages" if req.kind == "chat" else "prompt"
-            raise APIError(400, f"the {what} encode to {len(ids)} tokens; this model's context is {ctx} tokens "
+            what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
+            raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this model's context is {ctx} tokens "
                                 "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
         max_tokens = req.max_tokens
         if max_tokens is None:
@@ -214,7 +213,7 @@ class Server:
         works = self.works(req)
         loop = asyncio.get_running_loop()
         jobs = [Job(tenant=tenant, payload=w, loop=loop) for w in works]
-        request.state.job = jobs[0]  # for the access log
+        request.state.jobs, request.state.choices_per_prompt = jobs, req.n  # for the access log
         try:
             for job in jobs:
                 self.scheduler.submit(job)
@@ -354,7 +353,7 @@ class Server:
         responses_api.add_routes(app, self)
         openapi.install(app)
         if self.options.cors_origins:
-            app.add_middleware(CORSMiddleware, allow_origins=self.options.cors_origins, allow_methods=["*"],
+            app.add_middleware(errors.CORS, allow_origins=self.options.cors_origins, allow_methods=["*"],
                                allow_headers=["*"], expose_headers=["x-request-id"])
         return AccessLog(_CountRequests(app, self.metrics), enabled=self.options.access_log)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
@@ -52,10 +53,29 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
-        msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
         headers = dict(e.headers or {})
+        msg = str(e.detail)
+        if e.status_code == 404:
+            msg = f"no route {request.method} {request.url.path}"
+        elif e.status_code == 405:
+            msg = f"{request.url.path} does not take {request.method} (it takes {headers.get('Allow', '?')})"
         return JSONResponse(APIError(e.status_code, msg).body(), status_code=e.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def unexpected(_request, e: Exception):
         return JSONResponse(as_api_error(e).body(), status_code=500)
+
+
+class CORS(CORSMiddleware):
+    """FastAPI's CORS middleware whose refused preflight (an origin, method or header not allowed) is an OpenAI-style
+    400 body naming the refused request header in ``param``, not a text/plain "Disallowed CORS origin"."""
+
+    def preflight_response(self, request_headers):
+        r = super().preflight_response(request_headers)
+        if r.status_code != 400:
+            return r
+        what = r.body.decode().removeprefix("Disallowed CORS ")
+        param = "origin" if what.startswith("origin") else f"access-control-request-{what.split(',')[0]}"
+        err = APIError(400, f"CORS preflight refused: {what} not allowed (redraft serve --cors-origins)", param=param)
+        headers = {k: v for k, v in r.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(err.body(), status_code=400, headers=headers)

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .errors import as_api_error
 from .generation import Outcome
 from .openapi import request_body
+from .responses import stats
 from .scheduler import Job, QueueFull, ShuttingDown
 from .schemas import APIError, WholeInt, parse_request
 
@@ -125,7 +126,8 @@ def _response(rid: str, model: str, req: ResponsesBody, status: str, text: str |
     usage = None
     if out is not None:
         p, c = len(out.result.prompt_ids), len(out.result.output_ids)
-        usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": c,
+        usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": out.result.prefix_hit_tokens},
+                 "output_tokens": c,
                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
     incomplete = {"reason": "max_output_tokens"} if out is not None and out.finish_reason == "length" else None
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
@@ -170,12 +172,15 @@ def add_routes(app: FastAPI, server) -> None:
                 chat[key] = getattr(req, field)
         try:
             parsed = parse_request(chat, "chat")
+            work = server.works(parsed)[0]  # the context checks: max_output_tokens beyond the room left is a 400
         except APIError as e:
             if e.param == "max_tokens":
                 e.param, e.message = "max_output_tokens", e.message.replace("max_tokens", "max_output_tokens")
+            elif e.param == "messages":  # the conversation: instructions, previous responses and input
+                e.param, e.message = "input", e.message.replace("the messages encode", "the input encodes")
             raise
-        work = server.works(parsed)[0]
         job = Job(tenant=tenant, payload=work, loop=asyncio.get_running_loop())
+        request.state.job = job  # for the access log
         try:
             server.scheduler.submit(job)
         except (QueueFull, ShuttingDown) as e:
@@ -186,6 +191,7 @@ def add_routes(app: FastAPI, server) -> None:
         def finish(out: Outcome) -> dict:
             body = _response(rid, name, req, "completed" if out.finish_reason == "stop" else "incomplete", out.text,
                              out, msg_id)
+            body["redraft"] = stats(job, out)
             if req.store is not False:
                 store.put(tenant, rid, conversation + [{"role": "assistant", "content": out.text}], body)
             return body

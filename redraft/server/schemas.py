@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -36,7 +37,14 @@ class APIError(Exception):
         self.type = type or ("invalid_request_error" if status < 500 else "server_error")
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """The JSON body; lone surrogates (from a field name the client sent) are written as ``\\udXXX`` text,
+        since a JSON response must be valid UTF-8."""
+        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
+                          "code": self.code}}
+
+
+def _printable(s: str | None) -> str | None:
+    return s if s is None else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # ---- which fields exist ------------------------------------------------------------------------------------------
@@ -177,11 +185,37 @@ def parse_json(raw: bytes) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON ({e})") from e
     except RecursionError:
-        raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+        raise _too_deep(_deep_field(raw)) from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, not {_type_name(body)}")
     check_json_values(body)
     return body
+
+
+_JSON_TOKEN = re.compile(rb'("(?:[^"\\]|\\.)*")(\s*:)?|[\[\]{}]', re.S)  # a string (a key?) or a bracket
+
+
+def _too_deep(field: str | None) -> APIError:
+    where = f" (in '{field}')" if field is not None else ""
+    return APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep{where}", param=field)
+
+
+def _deep_field(raw: bytes) -> str | None:
+    """The top-level field under which ``raw`` (too deep for ``json.loads``) first nests deeper than
+    :data:`MAX_JSON_DEPTH` levels, as :func:`check_json_values` names it; None when there is none."""
+    depth, key = 0, None
+    for m in _JSON_TOKEN.finditer(raw):
+        if m.group(1) is not None:
+            if m.group(2) and depth == 1:
+                key = m.group(1)
+            continue
+        depth += 1 if m.group() in (b"[", b"{") else -1
+        if depth > MAX_JSON_DEPTH:
+            try:
+                return str(json.loads(key)) if key is not None else None
+            except ValueError:
+                return None
+    return None
 
 
 def check_json_values(body: Any) -> None:
@@ -192,8 +226,7 @@ def check_json_values(body: Any) -> None:
     while todo:
         v, depth, loc = todo.pop()
         if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep",
-                           param=str(loc[0]) if loc else None)
+            raise _too_deep(str(loc[0]) if loc else None)
         if isinstance(v, dict):
             for k, x in v.items():
                 _check_text(k, loc + (k,))
