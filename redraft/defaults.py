@@ -68,11 +68,6 @@ EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
 # cache drafting wrote: 2; failing it costs that replay.
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
-# One token fed alone on a cache that verify forwards wrote (exact mode's draft-free recompute) runs plain decoding's
-# own forward shape; only the cached entries differ. Its own bound, as a fraction of the row's largest |logit|: 1.5x
-# the largest measured (PLACEHOLDER); trusted when the top-2 gap exceeds 2 x bound x |logit| (no further safety).
-# Dtypes without an entry use EXACT_SETTLE_SAFETY x the verify-row bound.
-EXACT_SETTLE_NOISE = {"float32": 2.4e-6}
 # While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact
 # mode stops drafting for that many emitted tokens, at most EXACT_PAY_PAUSE (redraft.decoding.settling): in bfloat16
 # nearly every row is a near-tie, and the pauses grow with each one.

@@ -25,7 +25,6 @@ from redraft.decoding.exactness import (
     measure_settle_noise,
     near_tie_threshold,
     row_noise,
-    settle_noise,
 )
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.target import HFTarget
@@ -87,8 +86,6 @@ def test_measured_settle_noise_covers_every_position(cast_models, name):
     assert set(got) == {"single after K=2", "chain K=2", "single after K=8", "chain K=8"}
     assert all(got[f"single after K={k}"][2] == len(out) - 1 for k in (2, 8))
     assert all(got[f"chain K={k}"][2] == len(out) for k in (2, 8))
-    bound = settle_noise(DTYPE[name]) or row_noise(DTYPE[name])
-    assert all(rel < bound for kind, (rel, _, _) in got.items() if kind.startswith("single"))
     assert all(rel < row_noise(DTYPE[name]) for rel, _, _ in got.values())
     assert max(rel for rel, _, _ in got.values()) > 0
 

@@ -9,7 +9,12 @@ later rounding, so the difference scales with the dtype's precision and the size
 ~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
 that). A row's choice is trusted only when its top-2 gap exceeds twice the bound times a safety factor
 (:func:`near_tie_threshold`); closer rows are recomputed exactly the way plain decoding computes them
-(:class:`redraft.decoding.engine.Engine`).
+(:class:`redraft.decoding.settling.ExactMode`).
+
+One token fed alone on a cache that verify forwards wrote (exact mode's draft-free recompute) runs plain decoding's
+own forward shape; only the cached entries differ. :func:`measure_settle_noise` measures those rows apart at every
+position: in float32 they differ from plain decoding's about as much as verify rows do (docs/benchmarks.md, "One
+early near-tie"), so they are judged against the same bound (with ``defaults.EXACT_SETTLE_SAFETY``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
-from redraft.defaults import EXACT_ROW_NOISE, EXACT_SETTLE_NOISE
+from redraft.defaults import EXACT_ROW_NOISE
 from redraft.tree import TokenTree
 
 # dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~21)
@@ -36,34 +41,6 @@ def row_noise(dtype: torch.dtype) -> float:
     if name in EXACT_ROW_NOISE:
         return EXACT_ROW_NOISE[name]
     return UNMEASURED_NOISE_EPS * torch.finfo(dtype).eps
-
-
-def settle_noise(dtype: torch.dtype) -> float | None:
-    """Bound on |draft-free row - plain row| / the row's largest |logit| for one token fed alone on a KV cache that
-    verify forwards wrote, for weights of ``dtype``; None where it was not measured apart from verify rows.
-
-    Measured values from ``defaults.EXACT_SETTLE_NOISE`` (:func:`measure_settle_noise`).
-    """
-    return EXACT_SETTLE_NOISE.get(str(dtype).removeprefix("torch."))
-
-
-def settle_threshold(logits: torch.Tensor, dtype: torch.dtype, fallback_safety: float) -> torch.Tensor:
-    """Top-2 gap (logit units) below which a draft-free row on a drafted cache may choose otherwise than plain
-    decoding: ``2 * settle_noise(dtype) * max |logits[r]|`` (the bound already holds 1.5x the largest measured
-    difference), or, for a dtype without a measured draft-free bound, :func:`near_tie_threshold` with
-    ``fallback_safety``.
-
-    Args:
-        logits: FloatTensor [R, V] (any float dtype), each row one token fed alone on a cache drafting wrote.
-        dtype: the target model's weight dtype.
-        fallback_safety: multiple of the verify-row bound used where ``settle_noise(dtype)`` is None.
-    Returns:
-        FloatTensor [R] (float32).
-    """
-    noise = settle_noise(dtype)
-    if noise is None:
-        return near_tie_threshold(logits, dtype, fallback_safety)
-    return logits.float().abs().amax(-1) * (2.0 * noise)
 
 
 def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype, safety: float) -> torch.Tensor:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redraft.decoding.exactness import near_tie_threshold, settle_threshold
+from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import TokenChooser
 from redraft.decoding.step import Step
 from redraft.decoding.target import HFTarget
@@ -76,8 +76,7 @@ class ExactMode:
         if not drafted and n_past == self.plain_len and (n_past == 0 or n_pend == 1):
             self.plain_len = n_past + n_pend  # fed as plain decoding feeds, on the cache plain decoding holds
             return len(step.new)
-        kind = "verify" if drafted else ("alone" if n_pend == 1 else "several")
-        untrusted = self._untrusted(step, chooser, kind)
+        untrusted = self._untrusted(step, chooser, drafted)
         tied = next((j for j, bad in enumerate(untrusted) if bad), None)
         if tied is None:
             return len(step.new)
@@ -86,7 +85,7 @@ class ExactMode:
         row = step.rows[tied]
         # a draft-free row would be judged by the settling threshold: where this row's gap is under it already,
         # only plain decoding's cache settles the token (a recompute on this cache would be a near-tie again)
-        self.rebuild = not drafted or float(step.margins[row]) < float(self._threshold(step, [row], "alone")[0])
+        self.rebuild = not drafted or float(step.margins[row]) < float(self._threshold(step, [row], False)[0])
         return tied
 
     def settle(self, step: Step, kept: int, committed: Sequence[int], n_prompt: int) -> tuple[list[int], int]:
@@ -129,26 +128,18 @@ class ExactMode:
         if deficit > 0 and self.pause_cap > 0:
             self.paused_for = max(self.paused_for, min(deficit, self.pause_cap))
 
-    def _threshold(self, step: Step, rows: list[int], kind: str):
-        """Near-tie threshold (FloatTensor [len(rows)]) of these rows of ``step.logits``.
-
-        ``kind``: "verify" (a forward with drafts: EXACT_SAFETY x the verify-row bound), "alone" (one token fed
-        alone on a cache drafting wrote: the draft-free bound, :func:`redraft.decoding.exactness.settle_threshold`)
-        or "several" (draft-free tokens fed together on such a cache: EXACT_SETTLE_SAFETY x the verify-row bound).
-        """
+    def _threshold(self, step: Step, rows: list[int], drafted: bool):
+        """Near-tie threshold (FloatTensor [len(rows)]) of these rows of ``step.logits``."""
         if self.margin is not None:
             return step.logits.new_full((len(rows),), self.margin).float()
-        if kind == "alone":
-            return settle_threshold(step.logits[rows], self.target.dtype, EXACT_SETTLE_SAFETY)
-        return near_tie_threshold(step.logits[rows], self.target.dtype,
-                                  EXACT_SAFETY if kind == "verify" else EXACT_SETTLE_SAFETY)
+        return near_tie_threshold(step.logits[rows], self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
 
-    def _untrusted(self, step: Step, chooser: TokenChooser, kind: str) -> list[bool]:
+    def _untrusted(self, step: Step, chooser: TokenChooser, drafted: bool) -> list[bool]:
         """Per token of ``step.new``: True where its row's top-2 gap is under the near-tie threshold."""
         rows = step.rows
         if self.margin is not None:
             return [float(step.margins[r]) < self.margin for r in rows]
-        need = self._threshold(step, rows, kind)
+        need = self._threshold(step, rows, drafted)
         if not chooser.processors:
             return [float(step.margins[r]) < float(m) for r, m in zip(rows, need, strict=True)]
         # Logits processors (penalties, biases, masks) reshape each logit monotonically, so a choice holds for every
