@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
-from redraft.decoding.exactness import measure_row_noise, near_tie_threshold, row_noise
+from redraft.decoding.exactness import (
+    measure_row_noise,
+    measure_settle_noise,
+    near_tie_threshold,
+    row_noise,
+)
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.target import HFTarget
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
@@ -69,6 +74,20 @@ def test_measured_row_noise_is_within_the_bound(cast_models, name):
     assert {"chain K=1", "chain K=16", "tree", "single after drafts"} <= set(noise)
     worst = max(rel for rel, _ in noise.values())
     assert 0 < worst < row_noise(DTYPE[name])
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_measured_settle_noise_covers_every_position(cast_models, name):
+    """Draft-free rows on a drafted cache are measured at every output position after the first, for each depth,
+    next to the verify rows; both differ from plain decoding's rows, within the dtype's bounds."""
+    model = cast_models["llama", name]
+    out = plain(model, PROMPT, 24)
+    got = measure_settle_noise(HFTarget(model), PROMPT + out, len(PROMPT), depths=(2, 8, 48))
+    assert set(got) == {"single after K=2", "chain K=2", "single after K=8", "chain K=8"}
+    assert all(got[f"single after K={k}"][2] == len(out) - 1 for k in (2, 8))
+    assert all(got[f"chain K={k}"][2] == len(out) for k in (2, 8))
+    assert all(rel < row_noise(DTYPE[name]) for rel, _, _ in got.values())
+    assert max(rel for rel, _, _ in got.values()) > 0
 
 
 def test_load_model_rejects_unknown_dtype():

@@ -3,14 +3,17 @@ and when drafting pauses. The end-to-end cases (planted ties, replays, every dty
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import VOCAB, SequenceDrafter, build_tiny
 
 from redraft.decoding.engine import Engine
+from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.target import HFTarget
+from redraft.defaults import EXACT_SAFETY, EXACT_SETTLE_SAFETY
 from redraft.tree import TokenTree
 
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]
@@ -55,10 +58,10 @@ def test_a_near_tie_rebuilds_only_where_a_draft_free_row_would_still_be_one():
     is recomputed on the cache as it is; under the settling threshold the cache is rebuilt the plain way."""
     ex = ExactMode(_NoTarget())
     chooser = TokenChooser(GREEDY, VOCAB)
-    # row threshold = safety x 2 x 4e-6 x 10 (the largest |logit|): verify 3.2e-4, settling 1.6e-4
-    ex.judge(_step([1.0, 2.5e-4], 0, PROMPT, 1), chooser)
+    alone, verify = _relative_thresholds()  # x 10, the largest |logit| of _step's rows
+    ex.judge(_step([1.0, 10 * (alone + verify) / 2], 0, PROMPT, 1), chooser)
     assert ex.settling and not ex.rebuild
-    ex.judge(_step([1.0, 1.0e-4], 0, PROMPT, 1), chooser)
+    ex.judge(_step([1.0, 10 * alone / 2], 0, PROMPT, 1), chooser)
     assert ex.settling and ex.rebuild
 
 
@@ -101,3 +104,77 @@ def test_one_early_near_tie_costs_its_settling_and_drafting_goes_on():
     assert res.forwards == len(res.drafted_per_forward)
     assert res.settle_forwards == before + 1  # the prompt again, the tokens before the tied one's root, its root
     assert res.forwards <= -(-n // 9) + before + 2
+
+
+class GapTarget(HFTarget):
+    """HFTarget whose rows choosing the positions in ``gaps`` hold their top token ``gap * max |logit|`` above the
+    second (the same in every row, however computed): a planted near-tie of a known relative size. ``log`` records
+    (ids fed, cached length before) per forward."""
+
+    def __init__(self, model, gaps: dict[int, float]) -> None:
+        super().__init__(model)
+        self.gaps = gaps
+        self.log: list[tuple[int, int]] = []
+
+    def forward(self, ids, positions=None, mask=None, n_logits=1):
+        before = self.length
+        logits = super().forward(ids, positions, mask, n_logits).float().clone()
+        self.log.append((len(ids), before))
+        pos = positions[0].tolist() if positions is not None else list(range(before, before + len(ids)))
+        for r, p in enumerate(pos[len(ids) - n_logits:]):
+            if p + 1 in self.gaps:
+                a, b = sorted(logits[r].topk(2).indices.tolist())
+                top = logits[r].abs().max()
+                logits[r, a], logits[r, b] = top, top * (1 - self.gaps[p + 1])
+        return logits
+
+
+def _relative_thresholds() -> tuple[float, float]:
+    """(draft-free, verify) thresholds of float32 rows as fractions of the row's largest |logit|: one token alone on
+    a drafted cache is judged with EXACT_SETTLE_SAFETY x the row-noise bound, a verify row with EXACT_SAFETY x it."""
+    row = torch.tensor([[1.0]])
+    return (float(near_tie_threshold(row, torch.float32, EXACT_SETTLE_SAFETY)[0]),
+            float(near_tie_threshold(row, torch.float32, EXACT_SAFETY)[0]))
+
+
+def test_recompute_between_the_thresholds_is_trusted_under_them_rebuilds():
+    """ExactMode alone: a verify row whose gap lies between the draft-free and the verify threshold is recomputed
+    on the cache as it is, and the recomputed row (one token alone, same gap) is trusted; a gap under the draft-free
+    threshold goes straight to the rebuild, and so does a recomputed row under it."""
+    alone, verify = _relative_thresholds()
+    chooser = TokenChooser(GREEDY, VOCAB)
+    between, under = 10.0 * (alone + verify) / 2, 10.0 * alone / 2  # _step's rows have |logit| 10
+    ex = ExactMode(_NoTarget())
+    assert ex.judge(_step([1.0, between], 0, PROMPT, 1), chooser) == 1 and ex.settling and not ex.rebuild
+    assert ex.judge(_step([between], len(PROMPT) + 1, [5], 0), chooser) == 1  # one token alone on the drafted cache
+    assert not ex.settling and ex.near_ties == 1 and ex.settle_forwards == 1
+    ex.judge(_step([1.0, under], 0, PROMPT, 1), chooser)
+    assert ex.settling and ex.rebuild
+    ex2 = ExactMode(_NoTarget())
+    ex2.judge(_step([1.0, between], 0, PROMPT, 1), chooser)
+    assert ex2.judge(_step([under], len(PROMPT) + 1, [5], 0), chooser) == 0 and ex2.rebuild
+
+
+@pytest.mark.parametrize("where", ["between", "under"])
+def test_planted_near_tie_between_the_thresholds_costs_one_recompute(where):
+    """End to end (float32 tiny model, always-right drafts): a near-tie early in the answer whose gap clears the
+    draft-free rows' threshold but not the verify rows' costs one draft-free forward and no rebuild; one under the
+    draft-free threshold still rebuilds the cache the plain way (the prompt fed again). Output ids equal plain
+    greedy's."""
+    alone, verify = _relative_thresholds()
+    gap = (alone + verify) / 2 if where == "between" else alone / 2
+    model = build_tiny("llama", "eager")
+    n, tied = 40, len(PROMPT) + 5
+    target = GapTarget(model, {tied: gap})
+    plain = Engine(target, []).generate(PROMPT, n).output_ids
+    target.log.clear()
+    res = Engine(target, [SequenceDrafter(PROMPT + plain, vocab=VOCAB)], max_depth=16).generate(PROMPT, n)
+    assert res.output_ids == plain
+    assert res.near_ties == 1
+    if where == "between":
+        assert res.settle_forwards == 1
+        assert (len(PROMPT), 0) not in target.log[1:]  # the prompt was never fed again
+        assert res.forwards == 1 + 1 + -(-(n - 6) // 17)  # first forward, the recompute, 16-deep drafts after it
+    else:
+        assert res.settle_forwards == 6  # the prompt again, 4 tokens one per forward, the tied row's root alone
+        assert (len(PROMPT), 0) in target.log[1:]

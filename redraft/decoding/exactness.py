@@ -9,7 +9,12 @@ later rounding, so the difference scales with the dtype's precision and the size
 ~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
 that). A row's choice is trusted only when its top-2 gap exceeds twice the bound times a safety factor
 (:func:`near_tie_threshold`); closer rows are recomputed exactly the way plain decoding computes them
-(:class:`redraft.decoding.engine.Engine`).
+(:class:`redraft.decoding.settling.ExactMode`).
+
+One token fed alone on a cache that verify forwards wrote (exact mode's draft-free recompute) runs plain decoding's
+own forward shape; only the cached entries differ. :func:`measure_settle_noise` measures those rows apart at every
+position: in float32 they differ from plain decoding's about as much as verify rows do (docs/benchmarks.md, "One
+early near-tie"), so they are judged against the same bound (with ``defaults.EXACT_SETTLE_SAFETY``).
 """
 
 from __future__ import annotations
@@ -95,13 +100,19 @@ def _tree_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int, 
     return torch.cat(out)[:len(seq) - n_prompt]
 
 
-def _settle_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int) -> torch.Tensor:
+def _settle_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int,
+                 first: int | None = None) -> torch.Tensor:
     """Rows of one token fed alone on a cache that chain verify forwards of ``depth`` drafts wrote (what exact
-    mode's draft-free recompute sees), one per forward; NaN rows where none was computed."""
+    mode's draft-free recompute sees), one per forward; NaN rows where none was computed.
+
+    The first forward holds the prompt and ``first`` output tokens (default ``depth``); each later one re-feeds the
+    last token alone (the row measured), then the next ``depth + 1`` tokens.
+    """
     target.reset()
+    first = depth if first is None else first
     out = torch.full((len(seq) - n_prompt, target.vocab_size), float("nan"))
-    target.forward(list(seq[:n_prompt + depth]), n_logits=1)
-    i = n_prompt + depth
+    target.forward(list(seq[:n_prompt + first]), n_logits=1)
+    i = n_prompt + first
     while i < len(seq):
         target.crop(target.length - 1)  # the last token again, alone
         out[i - n_prompt] = target.forward([int(seq[i - 1])], n_logits=1)[0].float()
@@ -141,5 +152,51 @@ def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
         ok = ~rows.isnan().any(-1)
         diff = (rows[ok] - plain[ok]).abs().amax(-1)
         out[kind] = ((diff / scale[ok]).max().item(), diff.max().item()) if ok.any() else (0.0, 0.0)
+    target.reset()
+    return out
+
+
+def measure_settle_noise(target: HFTarget, seq: Sequence[int], n_prompt: int,
+                         depths: Sequence[int] = (1, 2, 4, 8, 16, 32, 48)) -> dict[str, tuple[float, float, int]]:
+    """How far a draft-free row on a cache that verify forwards wrote is from plain decoding's row, by draft depth.
+
+    Exact mode recomputes a near-tie verify row as one token fed alone on the cache as it is (its KV entries written
+    by the prompt's forward with drafts and by later verify forwards): the row's own forward is shaped as plain
+    decoding's, only the cached entries differ. This measures that difference at every output position: for each
+    depth K, chain verify forwards of K always-right drafts write the cache (the first one holding the prompt and
+    ``o`` output tokens, for every offset ``o`` in 1..K+1), and each position's last token is fed again alone.
+    The verify rows themselves (chain K, first forward holding the prompt + K drafts) are measured alongside.
+
+    Args:
+        target: the target model (its cache is reset).
+        seq: prompt + plain greedy output (token ids), the output at least 2 tokens.
+        n_prompt: prompt length.
+        depths: chain draft depths; those not shorter than the output are skipped.
+    Returns:
+        {kind: (relative, absolute, rows)}: max over rows of max |row - plain row| divided by the plain row's largest
+        |logit| (relative) and in logit units (absolute), and how many rows were compared. Kinds: "single after
+        K=k" (draft-free rows), "chain K=k" (verify rows).
+    """
+    n_out = len(seq) - n_prompt
+    depths = [k for k in depths if k < n_out] or [1]
+    plain = _rows(target, seq, n_prompt, [0, 1])
+    scale = plain.abs().amax(-1)
+    out: dict[str, tuple[float, float, int]] = {}
+
+    def worst(rows: torch.Tensor) -> tuple[float, float, int]:
+        ok = ~rows.isnan().any(-1)
+        if not ok.any():
+            return 0.0, 0.0, 0
+        diff = (rows[ok] - plain[ok]).abs().amax(-1)
+        return (diff / scale[ok]).max().item(), diff.max().item(), int(ok.sum())
+
+    for k in depths:
+        single = torch.full_like(plain, float("nan"))
+        for first in range(1, min(k + 1, n_out - 1) + 1):
+            rows = _settle_rows(target, seq, n_prompt, k, first)
+            fill = ~rows.isnan().any(-1)
+            single[fill] = rows[fill]
+        out[f"single after K={k}"] = worst(single)
+        out[f"chain K={k}"] = worst(_rows(target, seq, n_prompt, [k, k + 1]))
     target.reset()
     return out
