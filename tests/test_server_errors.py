@@ -45,6 +45,12 @@ CASES = [
     (CHAT, b'{"messages": [{"role": "user", "content": "t05 ]]"}], "metadata": {"a": '
      + b'{"b": ' * 10000 + b'1' + b'}' * 10001 + b'}', 400, "metadata", "nested"),
     (COMPLETIONS, b'[' * 10000 + b']' * 10000, 400, None, "nested"),
+    # numbers too large to hold: the field is named, not the JSON decoder's digit limit
+    (COMPLETIONS, b'{"prompt": "t05", "max_tokens": ' + b'9' * 5000 + b'}', 400, "max_tokens", "too large"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "t05"}], "max_tokens": -' + b'1' * 5000 + b'}', 400,
+     "max_tokens", "too large"),
+    (COMPLETIONS, b'{"prompt": "t05", "temperature": 1e999}', 400, "temperature", "too large"),
+    (COMPLETIONS, b'{"prompt": [5, ' + b'7' * 4301 + b']}', 400, "prompt[1]", "too large"),
     (COMPLETIONS, {"prompt": "t05", "best_of": 3}, 400, "best_of", "not supported"),
     (CHAT, {"messages": OK_CHAT, "tools": [{"type": "retrieval"}]}, 400, "tools[0]", "function tools"),
     (CHAT, {"messages": OK_CHAT, "tool_choice": "required"}, 400, "tool_choice", "needs 'tools'"),

@@ -175,13 +175,35 @@ class ParsedRequest:
     echo: bool = False
 
 
+class TooLarge:
+    """Stands in (while :func:`parse_json` checks a body) for a JSON number too large to hold: an integer of more
+    than :data:`MAX_INT_DIGITS` digits or a float beyond double range. :func:`check_json_values` refuses it with
+    the field's path, so the 400 names the field rather than the JSON decoder's own limit."""
+
+    __slots__ = ()
+
+
+MAX_INT_DIGITS = 4300  # Python's default int-from-str limit (sys.int_info.default_max_str_digits)
+
+
+def _parse_int(text: str) -> int | TooLarge:
+    return TooLarge() if len(text.lstrip("-")) > MAX_INT_DIGITS else int(text)
+
+
+def _parse_float(text: str) -> float | TooLarge:
+    x = float(text)
+    return TooLarge() if math.isinf(x) else x
+
+
 def parse_json(raw: bytes) -> dict:
-    """The request body as a JSON object; APIError 400 for anything else (NaN and Infinity included)."""
+    """The request body as a JSON object; APIError 400 for anything else (NaN and Infinity included, and a number
+    too large to hold: an integer of more than :data:`MAX_INT_DIGITS` digits or a float beyond double range, named
+    by its field)."""
     def no_constant(name):
         raise ValueError(f"{name} is not valid JSON")
 
     try:
-        body = json.loads(raw, parse_constant=no_constant)
+        body = json.loads(raw, parse_constant=no_constant, parse_int=_parse_int, parse_float=_parse_float)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON ({e})") from e
     except RecursionError:
@@ -219,8 +241,9 @@ def _deep_field(raw: bytes) -> str | None:
 
 
 def check_json_values(body: Any) -> None:
-    """Refuse (APIError 400) a decoded body nested deeper than :data:`MAX_JSON_DEPTH` or holding a string that is
-    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON's escapes allow). Iterative; a
+    """Refuse (APIError 400) a decoded body nested deeper than :data:`MAX_JSON_DEPTH`, holding a string that is
+    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON's escapes allow) or a
+    :class:`TooLarge` number. Iterative; a
     field's path (``messages[0].content``) is built only for the error."""
     todo: list[tuple[Any, int, tuple]] = [(body, 1, ())]
     while todo:
@@ -230,19 +253,28 @@ def check_json_values(body: Any) -> None:
         if isinstance(v, dict):
             for k, x in v.items():
                 _check_text(k, loc + (k,))
-                if isinstance(x, (dict, list, str)):
+                if isinstance(x, (dict, list, str, TooLarge)):
                     todo.append((x, depth + 1, loc + (k,)))
         elif isinstance(v, list):
-            todo.extend((x, depth + 1, loc + (i,)) for i, x in enumerate(v) if isinstance(x, (dict, list, str)))
+            todo.extend((x, depth + 1, loc + (i,)) for i, x in enumerate(v)
+                        if isinstance(x, (dict, list, str, TooLarge)))
         elif isinstance(v, str):
             _check_text(v, loc)
+        elif isinstance(v, TooLarge):
+            path = _path(loc)
+            raise APIError(400, f"'{path}' is too large: the number has more than {MAX_INT_DIGITS} digits or is "
+                                "beyond floating-point range", param=path or None)
+
+
+def _path(loc: tuple) -> str:
+    return "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x)) for i, x in enumerate(loc))
 
 
 def _check_text(s: str, loc: tuple) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
-        path = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x)) for i, x in enumerate(loc))
+        path = _path(loc)
         raise APIError(400, f"'{path}' is not valid Unicode (a lone surrogate at character {e.start})",
                        param=path or None) from None
 
