@@ -58,6 +58,8 @@ _NOOP_CHAT = {**_NOOP_COMMON, "functions": (None, []), "function_call": (None, "
               "store": (None, False), "modalities": (None, ["text"]),
               "audio": _NONE, "prediction": _NONE, "reasoning_effort": _NONE, "verbosity": _NONE,
               "web_search_options": _NONE, "service_tier": (None, "auto", "default")}
+# a chat message's own OpenAI fields that redraft does not use (the openai client's message.model_dump() sends them)
+_NOOP_MESSAGE = {"refusal": _NONE, "annotations": (None, []), "audio": _NONE, "function_call": _NONE}
 
 
 MAX_JSON_DEPTH = 32  # nesting levels of a request body (the deepest valid request needs 5)
@@ -279,19 +281,40 @@ def _check_text(s: str, loc: tuple) -> None:
                        param=path or None) from None
 
 
-def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
-    """Check a decoded body field by field. Raises APIError 400 (unsupported, out of range or wrong type)."""
-    model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
-    for name, value in body.items():
-        if name in model_cls.model_fields:
+def _check_fields(obj: dict, known, noop: dict[str, tuple], prefix: str) -> None:
+    """APIError 400 for a field of ``obj`` that is neither ``known`` nor in ``noop`` at one of its no-op values;
+    ``prefix`` (``"messages[0]."``) leads the field's name in the error's ``param``."""
+    for name, value in obj.items():
+        if name in known:
             continue
+        param = f"{prefix}{name}"
         if name in noop:
             if not any(_same(value, ok) for ok in noop[name]):
                 allowed = " or ".join(json.dumps(v) for v in noop[name])
-                raise APIError(400, f"'{name}' is not supported by redraft (only {allowed} is accepted)",
-                               param=name, code="unsupported_parameter")
+                raise APIError(400, f"'{param}' is not supported by redraft (only {allowed} is accepted)",
+                               param=param, code="unsupported_parameter")
             continue
-        raise APIError(400, f"unrecognized request argument: '{name}'", param=name, code="unrecognized_parameter")
+        raise APIError(400, f"unrecognized request argument: '{param}'", param=param, code="unrecognized_parameter")
+
+
+def check_message_fields(messages: Any) -> None:
+    """Refuse (APIError 400 naming ``messages[i].field``) a chat message field OpenAI does not define; OpenAI's
+    own message fields that redraft does not use (``refusal``, ``annotations``, ``audio``, ``function_call``) are
+    accepted at their empty values (null; ``[]`` for annotations). Anything but a list of objects is left to the
+    type check. Source: OpenAI's chat completions request message objects."""
+    if not isinstance(messages, list):
+        return
+    for i, m in enumerate(messages):
+        if isinstance(m, dict):
+            _check_fields(m, Message.model_fields, _NOOP_MESSAGE, f"messages[{i}].")
+
+
+def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
+    """Check a decoded body field by field. Raises APIError 400 (unsupported, out of range or wrong type)."""
+    model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
+    _check_fields(body, model_cls.model_fields, noop, "")
+    if kind == "chat":
+        check_message_fields(body.get("messages"))
     try:
         req = model_cls.model_validate(body)
     except ValidationError as e:
@@ -413,6 +436,9 @@ def _messages(messages: list[Message]) -> list[dict]:
         if m.tool_calls:
             msg["tool_calls"] = m.tool_calls
         if m.role == "tool":
+            if m.tool_call_id is None:
+                raise APIError(400, f"messages[{i}].tool_call_id is required on tool messages (the id of the "
+                                    "assistant's tool call this message answers)", param=f"messages[{i}].tool_call_id")
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
