@@ -26,11 +26,12 @@ from redraft.io.prompts import encode_chat, uses_chat_template
 from . import errors, openapi, responses_api, tokenize
 from .access_log import AccessLog
 from .generation import Generator, Outcome, Work
+from .jsonbody import parse_json
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .responses import completion_body, fingerprint, prompt_text, stats, usage
 from .scheduler import Cancelled, Job, QueueFull, Scheduler, ShuttingDown
-from .schemas import APIError, ParsedRequest, parse_json, parse_request
+from .schemas import APIError, ParsedRequest, parse_request
 from .structured import check_combination, constraint_for, parse_response_format
 from .tenants import Tenants
 from .toolcalls import DEFAULT_FORMAT, FORMATS
