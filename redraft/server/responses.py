@@ -38,10 +38,14 @@ def prompt_text(tokenizer, req: ParsedRequest, index: int, ids: list[int]) -> st
 
 
 def usage(req: ParsedRequest, jobs: list[Job], outcomes: list[Outcome]) -> dict:
-    """OpenAI's usage object, summed over prompts (each counted once) and choices."""
+    """OpenAI's usage object, summed over prompts (each counted once) and choices; ``prompt_tokens_details``
+    gives ``cached_tokens``: the prompt tokens whose KV entries came from the prefix cache (as OpenAI and vLLM
+    report prompt caching)."""
     p = sum(len(o.result.prompt_ids) for o in outcomes[::req.n])
     c = sum(len(o.result.output_ids) for o in outcomes)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    cached = sum(o.result.prefix_hit_tokens for o in outcomes[::req.n])
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def stats(job: Job, out: Outcome) -> dict[str, Any]:
