@@ -67,9 +67,9 @@ def completion_body(req: ParsedRequest, rid: str, model: str, jobs: list[Job], o
         res = out.result
         if req.kind == "chat":
             lp = chat_logprobs(tokenizer, res.logprobs) if res.logprobs is not None else None
-            message = {"role": "assistant", "content": out.text}
+            message = {"role": "assistant", "content": out.content}
             if out.tool_calls:
-                message = {"role": "assistant", "content": out.content, "tool_calls": out.tool_calls}
+                message["tool_calls"] = out.tool_calls
             choices.append({"index": index, "message": message, "logprobs": lp, "finish_reason": out.finish_reason})
             continue
         text, lp = out.text, None
