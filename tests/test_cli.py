@@ -163,6 +163,14 @@ def test_serve_help_names_every_route(capsys):
     assert "--minacc PCT" in out  # the metavar the help text speaks of
 
 
+def test_run_help_documents_prompts_files_and_new_corpus_format(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'turns' list, whose first turn is used" in out  # the field the prompts-file error names
+    assert "a missing file is created: text for a .txt name, binary otherwise" in out
+
+
 # ---- environment: corpus, K, MINACC ------------------------------------------------------------------------------
 
 def _args(*argv):

@@ -79,9 +79,9 @@ def test_prompts_without_learning_and_bad_input(tiny, tmp_path, capsys):
     f.write_text(words(PROMPTS[2]) + "\n")
     (r,) = run_prompts(capsys, d, f)
     assert r["ids"] == plain_greedy(model, PROMPTS[2], 30, eos=[EOS]) and r["learned"] is False
-    with pytest.raises(SystemExit, match="give one PROMPT or --prompts FILE"):
+    with pytest.raises(SystemExit, match="give a PROMPT or --prompts FILE, not both"):
         main(["run", "--model", str(d), "--prompts", str(f), "hello"])
-    with pytest.raises(SystemExit, match="give one PROMPT or --prompts FILE"):
+    with pytest.raises(SystemExit, match=r"give a PROMPT or --prompts FILE$"):
         main(["run", "--model", str(d)])
     with pytest.raises(SystemExit, match="--learn: only used with a corpus"):
         main(["run", "--model", str(d), "--prompts", str(f), "--learn"])

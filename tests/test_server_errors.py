@@ -45,6 +45,12 @@ CASES = [
     (CHAT, b'{"messages": [{"role": "user", "content": "t05 ]]"}], "metadata": {"a": '
      + b'{"b": ' * 10000 + b'1' + b'}' * 10001 + b'}', 400, "metadata", "nested"),
     (COMPLETIONS, b'[' * 10000 + b']' * 10000, 400, None, "nested"),
+    # numbers too large to hold: the field is named, not the JSON decoder's digit limit
+    (COMPLETIONS, b'{"prompt": "t05", "max_tokens": ' + b'9' * 5000 + b'}', 400, "max_tokens", "too large"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "t05"}], "max_tokens": -' + b'1' * 5000 + b'}', 400,
+     "max_tokens", "too large"),
+    (COMPLETIONS, b'{"prompt": "t05", "temperature": 1e999}', 400, "temperature", "too large"),
+    (COMPLETIONS, b'{"prompt": [5, ' + b'7' * 4301 + b']}', 400, "prompt[1]", "too large"),
     (COMPLETIONS, {"prompt": "t05", "best_of": 3}, 400, "best_of", "not supported"),
     (CHAT, {"messages": OK_CHAT, "tools": [{"type": "retrieval"}]}, 400, "tools[0]", "function tools"),
     (CHAT, {"messages": OK_CHAT, "tool_choice": "required"}, 400, "tool_choice", "needs 'tools'"),
@@ -62,6 +68,11 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": words([5] * CONTEXT)}]}, 400, "messages", str(CONTEXT)),
     (COMPLETIONS, {"prompt": "t05", "model": "no-such-model"}, 404, "model", "does not exist"),
     (CHAT, {"messages": []}, 400, "messages", "empty"),
+    (CHAT, {"messages": [{"role": "user", "content": "t05", "foo": 1}]}, 400, "messages[0].foo", "unrecognized"),
+    (CHAT, {"messages": [{"role": "system", "content": "t05"}, {"role": "user", "content": "t05", "refusal": "no"}]},
+     400, "messages[1].refusal", "only null"),
+    (CHAT, {"messages": [{"role": "user", "content": "t05"}, {"role": "tool", "content": "12:00"}]}, 400,
+     "messages[1].tool_call_id", "required"),
     (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content",
      "text parts only"),
@@ -86,6 +97,19 @@ def test_bad_request_gets_an_openai_error(live, endpoint, body, status, param, s
     assert says in err["message"] and err["type"] == "invalid_request_error"
     if param is not None:
         assert err["param"] == param and param.split(".")[0].split("[")[0] in err["message"]
+
+
+def test_openai_message_fields_at_their_empty_values_are_accepted(live):
+    """What the openai client's ``message.model_dump()`` sends back as the next turn's assistant message."""
+    turn = {"role": "assistant", "content": "t06", "refusal": None, "annotations": [], "audio": None,
+            "function_call": None, "tool_calls": None}
+    body = {"messages": [{"role": "user", "content": "t05"}, turn, {"role": "user", "content": "t07"}],
+            "max_tokens": 2}
+    r = httpx.post(live.url + CHAT, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    r = httpx.post(live.base + "/tokenize", json={"messages": [{"role": "user", "content": "t05", "foo": 1}]},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].foo", r.text
 
 
 def test_a_lone_surrogate_in_a_field_name_is_a_400_not_a_500(live):

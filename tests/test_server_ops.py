@@ -67,6 +67,7 @@ def test_agent_turns_reuse_the_conversation_and_match_plain_greedy(live, loaded)
         body = _complete(live, "key-a", prompt, 20).json()
         assert body["choices"][0]["text"] == want
         hit = body["redraft"]["prefix_hit_tokens"]
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": hit}
         if turn == 0:
             assert hit == 0
         else:  # the previous prompt and its answer (but the last answer token, never fed) came from the cache
@@ -77,6 +78,21 @@ def test_agent_turns_reuse_the_conversation_and_match_plain_greedy(live, loaded)
     assert _metric(live, "vllm:prefix_cache_hits_total") - hits_before == hit_sum
     assert _metric(live, "vllm:prefix_cache_queries_total") > queries_before
     assert 0 < _metric(live, "redraft:prefix_cache_tokens") <= 2000
+
+
+def test_chat_usage_reports_prefix_hits_as_cached_tokens(live):
+    """A chat turn resent whole (as agents do) reuses its KV entries: usage.prompt_tokens_details.cached_tokens."""
+    msgs = [{"role": "user", "content": "t21 t22 t23 t24 t25 t26 t27 t28"}]
+    bodies = []
+    for _ in range(2):
+        r = httpx.post(f"{live.url}/chat/completions", json={"messages": msgs, "max_tokens": 4},
+                       headers={"Authorization": "Bearer key-a"}, timeout=60)
+        assert r.status_code == 200, r.text
+        bodies.append(r.json())
+    first, second = (b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies)
+    assert first == bodies[0]["redraft"]["prefix_hit_tokens"] == 0
+    assert second == bodies[1]["redraft"]["prefix_hit_tokens"] > 0
+    assert second < bodies[1]["usage"]["prompt_tokens"]
 
 
 def test_one_tenants_cache_never_serves_another(live, loaded):

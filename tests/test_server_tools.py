@@ -185,6 +185,29 @@ def test_hermes_parser_reads_calls_and_keeps_the_rest_as_content():
     assert fmt.parse('<tool_call>\n{"name": "f", "arguments": {}}')[1][0]["function"]["name"] == "f"
 
 
+def test_a_cut_off_call_is_dropped_from_content_but_prose_about_the_wrapper_is_not():
+    fmt = FORMATS["hermes"]
+    whole = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>\n'
+    content, calls = fmt.parse(whole + '<tool_call>\n{"name":')  # max_tokens hit inside the second call
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_time"]
+    assert fmt.parse('Checking.\n<tool_call>\n{"name": "get_ti') == ("Checking.", [])
+    assert fmt.parse("Checking.\n<tool_call>\n") == ("Checking.", [])
+    assert fmt.parse("Write <tool_call> before a call") == ("Write <tool_call> before a call", [])
+    f = ContentFilter(fmt)  # streamed: the fragment is never sent, not even when the answer is finished
+    out = "".join(f.feed(d) for d in ["Checking.\n", "<tool_call>", '\n{"name":'])
+    assert out + f.finish(fmt.parse(f.text)[0]) == "Checking.\n"
+
+
+def test_forced_call_cut_off_by_max_tokens_has_no_content(live):
+    kw = dict(tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    n = chat(live, **kw).usage.completion_tokens
+    c = chat(live, max_tokens=n // 2, **kw).choices[0]
+    assert c.finish_reason == "length" and c.message.content is None and not c.message.tool_calls
+    chunks = list(chat(live, stream=True, max_tokens=n // 2, **kw))
+    assert not any(ch.delta.content or ch.delta.tool_calls for x in chunks for ch in x.choices)
+    assert [ch.finish_reason for x in chunks for ch in x.choices if ch.finish_reason] == ["length"]
+
+
 def test_llama3_json_parser():
     fmt = FORMATS["llama3_json"]
     content, calls = fmt.parse('{"name": "get_time", "parameters": {"zone": "cet"}}')

@@ -70,6 +70,11 @@ def test_lm_eval_scoring_request_several_prompts(live, loaded):
         ref = reference(loaded, p + first)
         for i in range(1, len(p) + 1):
             assert abs(lp["token_logprobs"][i] - ref[i - 1, (p + first)[i]].item()) < TOL
+        for i in range(1, len(p) + 1):  # the row's most likely token and the prompt's own (when not the same)
+            top = lp["top_logprobs"][i]
+            best = loaded.tokenizer.decode([int(ref[i - 1].argmax())])
+            assert lp["tokens"][i] in top and best in top and len(top) == 1 + (best != lp["tokens"][i])
+            assert top[lp["tokens"][i]] == lp["token_logprobs"][i] and list(top)[0] == best
         assert lp["tokens"][-1] == loaded.tokenizer.decode(first)
         assert c["text"].startswith(loaded.tokenizer.decode(p, skip_special_tokens=False))
     assert live.server.generator.corpora.get("default").n_tokens == grew  # scoring learns nothing
@@ -86,7 +91,9 @@ def test_prompt_scoring_with_no_tokens_runs_one_forward(live, loaded):
     ref = reference(loaded, prompt)
     got = c["logprobs"]["token_logprobs"]
     assert got[0] is None and all(abs(got[i] - ref[i - 1, prompt[i]].item()) < 1e-5 for i in range(1, len(prompt)))
-    assert c["logprobs"]["top_logprobs"][1] == {}
+    # logprobs 0: the listed token alone, as OpenAI and vLLM answer (up to logprobs + 1 entries)
+    assert [list(t) for t in c["logprobs"]["top_logprobs"][1:]] == [[loaded.tokenizer.decode([t])] for t in prompt[1:]]
+    assert all(c["logprobs"]["top_logprobs"][i] == {c["logprobs"]["tokens"][i]: got[i]} for i in range(1, len(prompt)))
 
 
 def test_chat_logprobs(live, loaded):

@@ -43,8 +43,10 @@ def cmd_run(args) -> int:
     config = config_from_args(args)  # flags, then REDRAFT_*, then COLI_*, then the defaults (redraft.compose)
     corpus_path, k, minacc = resolve_draft_args(args, config)
     check_draft_args(args, corpus_path, k)
-    if (args.prompt is None) == (args.prompts is None):
-        raise SystemExit("redraft run: error: give one PROMPT or --prompts FILE (not both)")
+    if args.prompt is None and args.prompts is None:
+        raise SystemExit("redraft run: error: give a PROMPT or --prompts FILE")
+    if args.prompt is not None and args.prompts is not None:
+        raise SystemExit("redraft run: error: give a PROMPT or --prompts FILE, not both")
     if args.learn and corpus_path is None:
         raise SystemExit("redraft run: error: --learn: only used with a corpus (--corpus FILE or REDRAFT_DRAFT_CORPUS)")
     if args.prompts is not None:
@@ -131,11 +133,13 @@ def register(sub) -> None:
     p.add_argument("--tokens", action="store_true",
                    help="print [PROMPT_TOKENS]/[TOKENS] id lines to stderr (also TOKENS=1); freeze --from-log reads them")
     p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="answer every prompt of FILE (one per line, or JSONL with a 'prompt' field) in one process: "
+                   help="answer every prompt of FILE (one per line, or JSONL objects with a 'prompt' string or a 'turns' "
+                        "list, whose first turn is used) in one process: "
                         "one JSON line each on stdout (prompt, text, ids, statistics) instead of PROMPT")
     p.add_argument("--learn", action="store_true",
                    help="add each new answer (prompt + answer) to the --corpus file, rewritten atomically in its "
-                        "format (created when missing), so later prompts and later runs replay it")
+                        "format, so later prompts and later runs replay it; a missing file is created: text for a .txt "
+                        "name, binary otherwise")
     p.add_argument("prompt", metavar="PROMPT", nargs="?", default=None,
                    help="the user prompt ('-' reads stdin); or --prompts FILE")
     p.set_defaults(func=cmd_run)

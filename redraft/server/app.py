@@ -26,11 +26,12 @@ from redraft.io.prompts import encode_chat, uses_chat_template
 from . import errors, openapi, responses_api, tokenize
 from .access_log import AccessLog
 from .generation import Generator, Outcome, Work
+from .jsonbody import parse_json
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .responses import completion_body, fingerprint, prompt_text, stats, usage
 from .scheduler import Cancelled, Job, QueueFull, Scheduler, ShuttingDown
-from .schemas import APIError, ParsedRequest, parse_json, parse_request
+from .schemas import APIError, ParsedRequest, parse_request
 from .structured import check_combination, constraint_for, parse_response_format
 from .tenants import Tenants
 from .toolcalls import DEFAULT_FORMAT, FORMATS
@@ -164,7 +165,8 @@ class Server:
             sampling = dataclasses.replace(sampling, constraint=constraint)
         return Work(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=req.stop,
                     tool_calls=self.tool_format if tools is not None and tools.calls_possible else None,
-                    single_call=tools is not None and not tools.parallel, logprobs=req.logprobs, echo=req.echo)
+                    single_call=tools is not None and not tools.parallel,
+                    forced_calls=tools is not None and tools.forced is not None, logprobs=req.logprobs, echo=req.echo)
 
     def _structure(self, req: ParsedRequest):
         """The request's tools (:class:`~redraft.server.tools.ToolRequest` or None) and response format

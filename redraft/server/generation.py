@@ -48,6 +48,7 @@ class Work:
     stop: list[str] = field(default_factory=list)
     tool_calls: object | None = None
     single_call: bool = False  # parallel_tool_calls false: only the first call counts
+    forced_calls: bool = False  # tool_choice required or named: the answer is calls only (content null)
     logprobs: int | None = None
     echo: bool = False
 
@@ -60,8 +61,9 @@ class Work:
 class Outcome:
     """A finished generation: the engine's result, the final text (cut before a stop string) and the OpenAI
     finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context, ``tool_calls``
-    when the answer holds tool calls). With tool calls, ``tool_calls`` holds them in OpenAI's shape and ``content``
-    the text outside them (None when empty); otherwise ``tool_calls`` is None and ``content`` is ``text``."""
+    when the answer holds tool calls). ``tool_calls`` holds the parsed calls in OpenAI's shape (None when there are
+    none). When the answer may hold calls, ``content`` is the text outside them, a cut-off call left out (None when
+    empty, and always None under a forced ``tool_choice``); otherwise ``content`` is ``text``."""
 
     result: GenerationResult
     text: str
@@ -141,7 +143,8 @@ class Generator:
             forwards = -(-len(work.prompt_ids) // SCORE_CHUNK) if scored else 0
             res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=forwards,
                                    logprobs=None if work.logprobs is None else [])
-            return Outcome(result=res, text="", finish_reason="length", learned=False, prompt_logprobs=scored)
+            return Outcome(result=res, text="", finish_reason="length", learned=False, content="",
+                           prompt_logprobs=scored)
         engine = self.engine(job.tenant, work.sampling.constraint)
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
@@ -151,7 +154,7 @@ class Generator:
 
             def emit(delta: str) -> None:
                 shown = content.feed(delta)
-                if shown:
+                if shown and not work.forced_calls:
                     emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
@@ -175,12 +178,12 @@ class Generator:
             answer, calls = work.tool_calls.parse(text)
             if work.single_call:
                 calls = calls[:1]
+            if work.forced_calls:
+                answer = None
             rest = content.finish(answer)
             if rest:
                 emit_text(rest)
             calls = calls or None
-            if calls is None:
-                answer = text
         else:
             rest = stream.finish(text)
             if rest:

@@ -2,8 +2,9 @@
 
 - ``/v1/completions`` (the legacy object): ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, one
   entry per token; with ``echo`` the prompt's tokens come first, the first of them with ``null`` log-probability
-  and ``null`` alternatives (it has no context). ``top_logprobs`` entries map token text to log-probability
-  (OpenAI's shape: two ids with the same text keep the more likely one).
+  and ``null`` alternatives (it has no context). ``top_logprobs`` entries map token text to log-probability:
+  the ``logprobs`` most likely tokens plus the listed token itself when it is not among them (up to
+  ``logprobs + 1`` entries, as OpenAI and vLLM answer; two ids with the same text keep the more likely one).
 - ``/v1/chat/completions``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}``.
 
 Every output token is listed, an ending EOS included (vLLM does the same; lm-evaluation-harness' loglikelihood
@@ -24,8 +25,11 @@ def _piece(tokenizer, token: int) -> str:
 
 
 def _top(tokenizer, e: TokenLogprob) -> dict[str, float]:
+    """The row's ``k`` most likely tokens and the listed token itself (``k + 1`` entries at most, as OpenAI and
+    vLLM answer), most likely first; two ids with the same text keep the more likely one."""
+    pairs = sorted([*zip(e.top_ids, e.top_logprobs, strict=True), (e.token, e.logprob)], key=lambda p: -p[1])
     out: dict[str, float] = {}
-    for t, lp in zip(e.top_ids, e.top_logprobs, strict=True):
+    for t, lp in pairs:
         out.setdefault(_piece(tokenizer, t), lp)
     return out
 

@@ -38,10 +38,14 @@ def prompt_text(tokenizer, req: ParsedRequest, index: int, ids: list[int]) -> st
 
 
 def usage(req: ParsedRequest, jobs: list[Job], outcomes: list[Outcome]) -> dict:
-    """OpenAI's usage object, summed over prompts (each counted once) and choices."""
+    """OpenAI's usage object, summed over prompts (each counted once) and choices; ``prompt_tokens_details``
+    gives ``cached_tokens``: the prompt tokens whose KV entries came from the prefix cache (as OpenAI and vLLM
+    report prompt caching)."""
     p = sum(len(o.result.prompt_ids) for o in outcomes[::req.n])
     c = sum(len(o.result.output_ids) for o in outcomes)
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    cached = sum(o.result.prefix_hit_tokens for o in outcomes[::req.n])
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def stats(job: Job, out: Outcome) -> dict[str, Any]:
@@ -63,9 +67,9 @@ def completion_body(req: ParsedRequest, rid: str, model: str, jobs: list[Job], o
         res = out.result
         if req.kind == "chat":
             lp = chat_logprobs(tokenizer, res.logprobs) if res.logprobs is not None else None
-            message = {"role": "assistant", "content": out.text}
+            message = {"role": "assistant", "content": out.content}
             if out.tool_calls:
-                message = {"role": "assistant", "content": out.content, "tool_calls": out.tool_calls}
+                message["tool_calls"] = out.tool_calls
             choices.append({"index": index, "message": message, "logprobs": lp, "finish_reason": out.finish_reason})
             continue
         text, lp = out.text, None

@@ -6,7 +6,7 @@ answered as if a field it relies on had been honoured. Fields the API does not d
 except redraft's extensions ``top_k`` (0 or -1 = off) and ``repetition_penalty`` (1 = off).
 Status codes: every invalid request is a 400 ``invalid_request_error`` naming the field in ``param`` (OpenAI's
 convention; never 422). Whole-number floats are integers (JSON Schema's rule: ``"max_tokens": 4.0`` is 4).
-Bodies nested deeper than :data:`MAX_JSON_DEPTH` levels and strings holding lone UTF-16 surrogates are refused.
+The body's JSON itself (depth, Unicode, numbers too large to hold) is checked by :mod:`redraft.server.jsonbody`.
 
 Unlike OpenAI's default of 1.0, ``temperature`` defaults to 0 (greedy): the same request then gives the same
 answer and replays from the corpus. With temperature > 0 and no ``seed``, a random seed is drawn and reported in
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -58,9 +57,10 @@ _NOOP_CHAT = {**_NOOP_COMMON, "functions": (None, []), "function_call": (None, "
               "store": (None, False), "modalities": (None, ["text"]),
               "audio": _NONE, "prediction": _NONE, "reasoning_effort": _NONE, "verbosity": _NONE,
               "web_search_options": _NONE, "service_tier": (None, "auto", "default")}
+# a chat message's own OpenAI fields that redraft does not use (the openai client's message.model_dump() sends them)
+_NOOP_MESSAGE = {"refusal": _NONE, "annotations": (None, []), "audio": _NONE, "function_call": _NONE}
 
 
-MAX_JSON_DEPTH = 32  # nesting levels of a request body (the deepest valid request needs 5)
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's chat limit
 MAX_CHOICES = 128  # prompts x n per request
@@ -175,91 +175,40 @@ class ParsedRequest:
     echo: bool = False
 
 
-def parse_json(raw: bytes) -> dict:
-    """The request body as a JSON object; APIError 400 for anything else (NaN and Infinity included)."""
-    def no_constant(name):
-        raise ValueError(f"{name} is not valid JSON")
-
-    try:
-        body = json.loads(raw, parse_constant=no_constant)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"the request body is not valid JSON ({e})") from e
-    except RecursionError:
-        raise _too_deep(_deep_field(raw)) from None
-    if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, not {_type_name(body)}")
-    check_json_values(body)
-    return body
-
-
-_JSON_TOKEN = re.compile(rb'("(?:[^"\\]|\\.)*")(\s*:)?|[\[\]{}]', re.S)  # a string (a key?) or a bracket
-
-
-def _too_deep(field: str | None) -> APIError:
-    where = f" (in '{field}')" if field is not None else ""
-    return APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep{where}", param=field)
-
-
-def _deep_field(raw: bytes) -> str | None:
-    """The top-level field under which ``raw`` (too deep for ``json.loads``) first nests deeper than
-    :data:`MAX_JSON_DEPTH` levels, as :func:`check_json_values` names it; None when there is none."""
-    depth, key = 0, None
-    for m in _JSON_TOKEN.finditer(raw):
-        if m.group(1) is not None:
-            if m.group(2) and depth == 1:
-                key = m.group(1)
+def _check_fields(obj: dict, known, noop: dict[str, tuple], prefix: str) -> None:
+    """APIError 400 for a field of ``obj`` that is neither ``known`` nor in ``noop`` at one of its no-op values;
+    ``prefix`` (``"messages[0]."``) leads the field's name in the error's ``param``."""
+    for name, value in obj.items():
+        if name in known:
             continue
-        depth += 1 if m.group() in (b"[", b"{") else -1
-        if depth > MAX_JSON_DEPTH:
-            try:
-                return str(json.loads(key)) if key is not None else None
-            except ValueError:
-                return None
-    return None
+        param = f"{prefix}{name}"
+        if name in noop:
+            if not any(_same(value, ok) for ok in noop[name]):
+                allowed = " or ".join(json.dumps(v) for v in noop[name])
+                raise APIError(400, f"'{param}' is not supported by redraft (only {allowed} is accepted)",
+                               param=param, code="unsupported_parameter")
+            continue
+        raise APIError(400, f"unrecognized request argument: '{param}'", param=param, code="unrecognized_parameter")
 
 
-def check_json_values(body: Any) -> None:
-    """Refuse (APIError 400) a decoded body nested deeper than :data:`MAX_JSON_DEPTH` or holding a string that is
-    not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON's escapes allow). Iterative; a
-    field's path (``messages[0].content``) is built only for the error."""
-    todo: list[tuple[Any, int, tuple]] = [(body, 1, ())]
-    while todo:
-        v, depth, loc = todo.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise _too_deep(str(loc[0]) if loc else None)
-        if isinstance(v, dict):
-            for k, x in v.items():
-                _check_text(k, loc + (k,))
-                if isinstance(x, (dict, list, str)):
-                    todo.append((x, depth + 1, loc + (k,)))
-        elif isinstance(v, list):
-            todo.extend((x, depth + 1, loc + (i,)) for i, x in enumerate(v) if isinstance(x, (dict, list, str)))
-        elif isinstance(v, str):
-            _check_text(v, loc)
-
-
-def _check_text(s: str, loc: tuple) -> None:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        path = "".join(f"[{x}]" if isinstance(x, int) else (f".{x}" if i else str(x)) for i, x in enumerate(loc))
-        raise APIError(400, f"'{path}' is not valid Unicode (a lone surrogate at character {e.start})",
-                       param=path or None) from None
+def check_message_fields(messages: Any) -> None:
+    """Refuse (APIError 400 naming ``messages[i].field``) a chat message field OpenAI does not define; OpenAI's
+    own message fields that redraft does not use (``refusal``, ``annotations``, ``audio``, ``function_call``) are
+    accepted at their empty values (null; ``[]`` for annotations). Anything but a list of objects is left to the
+    type check. Source: OpenAI's chat completions request message objects."""
+    if not isinstance(messages, list):
+        return
+    for i, m in enumerate(messages):
+        if isinstance(m, dict):
+            _check_fields(m, Message.model_fields, _NOOP_MESSAGE, f"messages[{i}].")
 
 
 def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
     """Check a decoded body field by field. Raises APIError 400 (unsupported, out of range or wrong type)."""
     model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
-    for name, value in body.items():
-        if name in model_cls.model_fields:
-            continue
-        if name in noop:
-            if not any(_same(value, ok) for ok in noop[name]):
-                allowed = " or ".join(json.dumps(v) for v in noop[name])
-                raise APIError(400, f"'{name}' is not supported by redraft (only {allowed} is accepted)",
-                               param=name, code="unsupported_parameter")
-            continue
-        raise APIError(400, f"unrecognized request argument: '{name}'", param=name, code="unrecognized_parameter")
+    _check_fields(body, model_cls.model_fields, noop, "")
+    if kind == "chat":
+        check_message_fields(body.get("messages"))
     try:
         req = model_cls.model_validate(body)
     except ValidationError as e:
@@ -381,6 +330,9 @@ def _messages(messages: list[Message]) -> list[dict]:
         if m.tool_calls:
             msg["tool_calls"] = m.tool_calls
         if m.role == "tool":
+            if m.tool_call_id is None:
+                raise APIError(400, f"messages[{i}].tool_call_id is required on tool messages (the id of the "
+                                    "assistant's tool call this message answers)", param=f"messages[{i}].tool_call_id")
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)
     return out
@@ -395,8 +347,8 @@ def _type_error(e: ValidationError, body: dict) -> APIError:
     if err["type"] == "missing":
         return APIError(400, f"'{path}' is required", param=path)
     if top in _EXPECTED and len(loc) <= 1:
-        return APIError(400, f"'{top}' must be {_EXPECTED[top]} (got {_type_name(body.get(top))})", param=top)
-    return APIError(400, f"'{path}': {err['msg'].lower()} (got {_type_name(err.get('input'))})", param=path)
+        return APIError(400, f"'{top}' must be {_EXPECTED[top]} (got {type_name(body.get(top))})", param=top)
+    return APIError(400, f"'{path}': {err['msg'].lower()} (got {type_name(err.get('input'))})", param=path)
 
 
 def _same(value: Any, ok: Any) -> bool:
@@ -406,6 +358,7 @@ def _same(value: Any, ok: Any) -> bool:
     return value == ok
 
 
-def _type_name(v: Any) -> str:
+def type_name(v: Any) -> str:
+    """How an error names a decoded JSON value's type (``"a list"``, ``"null"``)."""
     return {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "a list", dict: "an object"}.get(type(v), type(v).__name__)

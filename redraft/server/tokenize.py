@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from redraft.io.prompts import encode_chat
 
 from .openapi import request_body
-from .schemas import APIError, Message, WholeInt, parse_request
+from .schemas import APIError, Message, WholeInt, check_message_fields, parse_request
 
 
 def text_ids(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -91,7 +91,9 @@ def add_routes(app: FastAPI, server) -> None:
               summary="Token ids of a prompt or a conversation (vLLM's route)")
     async def tokenize(request: Request):
         server.tenant(request)
-        req = _parse(TokenizeRequest, await server.body(request))
+        body = await server.body(request)
+        check_message_fields(body.get("messages"))
+        req = _parse(TokenizeRequest, body)
         server.model_name(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "send exactly one of 'prompt' and 'messages'", param="prompt")

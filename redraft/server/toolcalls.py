@@ -96,21 +96,26 @@ class ToolCallFormat:
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, calls) of an answer: calls as OpenAI ``tool_calls`` entries (``arguments`` a JSON string);
         content is the text outside the calls, None when there is none. Text that does not parse as a call stays
-        content (a model may write the wrapper about something else)."""
+        content (a model may write the wrapper about something else), except a cut-off call: an unclosed wrapper
+        at the end of the answer followed by nothing or by the start of a JSON object (an answer stopped by
+        ``max_tokens`` inside a call), which is dropped, as a stream never shows text after a wrapper begins."""
         if not self.begin:
             return self._parse_bare(text)
-        calls, pieces, pos = [], [], 0
-        pattern = re.compile(re.escape(self.begin.strip()) + r"\s*(.*?)\s*(?:" + re.escape(self.end.strip())
-                             + r"|$)", re.S)
+        calls, pieces, pos, cut = [], [], 0, False
+        end = self.end.strip()
+        pattern = re.compile(re.escape(self.begin.strip()) + r"\s*(.*?)\s*(?:" + re.escape(end) + r"|$)", re.S)
         for m in pattern.finditer(text):
             call = self._call(m.group(1))
             if call is None:
+                if m.end() == len(text) and not m.group(0).endswith(end) and m.group(1)[:1] in ("", "{"):
+                    pieces.append(text[pos:m.start()])  # a cut-off call: dropped
+                    pos, cut = len(text), True
                 continue
             pieces.append(text[pos:m.start()])
             calls.append(call)
             pos = m.end()
         pieces.append(text[pos:])
-        content = "".join(pieces).strip() if calls else text
+        content = "".join(pieces).strip() if calls or cut else text
         return (content or None), calls
 
     def _parse_bare(self, text: str) -> tuple[str | None, list[dict]]:
