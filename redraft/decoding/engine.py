@@ -22,7 +22,7 @@ from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step, verify_step
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget, PrefixKV
-from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH
 from redraft.drafters.base import Drafter
 from redraft.policy.apply import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
@@ -88,7 +88,8 @@ class Engine:
         drafters: draft sources (:class:`~redraft.drafters.base.Drafter`) in priority order; empty = plain greedy
             decoding. Each is bound to this engine's target before every generation.
         eos_token_ids: ids that end a generation (may be empty).
-        max_depth: cap on the draft depth (tokens along one path), 1..48.
+        max_depth: cap on the draft depth (tokens along one path), 1..48 (Colibri's cap); with a ``policy``
+            1..POLICY_MAX_DEPTH (512): the policy verifies deep drafts only where its cost curve says they pay.
         tree_budget: most nodes per verify forward.
         merge: False = the first drafter with a proposal wins the step (the foundation's priority rule);
             True = all proposals are merged into one token tree, in priority order, within the budget.
@@ -117,7 +118,7 @@ class Engine:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
-        self.max_depth = max(1, min(int(max_depth), MAX_DRAFT_DEPTH))
+        self.max_depth = max(1, min(int(max_depth), POLICY_MAX_DEPTH if policy is not None else MAX_DRAFT_DEPTH))
         self.tree_budget = tree_budget
         self.merge = merge
         self.exact = exact
