@@ -115,3 +115,26 @@ def test_chance_matches_stay_within_48(tiny_llama):
 def test_cost_curve_leaves_out_sizes_past_the_context(tiny_llama):
     curve = measure_cost_curve(tiny_llama, (0, 1, 64, 126, 127, 512), prefix=8, repeats=1)
     assert curve.sizes == (0, 1, 64, 126)  # 1 + n tokens after one cached id must fit 128 positions
+
+
+def test_curve_at_matches_cost_everywhere():
+    curve = CostCurve((0, 1, 3, 48), (1.0, 1.6, 1.5, 3.4))
+    ns = list(range(0, 200, 7)) + [48, 49, 512]
+    assert curve.at(ns).tolist() == pytest.approx([curve.cost(n) for n in ns])
+
+
+def test_a_draft_on_a_long_prefill_costs_what_it_adds_to_that_forward():
+    """On the forward that carries the prompt, n draft tokens cost c(m + n) - c(m) on top of a plain step: past the
+    curve's flat start a chance draft that c(n) alone would verify does not pay, a replay's does."""
+    curve = CostCurve((0, 1, 4, 32, 64, 128, 512), (1.0, 1.2, 1.3, 1.6, 4.0, 8.0, 32.0))  # flat start, then linear
+    pol = deep_policy(curve)
+    costs = pol.step_costs(101)  # 100 prompt tokens before the root
+    assert costs[0] == 1.0 and costs[32] == pytest.approx(1.0 + curve.cost(132) - curve.cost(100))
+    assert pol.step_costs(1) is pol.costs
+    chain = list(range(-1, 31))  # a 32-token chain, each token right with P 0.8 given its parent
+    priors = [0.8] * 32
+    alone = len(pol.plan(chain, ["corpus/4"] * 32, priors))  # 14 with c(n) alone
+    on_prefill = len(deep_policy(curve).plan(chain, ["corpus/4"] * 32, priors, fed=101))  # 7: 1 + 0.0625 n
+    assert 0 < on_prefill < alone
+    sure = [0.999] * 32
+    assert len(deep_policy(curve).plan(chain, ["corpus/512"] * 32, sure, fed=101)) == 32  # a replay's draft: all

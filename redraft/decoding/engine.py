@@ -127,13 +127,14 @@ class Engine:
         self.generation_config = generation_config
         self.policy = policy
 
-    def _draft(self, context: np.ndarray, max_depth: int) -> Draft:
+    def _draft(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
         """The step's :class:`Draft`: each drafter's proposal in priority order, cleaned and merged (or cut by the
-        policy); an empty tree when ``max_depth`` is 0."""
+        policy, which weighs a draft's cost on top of the ``fed`` pending tokens); an empty tree when ``max_depth``
+        is 0."""
         if max_depth <= 0:
             return Draft()
         if self.policy is not None:
-            return self._draft_planned(context, max_depth)
+            return self._draft_planned(context, max_depth, fed)
         tree = TokenTree()
         for name, prop in self._proposals(context, max_depth):
             tree.merge(prop, name, budget=self.tree_budget, max_depth=max_depth)
@@ -152,7 +153,7 @@ class Engine:
                 prop = prop.first_path()
             yield d.name, prop.within_vocab(self.target.vocab_size)
 
-    def _draft_planned(self, context: np.ndarray, max_depth: int) -> Draft:
+    def _draft_planned(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
         """The step's :class:`Draft` under the policy: the proposals as candidates, cut by the policy.
 
         Candidates may hold up to the policy's ``max_nodes``; the verified part at most ``tree_budget`` nodes and
@@ -165,12 +166,12 @@ class Engine:
             cand = merged if self.merge and not self.chain_only else Candidates()
             cand.add(prop, name, budget=self.policy.max_nodes, max_depth=max_depth)
             if cand is not merged:
-                tree, keys = cut(self.policy, cand, max_depth=max_depth, budget=self.tree_budget)
+                tree, keys = cut(self.policy, cand, max_depth=max_depth, budget=self.tree_budget, fed=fed)
                 if len(tree):
                     return Draft(tree, keys)
             elif len(merged) >= self.policy.max_nodes:
                 break
-        return Draft(*cut(self.policy, merged, max_depth=max_depth, budget=self.tree_budget))
+        return Draft(*cut(self.policy, merged, max_depth=max_depth, budget=self.tree_budget, fed=fed))
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
@@ -210,7 +211,8 @@ class Engine:
         while (remaining := max_new_tokens - len(res.output_ids)) > 0 and n_ctx < max_len:
             # draft (accepted + bonus must fit both the token budget and the context window)
             depth = min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
-            draft = self._draft(context[:n_ctx], depth if exactness is None or exactness.may_draft else 0)
+            draft = self._draft(context[:n_ctx], depth if exactness is None or exactness.may_draft else 0,
+                                len(pending))
             # verify: one forward over the pending tokens and the tree; the longest path the target agrees with
             step = verify_step(self.target, chooser, pending, draft, n_ctx)
             keep = exactness.judge(step, chooser) if exactness else len(step.new)
