@@ -11,6 +11,12 @@ from pathlib import Path
 # Draft depth (tokens along one path). Colibri's COLI_CORPUS_K default and cap.
 CORPUS_K_DEFAULT = 8
 MAX_DRAFT_DEPTH = 48
+# Under the cost-aware policy a draft may go deeper than Colibri's cap wherever the measured cost curve says it pays:
+# a replay cannot beat one forward over prompt + answer, and on a CPU a 128-token forward costs ~4 plain steps, a
+# 512-token one ~15, so answers of a few hundred tokens replay in one or two forwards. Fixed depths (--k) keep 1..48.
+# Only a corpus match reaching past the policy's suffix length (a replay's: the whole context matches) drafts past
+# MAX_DRAFT_DEPTH; a chance match of a few ids stays within it, so novel text weighs no longer candidates than before.
+POLICY_MAX_DEPTH = 512
 
 # Corpus acceptance guard (Colibri's COLI_CORPUS_MINACC): pause for CORPUS_PAUSE emitted tokens when acceptance
 # over the last window (three drafts' worth of tokens, at least CORPUS_WINDOW) is below CORPUS_MINACC.
@@ -76,10 +82,11 @@ EXACT_PAY_PAUSE = 128
 # Cost-aware speculation policy (redraft.policy). None of these describes a machine: the machine enters only through
 # the measured cost curve.
 # Draft sizes at which the verify cost curve is measured (every size to 4, where a CPU's curve is least regular,
-# then doubling up to the depth cap; linear in between), the cached prefix before each timed forward, and timings
-# per size (median). Measuring takes ~repeats x sum of c(n) plain steps: ~2-3 s on the 2-core development CPU, once
-# per model, dtype, thread count and machine (cached).
-COST_SIZES = (0, 1, 2, 3, 4, 8, 16, 32, 48)
+# then doubling up to the policy's depth cap; linear in between), the cached prefix before each timed forward, and
+# timings per size (median). Measuring takes ~repeats x sum of c(n) plain steps: ~20-30 s on the 2-core development
+# CPU with the sizes past 48, once per model, dtype, thread count and machine (cached). Sizes that do not fit a
+# model's context are left out (the curve extends its last segment).
+COST_SIZES = (0, 1, 2, 3, 4, 8, 16, 32, 48, 64, 128, 256, 512)
 COST_PREFIX = 128
 COST_REPEATS = 3
 # Acceptance learned online: prior P(accept) of a new source, its weight in pseudo-outcomes, and the decay per

@@ -294,3 +294,68 @@ def test_cli_registers_bench_run_and_cost():
     assert a.func.__name__ == "cmd_bench_run" and a.questions == 2 and a.ngen == 32
     a = p.parse_args(["bench", "cost", "--max-s", "8"])
     assert a.func.__name__ == "cmd_bench_cost" and a.max_s == 8
+
+
+def test_replay_ceiling_is_timed_once_per_question_on_plain_greedys_answer(model):
+    """run_methods times the ceiling once per question, on plain greedy's answer, and every run of that question is
+    reported against the same figure."""
+    from redraft.bench.methods import build_methods
+
+    ms, _ = build_methods(["plain", "ngram"], model, [], None, MethodConfig(k=4))
+    w = Workload("ids", [Item("a", "x", [5, 6, 7, 5, 6, 7, 5, 6]), Item("b", "x", [1, 2, 3])])
+    calls = []
+
+    def fake_ceiling(prompt, answer):
+        calls.append((list(prompt), list(answer)))
+        return 0.25 * len(calls)
+
+    runs = run_methods([w], ms, 8, progress=False, rss_interval=0, ceiling=fake_ceiling)["ids"]["runs"]
+    assert len(calls) == 3  # the warm-up, then one per question
+    plain = {r["question_id"]: r for r in runs if r["method"] == "plain"}
+    assert calls[1] == ([5, 6, 7, 5, 6, 7, 5, 6], plain["a"]["output_ids"])
+    assert calls[2] == ([1, 2, 3], plain["b"]["output_ids"])
+    for r in runs:
+        want = 0.5 if r["question_id"] == "a" else 0.75
+        assert r["ceiling_seconds"] == want and r["of_ceiling"] == pytest.approx(want / r["seconds"])
+    s = summarize(runs, [m.name for m in ms])
+    ratios = sorted(r["of_ceiling"] for r in runs if r["method"] == "ngram")
+    assert s["ngram"]["of_ceiling_min"] == ratios[0]
+    assert s["ngram"]["of_ceiling_median"] == pytest.approx(statistics.median(ratios))
+    assert "of ceiling" in markdown({**_page(runs, ms, s)})
+
+
+def _page(runs, ms, s):
+    """A minimal results dict around one workload's runs, for the Markdown page."""
+    return {"config": {"ngen": 8, "k": 4, "tree_branches": 0, "tree_budget": 32}, "methods": {m.name: {} for m in ms},
+            "command": "", "model": {"name": "tiny"}, "machine": {}, "corpus": {"spans": 0, "ids": 0,
+                                                                              "question_ids": []},
+            "workloads": {"ids": {"description": "", "questions": [], "runs": runs, "summary": s}}}
+
+
+def test_ceiling_timer_runs_prompt_and_answer_in_one_forward(model):
+    """The ceiling is the best a replay can do: prompt + the answer but its last id (the bonus token) in one forward,
+    with logits for the rows that choose the answer."""
+    from redraft.bench.ceiling import CeilingTimer
+
+    timer = CeilingTimer(model, repeats=3)
+    seen = []
+    inner = timer.target.forward
+
+    def recording(ids, positions=None, mask=None, n_logits=1):
+        seen.append((list(ids), n_logits, timer.target.length))
+        return inner(ids, positions, mask, n_logits=n_logits)
+
+    timer.target.forward = recording
+    secs = timer([1, 2, 3], [4, 5, 6, 7])
+    assert secs is not None and secs > 0
+    assert seen == [([1, 2, 3, 4, 5, 6], 4, 0)] * 3  # an empty cache each time
+    assert timer([1, 2, 3], []) is None
+    with pytest.raises(ValueError, match="repeats"):
+        CeilingTimer(model, repeats=0)
+
+
+def test_bench_reports_the_ceiling_for_every_question(results):
+    for w in results["workloads"].values():
+        for r in w["runs"]:
+            assert r["ceiling_seconds"] > 0 and r["of_ceiling"] == pytest.approx(r["ceiling_seconds"] / r["seconds"])
+        assert all(s["of_ceiling_median"] is not None for s in w["summary"].values())

@@ -15,7 +15,7 @@ import pytest
 import redraft
 from redraft.compose import SpeculationConfig
 from redraft.compose.env import EnvError, read_draft_env
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, TREE_BUDGET
+from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH, TREE_BUDGET
 
 PACKAGE = Path(redraft.__file__).resolve().parent
 COMPOSE = PACKAGE / "compose"
@@ -78,7 +78,8 @@ def test_config_defaults_come_from_redraft_defaults():
     fixed = SpeculationConfig(policy=False)
     assert not fixed.policy_on and fixed.depth == CORPUS_K_DEFAULT and fixed.max_depth == CORPUS_K_DEFAULT
     assert SpeculationConfig(tree=4).budget == TREE_BUDGET
-    assert SpeculationConfig().budget == max(TREE_BUDGET, MAX_DRAFT_DEPTH)  # a chain: its depth alone limits it
+    assert SpeculationConfig().budget == POLICY_MAX_DEPTH  # a chain under the policy: its depth alone limits it
+    assert SpeculationConfig(k=8).budget == max(TREE_BUDGET, MAX_DRAFT_DEPTH)
 
 
 @pytest.mark.parametrize("kw", [dict(k=8), dict(minacc=0.5), dict(k_max=16), dict(policy=False)])

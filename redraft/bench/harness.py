@@ -7,7 +7,9 @@
 3. runs every method on every question, interleaved per question (all methods on question 1, then all on
    question 2, ..., the starting method rotated per question) so machine noise hits all methods alike;
 4. reports tok/s, speedup over plain greedy (ratio of the medians of per-question tok/s from this same run),
-   tokens/forward, acceptance per draft source, forwards, peak RSS and whether the output ids equal plain greedy's.
+   tokens/forward, acceptance per draft source, forwards, peak RSS and whether the output ids equal plain greedy's;
+5. times, per question right after its methods, the replay ceiling: one forward over the prompt and plain greedy's
+   answer (:mod:`redraft.bench.ceiling`), and reports each method's generation time against it (``of_ceiling``).
 
 Everything raw goes to results.json (schema ``redraft-bench/1``); results.md and PNG plots are derived from it.
 """
@@ -20,12 +22,13 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tqdm import tqdm
 
+from redraft.bench.ceiling import CeilingTimer
 from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, build_methods
 from redraft.bench.report import BASELINE, differing, markdown, summarize, write_plots
 from redraft.bench.workloads import Encoder, Workload, build_workloads, item_for, replay_questions
@@ -94,12 +97,18 @@ def first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: int, *, progress: bool = True,
-                rss_interval: float = 0.02, warmup: bool = True) -> dict:
+                rss_interval: float = 0.02, warmup: bool = True,
+                ceiling: Callable[[list[int], list[int]], float | None] | None = None) -> dict:
     """Run every method on every item, interleaved per item; returns {workload: {"description", "questions", "runs"}}.
 
     ``methods[0]`` must be plain greedy (name ``plain``): every other method's output ids are compared with its
     output for the same prompt. Each run dict holds the raw figures (see the module doc of
     :mod:`redraft.bench.report` for how they are summarised).
+
+    Args:
+        ceiling: (prompt ids, plain greedy's answer ids) -> seconds of the replay ceiling
+            (:class:`redraft.bench.ceiling.CeilingTimer`), timed after the methods of each item; each run then
+            holds ``ceiling_seconds`` and ``of_ceiling`` = ceiling seconds / its generation seconds. None = not timed.
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r} (the reference for speedup and identical output)")
@@ -111,6 +120,8 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
         ids = items[0].prompt_ids
         for m in methods:
             m.generate(ids, min(8, ngen))
+        if ceiling is not None:
+            ceiling(ids, list(ids[:min(8, ngen)]))
     bar = tqdm(total=len(items) * len(methods), desc="bench", unit="run", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)
     out: dict[str, dict] = {}
@@ -129,6 +140,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
                 got[m.name] = (rec, pos, rs.peak)
                 bar.update()
             ref = got[BASELINE][0].output_ids
+            ceil_s = ceiling(item.prompt_ids, list(ref)) if ceiling is not None else None
             for m in methods:
                 rec, pos, peak = got[m.name]
                 fd = first_diff(rec.output_ids, ref)
@@ -144,6 +156,9 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
                     "sources": rec.sources, "stop_reason": rec.stop_reason, "rss_peak_mb": peak,
                     "identical": fd is None, "first_diff": fd,
                 }
+                if ceil_s is not None:
+                    row["ceiling_seconds"] = ceil_s
+                    row["of_ceiling"] = ceil_s / rec.seconds if rec.seconds > 0 else None
                 if m.name == BASELINE or fd is not None:
                     row["output_ids"] = list(rec.output_ids)
                 runs.append(row)
@@ -174,7 +189,7 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
           counts: dict[str, int], ngen: int, methods: Sequence[str] = ALL_METHODS, cfg: MethodConfig | None = None,
           freeze: int | None = None, max_prompt_tokens: int | None = None, extra_methods: Sequence[Method] = (),
           vocab_size: int | None = None, progress: bool = True, rss_interval: float = 0.02,
-          warmup: bool = True) -> dict:
+          warmup: bool = True, ceiling: bool = True) -> dict:
     """Freeze, build workloads, run the methods; returns the full results dict (without writing anything).
 
     Args:
@@ -184,6 +199,7 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
         counts: workload name -> question count.
         freeze: how many questions to freeze (default: the replay count, else the largest count).
         extra_methods: more :class:`Method` objects run after the named ones (tests inject broken ones here).
+        ceiling: time the replay ceiling of every question (:class:`redraft.bench.ceiling.CeilingTimer`).
     """
     cfg = cfg or MethodConfig()
     n_freeze = freeze if freeze is not None else counts.get("replay", max(counts.values()))
@@ -200,7 +216,9 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
               if getattr(getattr(m, "engine", None), "policy", None) is not None}
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     try:
-        runs = run_methods(workloads, ms, ngen, progress=progress, rss_interval=rss_interval, warmup=warmup)
+        timer = CeilingTimer(model) if ceiling else None
+        runs = run_methods(workloads, ms, ngen, progress=progress, rss_interval=rss_interval, warmup=warmup,
+                           ceiling=timer)
     finally:
         for m in ms:
             m.close()

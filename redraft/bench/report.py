@@ -35,7 +35,9 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
     Keys per method: questions, tokens, seconds, tok_s_median, tok_s_aggregate, speedup (ratio of medians),
     speedup_paired (median of per-question ratios), speedup_aggregate (ratio of total tokens / total seconds),
     forwards, tokens_per_forward, proposed, accepted, acceptance, sources {name: {proposed, accepted,
-    acceptance}}, rss_peak_mb, identical (count), mismatches (question ids), all_identical, exact_expected.
+    acceptance}}, rss_peak_mb, identical (count), mismatches (question ids), all_identical, exact_expected;
+    with the replay ceiling timed (:mod:`redraft.bench.ceiling`): of_ceiling_median and of_ceiling_min over the
+    questions (ceiling seconds / generation seconds: 1.0 = as fast as one forward over prompt + answer).
     """
     exact_expected = exact_expected or {}
     by: dict[str, list[dict]] = {m: [r for r in runs if r["method"] == m] for m in methods}
@@ -55,6 +57,7 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
         sources = {s: st.to_dict() for s, st in run.sources.items()}
         prop, acc = run.proposed, run.accepted
         mism = [r["question_id"] for r in rs if not r["identical"]]
+        ceil = [r["of_ceiling"] for r in rs if r.get("of_ceiling") is not None]
         out[m] = {
             "questions": len(rs), "tokens": tok, "seconds": sec,
             "tok_s_median": med, "tok_s_aggregate": agg,
@@ -67,6 +70,7 @@ def summarize(runs: list[dict], methods: Sequence[str], exact_expected: dict[str
             "rss_peak_mb": max((r["rss_peak_mb"] for r in rs if r.get("rss_peak_mb") is not None), default=None),
             "identical": len(rs) - len(mism), "mismatches": mism, "all_identical": not mism,
             "exact_expected": exact_expected.get(m, True),
+            "of_ceiling_median": _median(ceil) if ceil else None, "of_ceiling_min": min(ceil) if ceil else None,
         }
     return out
 
@@ -150,16 +154,29 @@ def markdown(results: dict) -> str:
                   + ", ".join(f"{q['question_id']} ({q['category']}, {q['prompt_tokens']} prompt ids)"
                               for q in wr["questions"]), "",
                   "| method | tok/s (median) | speedup | paired | tokens/forward | forwards | acceptance by source "
-                  "| peak RSS MB | same as greedy |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
+                  "| peak RSS MB | same as greedy | of ceiling (median / min) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |"]
         for m, s in wr["summary"].items():
             acc = ", ".join(f"{src} {_pct(d['acceptance'])} ({d['accepted']}/{d['proposed']})"
                             for src, d in s["sources"].items()) or "–"
             lines.append(f"| {m} | {s['tok_s_median']:.1f} | {_f(s['speedup'], '.2f')}x | "
                          f"{_f(s['speedup_paired'], '.2f')}x | {_f(s['tokens_per_forward'], '.2f')} | "
-                         f"{_f(s['forwards'], 'd')} | {acc} | {_f(s['rss_peak_mb'], '.0f')} | {same_cell(s)} |")
+                         f"{_f(s['forwards'], 'd')} | {acc} | {_f(s['rss_peak_mb'], '.0f')} | {same_cell(s)} | "
+                         f"{ceiling_cell(s)} |")
         lines.append("")
+    if any(s.get("of_ceiling_median") is not None for wr in results["workloads"].values()
+           for s in wr["summary"].values()):
+        lines += ["of ceiling: the time of one forward over prompt + plain greedy's answer (the prefill-bound limit "
+                  "of any lossless replay, timed right after each question's methods) over the method's generation "
+                  "time; 1.00 = at the ceiling.", ""]
     return "\n".join(lines)
+
+
+def ceiling_cell(s: dict) -> str:
+    """'0.91 / 0.85' (median / worst question's share of the replay ceiling), or '–' when not timed."""
+    if s.get("of_ceiling_median") is None:
+        return "–"
+    return f"{s['of_ceiling_median']:.2f} / {s['of_ceiling_min']:.2f}"
 
 
 def text_table(results: dict) -> str:
@@ -167,13 +184,14 @@ def text_table(results: dict) -> str:
     lines = []
     for w, wr in results["workloads"].items():
         lines.append(f"{w} ({len(wr['questions'])} questions, ngen {results['config']['ngen']})")
-        head = f"  {'method':<14} {'tok/s':>7} {'speedup':>8} {'tok/fwd':>8} {'fwd':>6} {'accept':>7}  same"
+        head = (f"  {'method':<14} {'tok/s':>7} {'speedup':>8} {'tok/fwd':>8} {'fwd':>6} {'accept':>7} "
+                f"{'of ceiling':>12}  same")
         lines += [head, "  " + "-" * (len(head) - 2)]
         for m, s in wr["summary"].items():
             acc = "" if s["acceptance"] is None else f"{100 * s['acceptance']:.0f}%"
             lines.append(f"  {m:<14} {s['tok_s_median']:>7.1f} {_f(s['speedup'], '.2f'):>7}x "
-                         f"{_f(s['tokens_per_forward'], '.2f'):>8} {_f(s['forwards'], 'd'):>6} {acc:>7}  "
-                         f"{same_cell(s).replace('**', '')}")
+                         f"{_f(s['tokens_per_forward'], '.2f'):>8} {_f(s['forwards'], 'd'):>6} {acc:>7} "
+                         f"{ceiling_cell(s):>12}  {same_cell(s).replace('**', '')}")
         lines.append("")
     return "\n".join(lines)
 

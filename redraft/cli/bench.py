@@ -98,7 +98,7 @@ def cmd_bench_run(args) -> int:
     results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, load_questions(), counts=counts,
                     ngen=args.ngen, methods=methods, cfg=cfg, freeze=args.freeze,
                     max_prompt_tokens=args.max_prompt_tokens, vocab_size=loaded.vocab_size,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, ceiling=not args.no_ceiling)
     results["command"] = command_line()
     results["model"] = {"name": model_name(loaded), "path": str(loaded.path), "gguf": gguf,
                         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
@@ -270,6 +270,8 @@ def register(sub) -> None:
     p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="write results.json, results.md and PNG plots here (created if missing)")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the results JSON here")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="do not time the replay ceiling (one forward over prompt + answer) of each question")
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_run)

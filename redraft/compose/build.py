@@ -24,6 +24,7 @@ from redraft.defaults import (
     MAX_DRAFT_DEPTH,
     NGRAM_MINACC,
     NGRAM_PAUSE,
+    POLICY_MAX_DEPTH,
     POLICY_NGRAM_MIN_N,
     POLICY_SUFFIX_MAX_N,
     SUFFIX_CONTEXT_N,
@@ -60,10 +61,12 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
             sources propose up to the depth cap (48) and never pause themselves; the policy chooses how much of
             each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
             ignored: they are the fixed semantics). The corpus matches suffixes up to POLICY_SUFFIX_MAX_N tokens
-            and the n-gram source from POLICY_NGRAM_MIN_N: their match lengths tell the policy what to trust.
+            and the n-gram source from POLICY_NGRAM_MIN_N: their match lengths tell the policy what to trust. A
+            corpus match past POLICY_SUFFIX_MAX_N ids (a replay) drafts up to POLICY_MAX_DEPTH (512) tokens.
     """
-    corpus_max_n, ngram_min_n = SUFFIX_MAX_N, SUFFIX_MIN_N
+    corpus_max_n, ngram_min_n, deep = SUFFIX_MAX_N, SUFFIX_MIN_N, None
     if policy:
+        deep = POLICY_MAX_DEPTH
         k, ngram_k, k_max, minacc = MAX_DRAFT_DEPTH, MAX_DRAFT_DEPTH, None, 0.0
         corpus_max_n, ngram_min_n = POLICY_SUFFIX_MAX_N, POLICY_NGRAM_MIN_N
     drafters: list = []
@@ -73,7 +76,7 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
         window = max(CORPUS_WINDOW, 3 * max(k, k_max or k))
         drafters.append(CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(minacc, window=window),
                                       tree_branches=tree_branches, k_max=k_max, max_n=corpus_max_n,
-                                      name=corpus_name, context_n=context_n))
+                                      name=corpus_name, context_n=context_n, deep=deep))
     if ngram:
         guard = AcceptanceGuard(min(minacc, NGRAM_MINACC), pause=NGRAM_PAUSE)
         drafters.append(NgramDrafter(k=ngram_k or min(max(k, 1), MAX_DRAFT_DEPTH), guard=guard, min_n=ngram_min_n))

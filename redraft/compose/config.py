@@ -19,7 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redraft.compose.env import ENV_CORPUS, clamped_k, env, read_draft_env
-from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, GLIDE_GAMMA, MAX_DRAFT_DEPTH, TREE_BUDGET
+from redraft.defaults import (
+    CORPUS_K_DEFAULT,
+    CORPUS_MINACC,
+    GLIDE_GAMMA,
+    MAX_DRAFT_DEPTH,
+    POLICY_MAX_DEPTH,
+    TREE_BUDGET,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class SpeculationConfig:
         ngram: n-gram (prompt lookup) drafts from the live context.
         tree: > 0 = the corpus's ``tree`` most frequent continuations merged with the other drafts into one token tree.
         tree_budget: most draft nodes per verify forward (None = TREE_BUDGET = 32 for token trees; a single chain
-            is limited by its depth only, up to 48).
+            is limited by its depth only: up to 48, or POLICY_MAX_DEPTH = 512 under the policy).
         exact: settle near-tie verify rows the way plain decoding computes them (:mod:`redraft.decoding.exactness`).
         generation_config: shape logits with the model's generation_config as HF ``generate(do_sample=False)``.
         force: use a binary corpus whose tokenizer fingerprint differs from the model's.
@@ -112,23 +119,27 @@ class SpeculationConfig:
 
     @property
     def max_depth(self) -> int:
-        """The engine's cap on draft depth: the corpus depth, the adaptive cap, a GliDe draft's gamma."""
+        """The engine's cap on draft depth: POLICY_MAX_DEPTH (512) under the policy, which verifies past 48 tokens
+        only where the measured cost curve and the learned acceptance say it pays; else the corpus depth, the
+        adaptive cap or a GliDe draft's gamma, at most 48 (Colibri's cap)."""
+        if self.policy_on:
+            return POLICY_MAX_DEPTH
         gamma = self.glide.gamma if self.glide is not None else 0
         return min(MAX_DRAFT_DEPTH, max(self.depth, self.adaptive_max or 0, gamma))
 
     @property
     def budget(self) -> int:
         """Most draft nodes per verify forward: ``tree_budget``, else TREE_BUDGET for token trees (``tree`` or
-        CaPE) and max(TREE_BUDGET, 48) for a single chain (never cut: its depth alone limits it)."""
+        CaPE) and max(TREE_BUDGET, 48, :attr:`max_depth`) for a single chain (never cut: its depth alone limits it)."""
         if self.tree_budget is not None:
             return self.tree_budget
         trees = self.tree > 0 or (self.glide is not None and self.glide.cape)
-        return TREE_BUDGET if trees else max(TREE_BUDGET, MAX_DRAFT_DEPTH)
+        return TREE_BUDGET if trees else max(TREE_BUDGET, MAX_DRAFT_DEPTH, self.max_depth)
 
     @property
     def policy_nodes(self) -> int:
-        """Most candidate nodes the policy weighs per step."""
-        return max(MAX_DRAFT_DEPTH, self.budget)
+        """Most candidate nodes the policy weighs per step (and the size its cost table covers)."""
+        return max(self.max_depth, self.budget)
 
     def with_(self, **changes) -> SpeculationConfig:
         """A copy with ``changes`` applied (validated again)."""

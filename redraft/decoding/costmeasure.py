@@ -101,8 +101,10 @@ def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int 
 
     Args:
         model: a transformers causal LM or an HFTarget.
-        sizes: draft token counts n (0 is added when missing); a forward of 1 + n tokens is timed for each.
-        prefix: random ids cached before each timed forward.
+        sizes: draft token counts n (0 is added when missing); a forward of 1 + n tokens is timed for each. Sizes
+            whose forward does not fit the model's context are left out (:class:`CostCurve` extends its last
+            segment past them).
+        prefix: random ids cached before each timed forward (cut so the largest forward fits the context).
     Returns:
         :class:`CostCurve` with c(0) = 1. Takes roughly repeats x sum(c(n)) x t(1) seconds (~6 s for the
         defaults on the 2-core development CPU).
@@ -111,6 +113,8 @@ def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int 
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     ns = sorted(set(int(n) for n in sizes) | {0})
+    if target.max_length:  # a forward of 1 + n tokens after at least one cached id must fit the context
+        ns = [n for n in ns if n + 2 <= target.max_length]
     prefix_ids = np.random.default_rng(seed).integers(0, target.vocab_size, max(1, prefix)).tolist()
     samples = time_forwards(target, [n + 1 for n in ns], prefix_ids=prefix_ids, repeats=repeats, seed=seed + 1,
                             progress=progress, desc="cost curve")["chain"]

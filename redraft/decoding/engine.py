@@ -23,7 +23,7 @@ from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step, verify_step
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget, PrefixKV
-from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH
 from redraft.drafters.base import Drafter
 from redraft.policy.apply import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
@@ -92,7 +92,8 @@ class Engine:
         drafters: draft sources (:class:`~redraft.drafters.base.Drafter`) in priority order; empty = plain greedy
             decoding. Each is bound to this engine's target before every generation.
         eos_token_ids: ids that end a generation (may be empty).
-        max_depth: cap on the draft depth (tokens along one path), 1..48.
+        max_depth: cap on the draft depth (tokens along one path), 1..48 (Colibri's cap); with a ``policy``
+            1..POLICY_MAX_DEPTH (512): the policy verifies deep drafts only where its cost curve says they pay.
         tree_budget: most nodes per verify forward.
         merge: False = the first drafter with a proposal wins the step (the foundation's priority rule);
             True = all proposals are merged into one token tree, in priority order, within the budget.
@@ -121,7 +122,7 @@ class Engine:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
-        self.max_depth = max(1, min(int(max_depth), MAX_DRAFT_DEPTH))
+        self.max_depth = max(1, min(int(max_depth), POLICY_MAX_DEPTH if policy is not None else MAX_DRAFT_DEPTH))
         self.tree_budget = tree_budget
         self.merge = merge
         self.exact = exact
@@ -130,13 +131,14 @@ class Engine:
         self.generation_config = generation_config
         self.policy = policy
 
-    def _draft(self, context: np.ndarray, max_depth: int) -> Draft:
+    def _draft(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
         """The step's :class:`Draft`: each drafter's proposal in priority order, cleaned and merged (or cut by the
-        policy); an empty tree when ``max_depth`` is 0."""
+        policy, which weighs a draft's cost on top of the ``fed`` pending tokens); an empty tree when ``max_depth``
+        is 0."""
         if max_depth <= 0:
             return Draft()
         if self.policy is not None:
-            return self._draft_planned(context, max_depth)
+            return self._draft_planned(context, max_depth, fed)
         tree = TokenTree()
         for name, prop in self._proposals(context, max_depth):
             tree.merge(prop, name, budget=self.tree_budget, max_depth=max_depth)
@@ -155,7 +157,7 @@ class Engine:
                 prop = prop.first_path()
             yield d.name, prop.within_vocab(self.target.vocab_size)
 
-    def _draft_planned(self, context: np.ndarray, max_depth: int) -> Draft:
+    def _draft_planned(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
         """The step's :class:`Draft` under the policy: the proposals as candidates, cut by the policy.
 
         Candidates may hold up to the policy's ``max_nodes``; the verified part at most ``tree_budget`` nodes and
@@ -168,12 +170,12 @@ class Engine:
             cand = merged if self.merge and not self.chain_only else Candidates()
             cand.add(prop, name, budget=self.policy.max_nodes, max_depth=max_depth)
             if cand is not merged:
-                tree, keys = cut(self.policy, cand, max_depth=max_depth, budget=self.tree_budget)
+                tree, keys = cut(self.policy, cand, max_depth=max_depth, budget=self.tree_budget, fed=fed)
                 if len(tree):
                     return Draft(tree, keys)
             elif len(merged) >= self.policy.max_nodes:
                 break
-        return Draft(*cut(self.policy, merged, max_depth=max_depth, budget=self.tree_budget))
+        return Draft(*cut(self.policy, merged, max_depth=max_depth, budget=self.tree_budget, fed=fed))
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
@@ -206,7 +208,8 @@ class Engine:
         while (remaining := max_new_tokens - len(res.output_ids)) > 0 and n_ctx < max_len:
             # draft (accepted + bonus must fit both the token budget and the context window)
             depth = min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
-            draft = self._draft(context[:n_ctx], depth if exactness is None or exactness.may_draft else 0)
+            draft = self._draft(context[:n_ctx], depth if exactness is None or exactness.may_draft else 0,
+                                len(pending))
             # verify: one forward over the pending tokens and the tree; the longest path the target agrees with
             step = verify_step(self.target, chooser, pending, draft, n_ctx)
             keep = exactness.judge(step, chooser) if exactness else len(step.new)

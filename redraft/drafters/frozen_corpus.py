@@ -46,12 +46,21 @@ class CorpusDrafter:
             ids at once. None = always k (Colibri's behaviour). Replays are where
             deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
         name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
+        deep: under the cost-aware policy, how deep a draft may go when the match reaches past max_n context ids
+            (a replay's match does: the whole context agrees with a stored span), past the 1..48 cap; the policy
+            then verifies as much of it as the measured cost curve says pays. Shorter matches keep depth k.
+            None = no such drafts (the fixed semantics).
+    Raises:
+        ValueError: deep < 1.
     """
 
     def __init__(self, corpus, k: int = K_DEFAULT, min_n: int = SUFFIX_MIN_N, max_n: int = SUFFIX_MAX_N,
                  guard: AcceptanceGuard | None = None, tree_branches: int = 0, k_max: int | None = None,
-                 name: str = "corpus", context_n: int | None = SUFFIX_CONTEXT_N) -> None:
+                 name: str = "corpus", context_n: int | None = SUFFIX_CONTEXT_N, deep: int | None = None) -> None:
+        if deep is not None and deep < 1:
+            raise ValueError(f"CorpusDrafter: deep must be >= 1 draft tokens, got {deep}")
         self.name = name
+        self.deep = deep
         self.context_n = context_n
         self.corpus = corpus
         self.k = clamp_k(k)
@@ -79,6 +88,8 @@ class CorpusDrafter:
         k = min(self.depth, max_depth)
         if self.k_max > self.depth and self.context_n:
             k = min(self.k_max, max_depth)  # an extended match may earn a deeper draft (below)
+        if self.deep is not None and self.deep > k:
+            k = min(self.deep, max_depth)
         try:
             if self.tree_branches > 0:
                 br = self.corpus.propose_tree(context, k, branches=self.tree_branches,
@@ -100,8 +111,10 @@ class CorpusDrafter:
             return None
         # Adaptive depth: a match reaching past max_n (the occurrence shares n ids of preceding context, as a
         # replay's does) drafts up to n ids at once, capped by k_max: one draft id per matched id, SuffixDecoding's
-        # depth cap (arXiv 2411.04975); shorter matches keep the doubling depth.
-        ids = ids[:max(self.depth, n if n > self.max_n else 0)]
+        # depth cap (arXiv 2411.04975); shorter matches keep the doubling depth. Under the policy (``deep``) such
+        # a match drafts up to ``deep`` ids, and the policy decides how many of them to verify.
+        long = (self.deep if self.deep is not None else n) if n > self.max_n else 0
+        ids = ids[:max(self.depth, long)]
         tree = TokenTree.chain(ids.tolist(), self.name)
         tree.match_length = n
         return tree

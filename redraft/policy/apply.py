@@ -78,8 +78,11 @@ class Candidates:
 
 
 def cut(policy: SpeculationPolicy, candidates: Candidates, *, max_depth: int | None = None,
-        budget: int | None = None) -> tuple[TokenTree, list[str]]:
+        budget: int | None = None, fed: int = 1) -> tuple[TokenTree, list[str]]:
     """The verify tree: the candidates' nodes the policy keeps this step (empty = a plain step), and their keys.
+
+    ``fed``: tokens the verify forward carries before the draft (the whole prompt at the first step, else 1): see
+    :meth:`SpeculationPolicy.plan`.
 
     Advances the policy's idle counts of the keys whose nodes were all dropped (see
     :meth:`SpeculationPolicy.plan`); call it once per candidate set.
@@ -88,7 +91,7 @@ def cut(policy: SpeculationPolicy, candidates: Candidates, *, max_depth: int | N
     if len(tree) == 0:
         return tree, []
     priors = candidates.priors if any(not math.isnan(p) for p in candidates.priors) else None
-    sel = policy.plan(tree.parents, candidates.keys, priors, max_depth=max_depth, budget=budget)
+    sel = policy.plan(tree.parents, candidates.keys, priors, max_depth=max_depth, budget=budget, fed=fed)
     return tree.subtree(sel.nodes), [candidates.keys[i] for i in sel.nodes]
 
 

@@ -66,6 +66,15 @@ class CostCurve:
         slope = (self.costs[-1] - self.costs[-2]) / (self.sizes[-1] - self.sizes[-2])
         return self.costs[-1] + max(0.0, slope) * (n - self.sizes[-1])
 
+    def at(self, ns) -> np.ndarray:
+        """float64 array: c(n) for each n >= 0 in ``ns`` (as :meth:`cost`, vectorised)."""
+        xs = np.asarray(ns, dtype=np.float64)
+        out = np.interp(xs, self.sizes, self.costs)
+        if len(self.sizes) > 1:
+            slope = max(0.0, (self.costs[-1] - self.costs[-2]) / (self.sizes[-1] - self.sizes[-2]))
+            out = np.where(xs > self.sizes[-1], self.costs[-1] + slope * (xs - self.sizes[-1]), out)
+        return out
+
     def table(self, n_max: int) -> np.ndarray:
         """float64 [n_max + 1]: c(0), c(1), ..., c(n_max), for O(1) lookups in the per-step decision."""
         return np.array([self.cost(n) for n in range(int(n_max) + 1)], dtype=np.float64)

@@ -95,13 +95,18 @@ class SpeculationPolicy:
         return cond
 
     def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
-             max_depth: int | None = None, budget: int | None = None) -> Selection:
+             max_depth: int | None = None, budget: int | None = None, fed: int = 1) -> Selection:
         """The nodes of this step's candidate tree to verify. Call once per step, before the verify forward.
 
         Args:
             parents, sources, priors: the candidate tree (see :meth:`conditionals`); empty = nothing drafted.
             max_depth: nodes deeper than this are never kept (e.g. the tokens left to generate).
             budget: most nodes kept (default and cap: ``max_nodes``).
+            fed: tokens the verify forward carries before the draft (the root; at the first step the whole
+                prompt). With m = fed - 1 > 0 a draft of n costs what it adds to that forward, c(m + n) - c(m), on
+                top of one plain step (:meth:`step_costs`): a prefill of a few hundred tokens is past the curve's
+                flat start, so 32 chance draft tokens on it cost ~2 plain steps where c(32) says 1.5, and only a
+                draft that is likely right (a replay's) is worth it there.
         Returns:
             :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
             Sources with no kept node have their idle count advanced (towards a probe).
@@ -113,7 +118,7 @@ class SpeculationPolicy:
             cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
         budget = self.max_nodes if budget is None else min(budget, self.max_nodes)
         prob = path_probabilities(parents, cond)
-        sel = select_nodes(parents, cond, self.costs, budget=budget, min_gain=self.min_gain)
+        sel = select_nodes(parents, cond, self.step_costs(fed), budget=budget, min_gain=self.min_gain)
         chosen = {sources[i] for i in sel.nodes}
         nodes, probes = set(sel.nodes), []
         for s in dict.fromkeys(sources):
@@ -140,6 +145,16 @@ class SpeculationPolicy:
             if s in chosen or s not in kept:
                 self.probe_paid.discard(s)  # drafting on its own estimate again, or dropped: probes wait again
         return sel
+
+    def step_costs(self, fed: int = 1) -> np.ndarray:
+        """float64 [max_nodes + 1]: the cost in plain steps of verifying n = 0..max_nodes draft tokens in a forward
+        that carries ``fed`` tokens before them: c(n) for fed = 1, else 1 + c(fed - 1 + n) - c(fed - 1) (the draft's
+        marginal cost over the forward the pending tokens need anyway, counted against a plain step's 1)."""
+        m = int(fed) - 1
+        if m <= 0:
+            return self.costs
+        after = self.curve.at(m + np.arange(self.max_nodes + 1))
+        return 1.0 + after - after[0]
 
     def skip(self, source: str) -> None:
         """A step in which ``source`` was not asked to draft because its drafts would not pay (a draft model's own
