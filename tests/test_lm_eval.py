@@ -29,13 +29,16 @@ def real():
     return load_model()
 
 
-def evaluate(srv, task: str) -> dict:
+GENERATE_LIMIT = 4  # of the 8 generate_until questions (docs/serving.md runs all 8): keeps CI's time in bounds
+
+
+def evaluate(srv, task: str, limit: int | None = None) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     args = f"model={srv.server.model_id},base_url={srv.url}/completions,tokenizer_backend=remote,num_concurrent=1," \
            "max_retries=1"
-    return simple_evaluate(model="local-completions", model_args=args, tasks=[task], batch_size=4,
+    return simple_evaluate(model="local-completions", model_args=args, tasks=[task], batch_size=4, limit=limit,
                            log_samples=True, task_manager=TaskManager(include_path=str(TASKS)))
 
 
@@ -56,17 +59,17 @@ def test_lm_eval_tasks_against_the_server(real, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with live_server(build_parser().parse_args(["serve", "--port", "0"]), real) as srv:
-        first = evaluate(srv, "redraft_capitals")
+        first = evaluate(srv, "redraft_capitals", limit=GENERATE_LIMIT)
         corpus = srv.server.generator.corpora.get("default")
         stored = corpus.n_tokens
-        second = evaluate(srv, "redraft_capitals")
+        second = evaluate(srv, "redraft_capitals", limit=GENERATE_LIMIT)
         mc = evaluate(srv, "redraft_capitals_mc")
 
     def answers(res):
         return [s["resps"] for s in res["samples"]["redraft_capitals"]]
 
-    assert len(answers(first)) == 8 and answers(first) == answers(second)
-    assert sum(bool(r[0][0].strip()) for r in answers(first)) >= 6  # the few-shot prompt gets real answers
+    assert len(answers(first)) == GENERATE_LIMIT and answers(first) == answers(second)
+    assert sum(bool(r[0][0].strip()) for r in answers(first)) >= GENERATE_LIMIT - 1  # real answers, few-shot
     assert stored > 0
     assert first["results"]["redraft_capitals"]["exact_match,city"] == \
         second["results"]["redraft_capitals"]["exact_match,city"]

@@ -16,6 +16,8 @@ import hashlib
 import json
 import os
 import platform
+import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -144,7 +146,12 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
     path = curve_path(key, directory if directory is not None else default_directory())
     curve = None if refresh else load_curve(path, key)
     if curve is None:
+        # once per model, dtype, thread count and machine: say so, it takes seconds (minutes on a loaded machine)
+        print(f"redraft: measuring this machine's verify cost curve once ({len(key['sizes'])} forward sizes up to "
+              f"{max(key['sizes'])} tokens; cached in {path.parent})", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         curve = measure(model, key["sizes"], prefix=prefix, repeats=repeats)
         save_curve(path, key, curve)
+        print(f"redraft: cost curve measured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return curve
 
