@@ -45,9 +45,12 @@ def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw, parse_constant=no_constant, parse_int=_parse_int, parse_float=_parse_float)
     except (ValueError, UnicodeDecodeError) as e:
+        too_deep, field = _deep_field(raw)  # nesting past the limit is named first, however the parser failed
+        if too_deep:
+            raise _too_deep(field) from None
         raise APIError(400, f"the request body is not valid JSON ({e})") from e
     except RecursionError:
-        raise _too_deep(_deep_field(raw)) from None
+        raise _too_deep(_deep_field(raw)[1]) from None
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, not {type_name(body)}")
     check_json_values(body)
@@ -62,9 +65,9 @@ def _too_deep(field: str | None) -> APIError:
     return APIError(400, f"the request body is nested more than {MAX_JSON_DEPTH} levels deep{where}", param=field)
 
 
-def _deep_field(raw: bytes) -> str | None:
-    """The top-level field under which ``raw`` (too deep for ``json.loads``) first nests deeper than
-    :data:`MAX_JSON_DEPTH` levels, as :func:`check_json_values` names it; None when there is none."""
+def _deep_field(raw: bytes) -> tuple[bool, str | None]:
+    """Whether ``raw`` nests deeper than :data:`MAX_JSON_DEPTH` levels, and the top-level field under which it first
+    does, as :func:`check_json_values` names it (None when there is none)."""
     depth, key = 0, None
     for m in _JSON_TOKEN.finditer(raw):
         if m.group(1) is not None:
@@ -74,10 +77,10 @@ def _deep_field(raw: bytes) -> str | None:
         depth += 1 if m.group() in (b"[", b"{") else -1
         if depth > MAX_JSON_DEPTH:
             try:
-                return str(json.loads(key)) if key is not None else None
+                return True, (str(json.loads(key)) if key is not None else None)
             except ValueError:
-                return None
-    return None
+                return True, None
+    return False, None
 
 
 def check_json_values(body: Any) -> None:

@@ -53,7 +53,7 @@ class Result:
 
 
 def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *, tree_budget: int = 64,
-            log=sys.stderr) -> list[Result]:
+            log=None) -> list[Result]:
     """Run every configuration on every question (interleaved); the first config must be plain greedy.
 
     Returns:
@@ -61,6 +61,7 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     Raises:
         ValueError: the first configuration is not plain greedy.
     """
+    log = sys.stderr if log is None else log  # the stream current at the call
     from redraft.compose import SpeculationConfig, build_engine, glide_drafter
     from redraft.decoding.target import HFTarget
     from redraft.defaults import MAX_DRAFT_DEPTH

@@ -99,13 +99,14 @@ def _log(msg: str, t0: float, log) -> None:
 
 
 def train_pair(loaded, records, heldout, rank, info, work: Path, sizes: RunSizes, device: str, *, t0: float,
-               log=sys.stderr, progress: bool = True) -> dict:
+               log=None, progress: bool = True) -> dict:
     """Train the gated GliDe draft into ``work/glide`` and its vanilla twin into ``work/vanilla``: same records,
     seed (data order, block phases) and step count; returns {"glide": {...}, "vanilla": {...}} summaries.
 
     The step count: ``calibrate_steps`` of the gated draft are timed, and ``train_s`` divided by that step time
     (within ``min_steps..max_steps``) is the schedule's length for both.
     """
+    log = sys.stderr if log is None else log  # the stream current at the call
     from redraft.training.train import TrainConfig, Trainer
 
     def config(vanilla: bool, steps: int) -> TrainConfig:
@@ -136,9 +137,10 @@ def train_pair(loaded, records, heldout, rank, info, work: Path, sizes: RunSizes
     return out
 
 
-def measure_all(loaded, glide_dir: Path, vanilla_dir: Path, sizes: RunSizes, *, log=sys.stderr) -> dict:
+def measure_all(loaded, glide_dir: Path, vanilla_dir: Path, sizes: RunSizes, *, log=None) -> dict:
     """The six methods of :data:`METHODS` on the first ``sizes.questions`` held-out questions (see the module doc);
     returns {"questions", "ngen", "results": [...], "table": markdown}."""
+    log = sys.stderr if log is None else log  # the stream current at the call
     from redraft.compose import build_drafters, plain_engine
     from redraft.corpus import Corpus
     from redraft.drafters.cape import CapeBins
@@ -196,7 +198,7 @@ def environment(device: str) -> dict:
 
 
 def gpu_run(loaded, out: str, *, budget_s: float, device: str = "cuda", tiny: bool = False, work: str | None = None,
-            command: str = "", log=sys.stderr, progress: bool = True) -> dict:
+            command: str = "", log=None, progress: bool = True) -> dict:
     """Data -> train both drafts -> export -> measure, within ``budget_s`` (see the module doc).
 
     Args:
@@ -213,6 +215,7 @@ def gpu_run(loaded, out: str, *, budget_s: float, device: str = "cuda", tiny: bo
         ValueError: the budget is too small for a full run; ``work`` already holds a checkpoint.
         redraft.glide.checkpoint.CheckpointError: the export failed.
     """
+    log = sys.stderr if log is None else log  # the stream current at the call
     import torch
 
     from redraft.glide.checkpoint import export_draft

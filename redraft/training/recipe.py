@@ -32,7 +32,7 @@ def default_glide_dir() -> Path:
 def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0, max_new_tokens: int = 128,
                         text_windows: int = 0, data_dir: str | os.PathLike | None = None, progress: bool = True,
                         samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
-                        self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr,
+                        self_questions: int = 0, topk: int = 8, command: str | None = None, log=None,
                         gen_batch: int | None = None, gen_tokens: int | None = None, min_batches: int = 0):
     """Build/reuse the training records for ``loaded`` (a LoadedModel); the arguments are
     :func:`redraft.training.train.run_training`'s, plus ``gen_batch`` / ``gen_tokens``: the most answers and padded
@@ -44,6 +44,7 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
     Raises:
         SystemExit: no training data at all.
     """
+    log = sys.stderr if log is None else log  # the stream current at the call
     from redraft.glide.checkpoint import target_fingerprint
     from redraft.training.data import (
         ESTIMATE_IDS,

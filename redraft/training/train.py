@@ -249,11 +249,12 @@ class Trainer:
             self.opt.step()
         return loss, n
 
-    def train(self, *, progress: bool = True, log=sys.stderr, until: int | None = None) -> TrainState:
+    def train(self, *, progress: bool = True, log=None, until: int | None = None) -> TrainState:
         """Run until ``max_steps`` or ``max_minutes``; checkpoint every ``ckpt_every`` steps and at the end.
 
         ``until`` stops earlier, at that step, without changing the schedule (as an interruption would).
         """
+        log = sys.stderr if log is None else log  # the stream current at the call
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -309,7 +310,7 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
                  data_minutes: float = 90.0, max_new_tokens: int = 128, text_windows: int = 0,
                  data_dir: str | os.PathLike | None = None, threads: int | None = 1, progress: bool = True,
                  samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
-                 self_questions: int = 0, topk: int = 8, command: str | None = None, log=sys.stderr) -> TrainState:
+                 self_questions: int = 0, topk: int = 8, command: str | None = None, log=None) -> TrainState:
     """Build/reuse the training records for ``loaded`` (a LoadedModel), then train a draft into ``out``.
 
     Args:
@@ -331,6 +332,7 @@ def run_training(loaded, out: str | os.PathLike, cfg: TrainConfig, *, resume: bo
         threads: torch threads (1 keeps a shared 2-core machine usable; None = leave as is).
         command: the command line that started the run, recorded in the checkpoint.
     """
+    log = sys.stderr if log is None else log  # the stream current at the call
     if threads:
         torch.set_num_threads(threads)
     records, heldout, rank, info = build_training_data(
