@@ -50,7 +50,18 @@ from multiprocessing.util import Finalize
 import numpy as np
 
 from redraft.compose.build import build_drafters, build_load_policy
-from redraft.compose.env import ENV_CORPUS, ENV_FORCE, ENV_K, ENV_LEARN, ENV_MINACC, ENV_NGRAM, ENV_TENANT, first_set
+from redraft.compose.env import (
+    ENV_CORPUS,
+    ENV_FORCE,
+    ENV_K,
+    ENV_LEARN,
+    ENV_MINACC,
+    ENV_NGRAM,
+    ENV_TENANT,
+    EnvError,
+    first_set,
+    flag_env,
+)
 from redraft.corpus import Corpus, CorpusError, load_corpus
 from redraft.corpus.directory import (
     DEFAULT_TENANT,
@@ -142,12 +153,10 @@ def _ranged(environ: Mapping[str, str], names: tuple[str, ...], kind: type, lo: 
 
 
 def _flag(environ: Mapping[str, str], names: tuple[str, ...], default: bool) -> bool:
-    name, v = _env(environ, names)
-    if v is None:
-        return default
-    if v not in ("0", "1"):
-        raise ProposerConfigError(f"{name}={v!r}: expected 0 or 1")
-    return v == "1"
+    try:  # the one reader of 0/1 switches (redraft.compose.env), its error as this proposer's
+        return flag_env(names, default, environ)
+    except EnvError as e:
+        raise ProposerConfigError(str(e)) from None
 
 
 def open_corpora(s: ProposerSettings, vocab_size: int | None, fingerprint: str | None) -> Corpus | None:
