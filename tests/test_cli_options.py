@@ -85,13 +85,13 @@ def test_no_generation_config_ignores_the_file(configured_dir, tiny_model_dir, c
     _, model = tiny_model_dir
     got, err = run_ids(capsys, "--model", str(configured_dir), "--no-generation-config")
     assert got == hf_reference(model)
-    assert not [line for line in err if "generation_config" in line]
+    assert not [line for line in err if line.startswith("redraft: generation_config")]
 
 
 def test_a_model_without_settings_prints_no_line(tiny_model_dir, capsys):
     d, _ = tiny_model_dir
     _, err = run_ids(capsys, "--model", str(d))
-    assert not [line for line in err if "generation_config" in line]
+    assert not [line for line in err if line.startswith("redraft: generation_config")]
 
 
 def test_bad_generation_config_value_is_one_line(configured_dir, tmp_path, capsys):
