@@ -313,3 +313,14 @@ def tiny_model_dir(tmp_path_factory):
 # the server tests' module-scoped fixtures, shared from here so that test modules need not import them (imported
 # last: serverkit imports build_tiny from this module)
 from serverkit import loaded, model_dir  # noqa: E402,F401
+
+
+def stream_of(spans):
+    """The corpus stream: non-empty spans joined by -1, oldest first (the layout corpora read)."""
+    stream = []
+    for s in spans:
+        if len(s):
+            if stream:
+                stream.append(-1)
+            stream.extend(int(t) for t in s)
+    return stream

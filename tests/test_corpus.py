@@ -4,6 +4,7 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
+from conftest import stream_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydivsufsort import divsufsort
@@ -32,12 +33,7 @@ def ref_propose(spans, context, k, min_n=3, max_n=8, context_n=4096):
     ends in a periodic run, those preceded by the same run length (then by the longest part of it); then the most
     recent with k ids to follow, else the longest continuation, most recent first.
     """
-    stream = []
-    for s in spans:
-        if len(s):
-            if stream:
-                stream.append(-1)
-            stream.extend(int(t) for t in s)
+    stream = stream_of(spans)
     context = [int(t) for t in context]
 
     def cont(end):

@@ -6,7 +6,7 @@ that templated replays draft their own answers through the engine, ids identical
 """
 
 import numpy as np
-from conftest import plain_greedy
+from conftest import plain_greedy, stream_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,15 +17,6 @@ from redraft.drafters import AcceptanceGuard, CorpusDrafter
 TEMPLATE = [80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 80, 81]  # a shared tail longer than max_n = 8 (ids < VOCAB)
 
 
-def stream_of(spans):
-    """The corpus stream, spans joined by -1 (oldest first), and its positions' continuations."""
-    stream = []
-    for s in spans:
-        if len(s):
-            if stream:
-                stream.append(-1)
-            stream.extend(int(t) for t in s)
-    return stream
 
 
 def preceding_match(stream, end, context):
