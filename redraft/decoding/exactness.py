@@ -200,3 +200,53 @@ def measure_settle_noise(target: HFTarget, seq: Sequence[int], n_prompt: int,
         out[f"chain K={k}"] = worst(_rows(target, seq, n_prompt, [k, k + 1]))
     target.reset()
     return out
+
+
+def measure_gap_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depths: Sequence[int] = (4, 16, 48),
+                      pairs: int = 8, branches: int = 2) -> dict[str, torch.Tensor]:
+    """How much rows computed with drafts change the gap between plain decoding's choice and its closest rivals.
+
+    A verify row can choose another token than plain decoding's row only where, for that token c and plain
+    decoding's choice a, the row's gap l[a] - l[c] moved by at least the row's own top-2 gap: a flip needs
+    ``gap_row <= |(l_row[a] - l_row[c]) - (l_plain[a] - l_plain[c])|`` with c among the tokens closest to a in
+    plain decoding's row. This measures that change for a and each of plain decoding's next ``pairs`` tokens, at
+    every output position, for rows computed three ways: verify rows of chain drafts (K always-right drafts per
+    forward, the first forward holding the prompt and K drafts), verify rows of a tree (the largest K with
+    ``branches`` wrong siblings per depth), and draft-free rows (the last token fed alone on a cache chain verify
+    forwards of K drafts wrote, the first forward holding the prompt and every offset 1..K+1 of output tokens).
+
+    Args:
+        target: the target model (its cache is reset).
+        seq: prompt + plain greedy output (token ids), the output at least 2 tokens.
+        n_prompt: prompt length.
+        depths: chain draft depths; those not shorter than the output are skipped.
+        pairs: rivals per row (plain decoding's 2nd..(pairs+1)-th tokens).
+        branches: wrong siblings per depth in the tree rows.
+    Returns:
+        {kind: FloatTensor [rows, pairs]}: |change of l[a] - l[c]| divided by plain decoding's row's largest |logit|,
+        one row per output position computed that way. Kinds: "verify K=k", "tree K=k", "draft-free after K=k".
+    """
+    n_out = len(seq) - n_prompt
+    depths = [k for k in depths if k < n_out] or [1]
+    plain = _rows(target, seq, n_prompt, [0, 1])
+    scale = plain.abs().amax(-1, keepdim=True)
+    top = plain.topk(pairs + 1, dim=-1).indices  # [n_out, pairs + 1]: a, then its rivals
+
+    def change(rows: torch.Tensor) -> torch.Tensor:
+        ok = ~rows.isnan().any(-1)
+        gap_rows = rows.gather(-1, top[:, :1]) - rows.gather(-1, top[:, 1:])
+        gap_plain = plain.gather(-1, top[:, :1]) - plain.gather(-1, top[:, 1:])
+        return ((gap_rows - gap_plain).abs() / scale)[ok]
+
+    out: dict[str, torch.Tensor] = {}
+    for k in depths:
+        out[f"verify K={k}"] = change(_rows(target, seq, n_prompt, [k, k + 1]))
+        single = torch.full_like(plain, float("nan"))
+        for first in range(1, min(k + 1, n_out - 1) + 1):
+            rows = _settle_rows(target, seq, n_prompt, k, first)
+            fill = ~rows.isnan().any(-1)
+            single[fill] = rows[fill]
+        out[f"draft-free after K={k}"] = change(single)
+    out[f"tree K={depths[-1]}"] = change(_tree_rows(target, seq, n_prompt, depths[-1], branches))
+    target.reset()
+    return out
