@@ -72,6 +72,10 @@ EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
 # Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward, or a replay of the
 # cache one token per forward where the row's gap is under the draft-free rows' threshold too. Draft-free rows on a
 # cache drafting wrote: 2; failing it costs that replay.
+# Greedy and sampled rows without logits processors are judged by the change of the gap between plain decoding's choice
+# and its closest rivals instead (redraft.decoding.exactness.gap_noise), as a fraction of the row's largest |logit|:
+# TODO measured.
+EXACT_GAP_NOISE = {"float32": 2.25e-6}
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
 # While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact

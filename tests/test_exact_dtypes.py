@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
 from redraft.decoding.exactness import (
+    gap_noise,
+    measure_gap_noise,
     measure_row_noise,
     measure_settle_noise,
     near_tie_threshold,
@@ -54,8 +56,14 @@ def plain(model, prompt, n, eos=()):
 def test_threshold_follows_dtype_and_logit_size():
     logits = torch.tensor([[10.0, 9.0, -3.0], [-40.0, 1.0, 2.0]])
     for name in DTYPES:
-        t = near_tie_threshold(logits, DTYPE[name], 5.0)
+        t = near_tie_threshold(logits, DTYPE[name], 5.0, gaps=False)
         assert t.tolist() == pytest.approx([100 * row_noise(DTYPE[name]), 400 * row_noise(DTYPE[name])])
+        t = near_tie_threshold(logits, DTYPE[name], 5.0)
+        assert t.tolist() == pytest.approx([50 * gap_noise(DTYPE[name]), 200 * gap_noise(DTYPE[name])])
+        # a gap moves by at most the sum of its two logits' moves: a measured gap bound is never looser than that
+        assert 0 < gap_noise(DTYPE[name]) <= 2 * row_noise(DTYPE[name])
+    assert gap_noise(torch.float32) < 2 * row_noise(torch.float32)  # measured (defaults.EXACT_GAP_NOISE)
+    assert gap_noise(torch.float64) == 2 * row_noise(torch.float64)  # unmeasured: what each logit's bound implies
     # coarser dtypes need wider margins: each bound is at least a few of its machine epsilons
     noise = [row_noise(DTYPE[n]) for n in ("float32", "float16", "bfloat16")]
     assert noise == sorted(noise)
@@ -74,6 +82,22 @@ def test_measured_row_noise_is_within_the_bound(cast_models, name):
     assert {"chain K=1", "chain K=16", "tree", "single after drafts"} <= set(noise)
     worst = max(rel for rel, _ in noise.values())
     assert 0 < worst < row_noise(DTYPE[name])
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_measured_gap_noise_is_within_the_bound(cast_models, name):
+    """Every row computed with drafts (chain and tree verify rows, draft-free rows on a drafted cache) moves the gap
+    between plain decoding's choice and each of its 8 closest rivals by less than gap_noise x the row's largest
+    |logit|, at every position."""
+    model = cast_models["llama", name]
+    out = plain(model, PROMPT, N)
+    got = measure_gap_noise(HFTarget(model), PROMPT + out, len(PROMPT), depths=(2, 4, 8))
+    assert set(got) == {"verify K=2", "verify K=4", "verify K=8", "draft-free after K=2", "draft-free after K=4",
+                        "draft-free after K=8", "tree K=8"}
+    assert all(x.shape == (N, 8) for k, x in got.items() if k.startswith(("verify", "tree")))
+    assert all(x.shape[0] >= N - 2 for k, x in got.items() if k.startswith("draft-free"))
+    worst = max(x.max().item() for x in got.values())
+    assert 0 < worst < gap_noise(DTYPE[name])
 
 
 @pytest.mark.parametrize("name", DTYPES)

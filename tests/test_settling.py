@@ -9,7 +9,7 @@ from conftest import VOCAB, SequenceDrafter, build_tiny
 
 from redraft.decoding.engine import Engine
 from redraft.decoding.exactness import near_tie_threshold
-from redraft.decoding.sampling import GREEDY, TokenChooser
+from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.target import HFTarget
@@ -131,7 +131,7 @@ class GapTarget(HFTarget):
 
 def _relative_thresholds() -> tuple[float, float]:
     """(draft-free, verify) thresholds of float32 rows as fractions of the row's largest |logit|: one token alone on
-    a drafted cache is judged with EXACT_SETTLE_SAFETY x the row-noise bound, a verify row with EXACT_SAFETY x it."""
+    a drafted cache is judged with EXACT_SETTLE_SAFETY x the gap-noise bound, a verify row with EXACT_SAFETY x it."""
     row = torch.tensor([[1.0]])
     return (float(near_tie_threshold(row, torch.float32, EXACT_SETTLE_SAFETY)[0]),
             float(near_tie_threshold(row, torch.float32, EXACT_SAFETY)[0]))
@@ -155,14 +155,32 @@ def test_recompute_between_the_thresholds_is_trusted_under_them_rebuilds():
     assert ex2.judge(_step([under], len(PROMPT) + 1, [5], 0), chooser) == 0 and ex2.rebuild
 
 
-@pytest.mark.parametrize("where", ["between", "under"])
+def test_rows_under_logits_processors_are_judged_by_each_logits_bound():
+    """Without logits processors a row is judged by the bound on its gaps' change (gap_noise); a repetition penalty
+    scales positive and negative logits apart, so there the bound each logit's own change implies (2 x row_noise,
+    wider in float32) is used: a gap between the two thresholds is trusted only without processors."""
+    alone, verify = _relative_thresholds()
+    per_logit = float(near_tie_threshold(torch.tensor([[1.0]]), torch.float32, EXACT_SAFETY, gaps=False)[0])
+    assert verify < per_logit
+    between = 10.0 * (verify + per_logit) / 2  # _step's rows have |logit| 10
+    plain_chooser = TokenChooser(GREEDY, VOCAB)
+    ex = ExactMode(_NoTarget())
+    assert ex.judge(_step([1.0, between], 0, PROMPT, 1), plain_chooser) == 2 and not ex.settling
+    penalised = TokenChooser(SamplingParams(repetition_penalty=1.3), VOCAB)
+    penalised.reset(PROMPT)
+    assert penalised.processors
+    ex = ExactMode(_NoTarget())
+    assert ex.judge(_step([1.0, between], 0, PROMPT, 1), penalised) == 1 and ex.settling and ex.near_ties == 1
+
+
+@pytest.mark.parametrize("where", ["between", "under", "just under"])
 def test_planted_near_tie_between_the_thresholds_costs_one_recompute(where):
     """End to end (float32 tiny model, always-right drafts): a near-tie early in the answer whose gap clears the
     draft-free rows' threshold but not the verify rows' costs one draft-free forward and no rebuild; one under the
-    draft-free threshold still rebuilds the cache the plain way (the prompt fed again). Output ids equal plain
-    greedy's."""
+    draft-free threshold (however close to it) still rebuilds the cache the plain way (the prompt fed again). Output
+    ids equal plain greedy's."""
     alone, verify = _relative_thresholds()
-    gap = (alone + verify) / 2 if where == "between" else alone / 2
+    gap = {"between": (alone + verify) / 2, "under": alone / 2, "just under": 0.95 * alone}[where]
     model = build_tiny("llama", "eager")
     n, tied = 40, len(PROMPT) + 5
     target = GapTarget(model, {tied: gap})

@@ -25,7 +25,7 @@ import torch
 
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
-from redraft.defaults import EXACT_ROW_NOISE
+from redraft.defaults import EXACT_GAP_NOISE, EXACT_ROW_NOISE
 from redraft.tree import TokenTree
 
 # dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~21)
@@ -43,20 +43,40 @@ def row_noise(dtype: torch.dtype) -> float:
     return UNMEASURED_NOISE_EPS * torch.finfo(dtype).eps
 
 
-def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype, safety: float) -> torch.Tensor:
+def gap_noise(dtype: torch.dtype) -> float:
+    """Bound on how much a row computed with drafts moves the gap l[a] - l[c] between plain decoding's choice a and
+    one of its closest rivals c, as a fraction of the row's largest |logit|, for weights of ``dtype``.
+
+    Measured values from ``defaults.EXACT_GAP_NOISE`` (:func:`measure_gap_noise`); a dtype it lacks gets the bound that
+    :func:`row_noise` implies (each of the two logits moving by at most that: twice it).
+    """
+    name = str(dtype).removeprefix("torch.")
+    if name in EXACT_GAP_NOISE:
+        return EXACT_GAP_NOISE[name]
+    return 2.0 * row_noise(dtype)
+
+
+def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype, safety: float, gaps: bool = True) -> torch.Tensor:
     """Top-2 gap (logit units) below which each row's choice may differ from plain decoding's.
 
-    If every logit of a row is within d of plain decoding's, a top-2 gap above 2 d picks the same token; d is
-    :func:`row_noise` times the row's largest |logit|.
+    A row chooses another token c than plain decoding's a only if its gap to the runner-up is at most the change of
+    l[a] - l[c] between the two rows (its own gap l[c] - l[a] >= 0 is then that change minus plain decoding's gap
+    l[a] - l[c] >= 0), so a top-2 gap above the bound on that change picks plain decoding's token: :func:`gap_noise`
+    times the row's largest |logit|. With ``gaps=False`` the bound is the one every logit's own change implies,
+    2 x :func:`row_noise` x the largest |logit|: for rows reshaped by logits processors that are not invariant to a
+    shift of every logit (a repetition penalty scales positive and negative logits apart), where the gaps' bound
+    does not carry over.
 
     Args:
         logits: FloatTensor [R, V] (any float dtype), the rows whose choices are judged.
         dtype: the target model's weight dtype.
-        safety: multiple of that 2 d bound (>= 1).
+        safety: multiple of that bound (>= 1).
+        gaps: the measured bound on gap changes (True) or the one each logit's change implies (False).
     Returns:
-        FloatTensor [R] (float32): ``safety * 2 * row_noise(dtype) * max |logits[r]|``.
+        FloatTensor [R] (float32): ``safety * bound * max |logits[r]|``.
     """
-    return logits.float().abs().amax(-1) * (2.0 * safety * row_noise(dtype))
+    bound = gap_noise(dtype) if gaps else 2.0 * row_noise(dtype)
+    return logits.float().abs().amax(-1) * (safety * bound)
 
 
 def _rows(target: HFTarget, seq: Sequence[int], n_prompt: int, chunks: Sequence[int]) -> torch.Tensor:

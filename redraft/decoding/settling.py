@@ -85,7 +85,8 @@ class ExactMode:
         row = step.rows[tied]
         # a draft-free row would be judged by the settling threshold: where this row's gap is under it already,
         # only plain decoding's cache settles the token (a recompute on this cache would be a near-tie again)
-        self.rebuild = not drafted or float(step.margins[row]) < float(self._threshold(step, [row], False)[0])
+        gaps = not chooser.processors
+        self.rebuild = not drafted or float(step.margins[row]) < float(self._threshold(step, [row], False, gaps)[0])
         return tied
 
     def settle(self, step: Step, kept: int, committed: Sequence[int], n_prompt: int) -> tuple[list[int], int]:
@@ -128,23 +129,26 @@ class ExactMode:
         if deficit > 0 and self.pause_cap > 0:
             self.paused_for = max(self.paused_for, min(deficit, self.pause_cap))
 
-    def _threshold(self, step: Step, rows: list[int], drafted: bool):
-        """Near-tie threshold (FloatTensor [len(rows)]) of these rows of ``step.logits``."""
+    def _threshold(self, step: Step, rows: list[int], drafted: bool, gaps: bool):
+        """Near-tie threshold (FloatTensor [len(rows)]) of these rows of ``step.logits``; ``gaps``: bound the change
+        of top-2 gaps (no logits processors) rather than of each logit."""
         if self.margin is not None:
             return step.logits.new_full((len(rows),), self.margin).float()
-        return near_tie_threshold(step.logits[rows], self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
+        return near_tie_threshold(step.logits[rows], self.target.dtype,
+                                  EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY, gaps)
 
     def _untrusted(self, step: Step, chooser: TokenChooser, drafted: bool) -> list[bool]:
         """Per token of ``step.new``: True where its row's top-2 gap is under the near-tie threshold."""
         rows = step.rows
         if self.margin is not None:
             return [float(step.margins[r]) < self.margin for r in rows]
-        need = self._threshold(step, rows, drafted)
+        need = self._threshold(step, rows, drafted, not chooser.processors)
         if not chooser.processors:
             return [float(step.margins[r]) < float(m) for r, m in zip(rows, need, strict=True)]
         # Logits processors (penalties, biases, masks) reshape each logit monotonically, so a choice holds for every
         # row within the noise iff it holds for the worst one: its logit lowered by half the threshold, the others
-        # raised by it (a penalty's factor then scales the noise of exactly the logits it scales).
+        # raised by it (a penalty's factor then scales the noise of exactly the logits it scales). The threshold here
+        # bounds each logit's change: a penalty is not invariant to a shift of every logit, which gap changes ignore.
         chosen = [step.choices[r] for r in rows]
         worst = step.logits[rows].double() + (need.double() / 2).unsqueeze(-1)
         worst[range(len(rows)), chosen] -= need.double()
