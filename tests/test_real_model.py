@@ -300,3 +300,25 @@ def test_cli_run_applies_the_generation_config_like_hf_generate(real, plain_outp
         assert lines == [f"redraft: generation_config: repetition_penalty=1.3, no_repeat_ngram_size=3 "
                          f"(from {d / 'generation_config.json'}; --no-generation-config to ignore)"]
     assert int(rep["corpus"][1]) > 0  # the replay's drafts were accepted
+
+
+def test_question_95_near_tie_costs_one_draft_free_forward(real):
+    """Spec-Bench question 95 (the translator request), replayed from its own plain answer with 48-token drafts and
+    exact mode's default thresholds: its 6th answer token is a real float32 near-tie (plain decoding's top-2 gap
+    1.18e-4 logits at |logit| 18), too close for a verify row and clear for a draft-free row by the measured bound on
+    gap changes, so it costs one draft-free forward and no rebuild: 5 forwards for 128 tokens, ids == plain greedy."""
+    from redraft.io.prompts import encode_prompt
+    from redraft.io.questions import load_questions
+
+    loaded, _ = real
+    question = next(q for q in load_questions() if q["question_id"] == 95)
+    prompt = encode_prompt(loaded.tokenizer, question["turns"][0])
+    plain = Engine(loaded.model, [], eos_token_ids=loaded.eos_token_ids).generate(prompt, 128, record_margins=True)
+    want = plain.output_ids
+    assert len(want) == 128 and min(plain.margins) < 2e-4 and plain.margins.index(min(plain.margins)) == 5
+    corpus = _corpus(loaded, [prompt + want])
+    engine = Engine(loaded.model, build_drafters(corpus, k=48), eos_token_ids=loaded.eos_token_ids, max_depth=48)
+    res = engine.generate(prompt, 128)
+    assert res.output_ids == want
+    assert res.near_ties == 1 and res.settle_forwards == 1
+    assert res.forwards == 5, res.forwards
