@@ -142,6 +142,20 @@ def _settle_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int
     return out
 
 
+def _recompute_rows(target: HFTarget, seq: Sequence[int], n_prompt: int, depth: int, first: int) -> torch.Tensor:
+    """Rows of each output position's last token fed alone on the cache that chain verify forwards of ``depth``
+    drafts wrote (the first holding the prompt and ``first`` output tokens): exact mode's draft-free recompute right
+    after a verify forward was cut. Computed from the last position back, each one cropping the cache to its own
+    prefix; NaN for the first output token (its row is the prompt forward's).
+    """
+    _rows(target, seq, n_prompt, [first, depth + 1])
+    out = torch.full((len(seq) - n_prompt, target.vocab_size), float("nan"))
+    for j in range(len(seq) - n_prompt - 1, 0, -1):
+        target.crop(n_prompt + j - 1)
+        out[j] = target.forward([int(seq[n_prompt + j - 1])], n_logits=1)[0].float()
+    return out
+
+
 def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depths: Sequence[int] = (1, 2, 4, 8, 16),
                       branches: int = 2) -> dict[str, tuple[float, float]]:
     """Largest difference between rows computed with drafts and plain decoding's rows, by way of computing.
@@ -232,8 +246,8 @@ def measure_gap_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
     plain decoding's row. This measures that change for a and each of plain decoding's next ``pairs`` tokens, at
     every output position, for rows computed three ways: verify rows of chain drafts (K always-right drafts per
     forward, the first forward holding the prompt and K drafts), verify rows of a tree (the largest K with
-    ``branches`` wrong siblings per depth), and draft-free rows (the last token fed alone on a cache chain verify
-    forwards of K drafts wrote, the first forward holding the prompt and every offset 1..K+1 of output tokens).
+    ``branches`` wrong siblings per depth), and draft-free rows (each position's last token fed alone on the cache
+    chain verify forwards of K drafts wrote, the first forward holding the prompt and K, then K // 2, output tokens).
 
     Args:
         target: the target model (its cache is reset).
@@ -244,7 +258,7 @@ def measure_gap_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
         branches: wrong siblings per depth in the tree rows.
     Returns:
         {kind: FloatTensor [rows, pairs]}: |change of l[a] - l[c]| divided by plain decoding's row's largest |logit|,
-        one row per output position computed that way. Kinds: "verify K=k", "tree K=k", "draft-free after K=k".
+        one row per output position computed that way (draft-free: one per position and first forward). Kinds: "verify K=k", "tree K=k", "draft-free after K=k".
     """
     n_out = len(seq) - n_prompt
     depths = [k for k in depths if k < n_out] or [1]
@@ -261,12 +275,8 @@ def measure_gap_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
     out: dict[str, torch.Tensor] = {}
     for k in depths:
         out[f"verify K={k}"] = change(_rows(target, seq, n_prompt, [k, k + 1]))
-        single = torch.full_like(plain, float("nan"))
-        for first in range(1, min(k + 1, n_out - 1) + 1):
-            rows = _settle_rows(target, seq, n_prompt, k, first)
-            fill = ~rows.isnan().any(-1)
-            single[fill] = rows[fill]
-        out[f"draft-free after K={k}"] = change(single)
+        out[f"draft-free after K={k}"] = torch.cat([change(_recompute_rows(target, seq, n_prompt, k, first))
+                                                     for first in sorted({k, max(k // 2, 1)})])
     out[f"tree K={depths[-1]}"] = change(_tree_rows(target, seq, n_prompt, depths[-1], branches))
     target.reset()
     return out
