@@ -69,12 +69,13 @@ GLIDE_GAMMA = 4
 # bounds are 1.5x that (`redraft oracle --noise` checks them; docs/benchmarks.md, "Exact mode per dtype").
 EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
 # A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
-# Verify rows: 4 (float32: 1e-3 at |logit| 31, as before); failing it costs one draft-free forward, or a replay of the
-# cache one token per forward where the row's gap is under the draft-free rows' threshold too. Draft-free rows on a
-# cache drafting wrote: 2; failing it costs that replay.
-# Greedy and sampled rows without logits processors are judged by the change of the gap between plain decoding's choice
-# and its closest rivals instead (redraft.decoding.exactness.gap_noise), as a fraction of the row's largest |logit|:
-# TODO measured.
+# Verify rows: 4; failing it costs one draft-free forward, or a replay of the cache one token per forward where the
+# row's gap is under the draft-free rows' threshold too. Draft-free rows on a cache drafting wrote: 2; failing it costs
+# that replay.
+# Rows that no logits processor reshapes (a repetition penalty, biases, a grammar: see sampling.py) are judged by a
+# bound on the change of the gap between plain decoding's choice and its closest rivals instead: SAFETY x this fraction
+# of the row's largest |logit| (redraft.decoding.exactness.gap_noise). Measured on the default model (@GAPRUN@): largest @GAPMAX@; the
+# bound is 1.5x that (docs/benchmarks.md, "Near-ties judged by gap changes"). Dtypes not listed use 2 x EXACT_ROW_NOISE.
 EXACT_GAP_NOISE = {"float32": 2.25e-6}
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
