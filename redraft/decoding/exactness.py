@@ -9,7 +9,7 @@ later rounding, so the difference scales with the dtype's precision and the size
 ~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
 that). A row's choice can only differ from plain decoding's where the row moved the gap between plain decoding's
 choice and a rival by more than the row's own top-2 gap, and the logits of the closest rivals move largely together:
-:func:`measure_gap_noise` measured those gaps' changes at most @GAPMAX@ of the row's largest |logit| in float32
+:func:`measure_gap_noise` measured those gaps' changes at most ~1.9e-6 of the row's largest |logit| in float32
 (docs/benchmarks.md, "Near-ties judged by gap changes"; the bound used, :func:`gap_noise`, is 1.5x that), where two
 logits each moving by the row-noise bound would allow twice 2.5e-6. A row's choice is trusted only when its top-2 gap
 exceeds that bound times a safety factor (:func:`near_tie_threshold`; dtypes without a measured gap bound, and rows
