@@ -36,7 +36,8 @@ class ExactMode:
 
     Args:
         target: the engine's target model (its KV cache is cropped and rebuilt here).
-        margin: None = per-row thresholds from the dtype's measured row noise
+        margin: None = per-row thresholds from the dtype's measured noise: the bound on top-2 gaps' change, or on
+            each logit's change where logits processors reshape the rows
             (:func:`redraft.decoding.exactness.near_tie_threshold` with EXACT_SAFETY for verify rows and
             EXACT_SETTLE_SAFETY for draft-free rows on a cache drafting wrote); a number = that fixed top-2 gap in
             logit units for every row.
