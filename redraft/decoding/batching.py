@@ -31,7 +31,7 @@ from collections import deque
 
 import torch
 
-from redraft.decoding.packing import Block, append_new_rows, block_mask, causal_positions, combined_cache, logit_rows
+from redraft.decoding.packing import Block, causal_positions, packed_forward
 from redraft.decoding.target import HFTarget
 
 CANCEL_POLL_S = 0.005  # how often a waiting sequence looks at its cancel event
@@ -264,39 +264,22 @@ class StepBatcher:
             req.result = HFTarget.forward(t, req.ids, *req.given, req.n_logits)
             req.done_rows, req.plain, req.carried = len(req.ids), True, 1
             return
-        blocks, ids, wanted, owners = [], [], [], []
-        for req, rows in work:
-            block, chunk_ids, want = req.chunk(rows)
-            t = req.target
+        parts = [req.chunk(rows) for req, rows in work]
+        owners = [req.target for req, _ in work]
+        for t in owners:
             if t.cache is None:
                 t.reset()
-            blocks.append(block)
-            ids.extend(chunk_ids)
-            wanted.append(want)
-            owners.append(t)
-        model, dev = self.model, owners[0].device
-        cache = combined_cache([t.cache for t in owners], [b.n_cached for b in blocks])
-        k_total = sum(b.n_cached for b in blocks)
-        mask = block_mask(blocks, owners[0].dtype).to(dev)
-        positions = torch.cat([b.positions.reshape(-1) for b in blocks])[None].to(dev)
-        keep = logit_rows([b.rows for b in blocks], wanted)
-        out = model(input_ids=torch.tensor([ids], dtype=torch.long, device=dev), position_ids=positions,
-                    attention_mask=mask, use_cache=True,
-                    logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev),
-                    **{owners[0].cache_kwarg: cache})
-        logits = out.logits[0].cpu()
-        append_new_rows(cache, k_total, [t.cache for t in owners], [b.rows for b in blocks])
-        at = 0
-        for (req, rows), want in zip(work, wanted, strict=True):
+        logits = packed_forward(self.model, [t.cache for t in owners], [p[0] for p in parts], [p[1] for p in parts],
+                                [p[2] for p in parts], cache_kwarg=owners[0].cache_kwarg)
+        for (req, rows), got in zip(work, logits, strict=True):
             req.target.length += rows
             req.done_rows += rows
-            if len(want):
-                req.pieces.append(logits[at:at + len(want)])
-                at += len(want)
+            if len(got):
+                req.pieces.append(got)
             req.plain = False
             req.carried = total - rows + 1
             if req.rows_left == 0:
-                req.result = torch.cat(req.pieces) if len(req.pieces) > 1 else req.pieces[0]
+                req.result = torch.cat(req.pieces) if req.pieces else torch.empty(0, req.target.vocab_size)
                 req.pieces = []
 
 

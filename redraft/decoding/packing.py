@@ -140,3 +140,40 @@ def logit_rows(blocks_rows: Sequence[int], wanted: Sequence[range]) -> list[int]
         out.extend(base + j for j in want)
         base += s
     return out
+
+
+def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequence[Sequence[int]],
+                   wanted: Sequence[range], *, cache_kwarg: str = "cache") -> list[torch.Tensor]:
+    """ONE forward (batch size 1) over several sequences' new rows; each sequence's new KV entries are appended to
+    its own cache.
+
+    Args:
+        model: the transformers causal LM (its forward takes ``position_ids``, a 4D ``attention_mask`` and
+            ``logits_to_keep`` as an index tensor).
+        caches: per participant, its own ``DynamicCache`` holding exactly ``blocks[i].n_cached`` tokens.
+        blocks: per participant, its rows' positions and own mask (:class:`Block`).
+        ids: per participant, the token ids of its new rows (len = ``blocks[i].rows``).
+        wanted: per participant, the indices (within its new rows) whose logits are needed (may be empty).
+        cache_kwarg: the forward keyword for the cache (:func:`redraft.decoding.target.cache_kwarg`).
+    Returns:
+        per participant, FloatTensor [len(wanted[i]), vocab] in the model dtype on the CPU.
+    """
+    dev = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    cache = combined_cache(caches, [b.n_cached for b in blocks])
+    k_total = sum(b.n_cached for b in blocks)
+    rows = [b.rows for b in blocks]
+    keep = logit_rows(rows, wanted)
+    flat = [int(t) for part in ids for t in part]
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([flat], dtype=torch.long, device=dev),
+                    position_ids=torch.cat([b.positions.reshape(-1) for b in blocks])[None].to(dev),
+                    attention_mask=block_mask(blocks, dtype).to(dev), use_cache=True,
+                    logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev), **{cache_kwarg: cache})
+    append_new_rows(cache, k_total, caches, rows)
+    logits = out.logits[0].cpu()
+    parts, at = [], 0
+    for want in wanted:
+        parts.append(logits[at:at + len(want)])
+        at += len(want)
+    return parts
