@@ -108,6 +108,8 @@ def test_concurrent_requests_of_several_tenants_equal_plain_greedy(live, loaded,
             assert text(r) == greedy_text(loaded, prompt, n), (rnd, key, prompt)
     assert overlap.most > 1  # they did run side by side
     assert overlap.most <= 4  # never more than --max-running
+    assert any(len(step) > 1 for step in live.server.generator.batcher.step_log)  # in shared forwards
+    assert 0 < metric(live, "redraft:batch_steps_total") < metric(live, "redraft:batch_rows_total")
 
 
 def test_tenants_prefix_caches_and_policies_never_serve_another_tenant(live, loaded):
@@ -123,8 +125,10 @@ def test_tenants_prefix_caches_and_policies_never_serve_another_tenant(live, loa
     assert hits["ka"] > 0 and hits["kb"] == 0 and hits["kc"] == 0  # the cache hit is alice's alone
     assert {text(x) for x in rs} == {greedy_text(loaded, again[0], 20)}
     gen = live.server.generator
-    trackers = [gen.trackers[t] for t in ("alice", "bob", "carol")]
+    trackers = [gen.policies[t].tracker for t in ("alice", "bob", "carol")]
     assert len({id(t) for t in trackers}) == 3  # one learned acceptance per tenant
+    mine = gen.request_policy("alice")  # a request's own load-aware policy, learning into its tenant's tracker
+    assert mine is not gen.policies["alice"] and mine.tracker is trackers[0] and hasattr(mine, "at_load")
     spans = {t: [s.tolist() for s in gen.corpora.get(t).corpus.span_list()] for t in ("alice", "bob")}
     def first_turn(span):  # alice's first request (prompt + answer), not the continuation everyone sent
         return span[:len(prompt)] == prompt and span[:len(again[0])] != again[0]

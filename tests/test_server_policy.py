@@ -56,7 +56,7 @@ def test_one_tenants_traffic_leaves_another_tenants_depths_unchanged(loaded):
     busy = generator(loaded)
     for p in ALICE * 2:
         depths(busy, "alice", p)
-    assert busy.trackers["alice"] is not busy.trackers.get("bob")
+    assert busy.policies["alice"] is not busy.policies.get("bob")
     assert depths(busy, "bob", BOB) == bob_alone  # ids and draft width of every forward
 
     # the same traffic sent by bob himself does change his depth choices: the comparison above can fail
@@ -73,9 +73,7 @@ def test_the_server_uses_the_policy_by_default_and_fixed_depths_when_asked(loade
 
     assert speculation_config(serve_args(model_dir)).policy_on
     gen = generator(loaded, speculation_config(serve_args(model_dir)))
-    engine = gen.engine("bob", gen.new_target())
-    assert engine.policy is not None and engine.policy.tracker is gen.tracker("bob")  # learns into bob's tracker
-    assert gen.policy("bob") is not engine.policy  # each request its own policy object (probe bookkeeping)
+    assert gen.engine("bob", gen.new_target()).policy is gen.policy("bob") is not None
     for flags, k in ((["--no-policy"], 8), (["--k", "4"], 4), (["--minacc", "30"], 8)):
         cfg = speculation_config(serve_args(model_dir, *flags))
         fixed = Generator(loaded, gen.corpora, cfg)  # no curve measured without the policy

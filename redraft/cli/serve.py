@@ -194,7 +194,9 @@ def step_batcher(args, loaded):
     (requests one at a time on a plain target, as without batching)."""
     if args.max_running <= 1:
         return None
-    return None  # TODO batcher
+    from redraft.decoding.batching import StepBatcher
+
+    return StepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens)
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -7,9 +7,11 @@ an engine built per request (a thin object) by :func:`redraft.compose.build_engi
 Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as ``redraft run``: the cost-aware policy
 by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or ``--minacc``. The cost curve is
 measured once per server (cached on disk as the CLI caches it). What the policy learns (acceptance per draft
-source) is kept per tenant, in memory only, in one :class:`~redraft.policy.AcceptanceTracker` that the tenant's
-concurrent requests share (each request has its own policy object with its own probe bookkeeping), so one tenant's
-traffic never changes another tenant's draft depths (timing would show them).
+source) is kept per tenant, in memory only, in the tenant's :class:`~redraft.policy.SpeculationPolicy`; under the
+step batcher each request drafts with its own :class:`~redraft.policy.load.LoadAwarePolicy` (the draft priced at
+the rows the step carries for other requests, its own probe bookkeeping) that learns into the tenant's acceptance
+tracker (:func:`redraft.compose.build.batched_policy`). One tenant's traffic never changes another tenant's draft
+depths (timing would show them).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
-from redraft.compose.build import grammar_drafters
+from redraft.compose.build import batched_policy, grammar_drafters
 from redraft.corpus import CorpusError
+from redraft.decoding.batching import SequenceCancelled
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
 from redraft.decoding.sampling import SamplingParams
@@ -103,7 +106,7 @@ class Generator:
             requests run on, or None: each request forwards on a plain target of its own (unbatched).
 
     Attributes:
-        model, tokenizer, eos: the loaded model's. trackers: tenant -> learned acceptance (the policy's).
+        model, tokenizer, eos: the loaded model's. policies: tenant -> the tenant's policy (what it learned).
     """
 
     def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
@@ -119,7 +122,7 @@ class Generator:
         self.curve = None
         if self.config.policy_on:  # measured once per server, before the first request (not inside one)
             self.curve = curve if curve is not None else build_policy(loaded.model).curve
-        self.trackers: dict = {}  # tenant -> AcceptanceTracker: learned acceptance, never shared across tenants
+        self.policies: dict = {}  # tenant -> SpeculationPolicy: learned acceptance, never shared across tenants
         self._lock = threading.Lock()
 
     @property
@@ -150,36 +153,36 @@ class Generator:
             drafters.insert(1 if own is not None else 0, shared)
         return grammar_drafters(self.config, constraint) + drafters
 
-    def tracker(self, tenant: str):
-        """The tenant's :class:`~redraft.policy.AcceptanceTracker` (None without the policy), made on first use."""
+    def policy(self, tenant: str):
+        """The tenant's :class:`~redraft.policy.SpeculationPolicy` (None without the policy): one per tenant, all
+        on the server's one cost curve."""
         if self.curve is None:
             return None
         with self._lock:
-            if tenant not in self.trackers:  # a first policy's fresh tracker, kept for the tenant's requests
-                self.trackers[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes).tracker
-            return self.trackers[tenant]
+            if tenant not in self.policies:
+                self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
+            return self.policies[tenant]
 
-    def policy(self, tenant: str):
-        """A :class:`~redraft.policy.SpeculationPolicy` for one request of ``tenant`` (None without the policy): on
-        the server's one cost curve, learning into the tenant's shared tracker."""
-        tracker = self.tracker(tenant)
-        if tracker is None:
-            return None
-        return build_policy(curve=self.curve, max_nodes=self.config.policy_nodes, tracker=tracker)
+    def request_policy(self, tenant: str):
+        """The policy one request of ``tenant`` drafts with: under the step batcher a load-aware policy of its own
+        learning into the tenant's tracker (:func:`redraft.compose.build.batched_policy`); without it (requests
+        one at a time) the tenant's policy itself. None without the policy."""
+        policy = self.policy(tenant)
+        if policy is None or self.batcher is None:
+            return policy
+        return batched_policy(policy)
 
     def engine(self, tenant: str, target: HFTarget, constraint=None):
         """The engine for one request of ``tenant`` on ``target``: its drafters and its policy."""
         return build_engine(target, self.config, eos_token_ids=self.eos,
-                            drafters=self.drafters(tenant, constraint), policy=self.policy(tenant))
+                            drafters=self.drafters(tenant, constraint), policy=self.request_policy(tenant))
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         target = self.new_target(job.cancel)
         try:
             return self._generate(job, emit, target)
-        except Exception as e:
-            if is_cancelled(e):  # the step batcher stopped the sequence: the client left
-                raise Cancelled() from e
-            raise
+        except SequenceCancelled as e:  # the step batcher took the sequence out of its batch: the client left
+            raise Cancelled() from e
         finally:
             close_target(target)  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
 
@@ -265,7 +268,3 @@ def close_target(target) -> None:
         target.cache = None
         target.length = 0
 
-
-def is_cancelled(e: BaseException) -> bool:
-    """Whether ``e`` is the step batcher's cancellation of a sequence (its ``SequenceCancelled``)."""
-    return type(e).__name__ == "SequenceCancelled"
