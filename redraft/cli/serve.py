@@ -176,8 +176,8 @@ def build_server(args, loaded=None):
                             max_tokens_default=args.max_tokens_default)
     names = args.served_model_name or []
     return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
-                  max_running=args.max_running, options=options, tool_call_parser=args.tool_call_parser, aliases=tuple(names[1:]),
-                  literal_content=not args.special_tokens_in_content)
+                  max_running=args.max_running, options=options, tool_call_parser=args.tool_call_parser,
+                  aliases=tuple(names[1:]), literal_content=not args.special_tokens_in_content)
 
 
 def kv_capacity(args, loaded) -> int:

@@ -2,8 +2,8 @@
 
 Each generation request is checked (auth 401, body 400/413, model 404, context 400 ``context_length_exceeded``),
 admitted when its KV reservation (prompt + max_tokens) fits the server's KV budget, else queued (429 with
-``Retry-After`` when the queue is full), generated on one of the scheduler's threads and returned whole or streamed as server-sent events in
-OpenAI's chunk format, ending with ``data: [DONE]``. A request with several prompts, or ``n`` > 1, is one job per
+``Retry-After`` when the queue is full), generated on one of the scheduler's threads and returned whole or streamed
+as server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``. A request with several prompts, or ``n`` > 1, is one job per
 choice (prompt p's choice i is choice ``p * n + i``; with sampling, choice i uses seed + i). Every response carries
 the request's speculation statistics in a ``redraft`` field. Errors are OpenAI-style bodies
 ``{"error": {message, type, param, code}}`` (:mod:`redraft.server.errors`).
@@ -78,7 +78,7 @@ class Server:
         for t in generator.corpora.learned:
             self._corpus_gauges(t)
 
-    # ---- generation thread ---------------------------------------------------------------------------------
+    # ---- generation threads --------------------------------------------------------------------------------
     def _run(self, job: Job, emit) -> Outcome:
         """The scheduler's runner: generate, then count it (here, so a client leaving cannot skip the count)."""
         self.metrics.running.inc()

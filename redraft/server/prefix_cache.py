@@ -10,7 +10,8 @@ does that for ``redraft serve``:
   prefix cache leaks prompts through timing: PromptPeek). The store holds no per-request state, so concurrent
   requests read and fill the same store (methods take a lock).
 - **Bounded** by a token budget over all tenants (``--prefix-cache-tokens``), and by what running requests leave
-  of the server's KV budget (:mod:`redraft.server.admission`): least recently used entries are evicted first. An entry that a new one extends (its ids are a prefix of the new ids) is replaced by it, so a
+  of the server's KV budget (:mod:`redraft.server.admission`): least recently used entries are evicted first. An
+  entry that a new one extends (its ids are a prefix of the new ids) is replaced by it, so a
   conversation holds one entry, its latest turn.
 - **Exact**: the entries were computed by other forward shapes than plain decoding of the new prompt would use,
   so the engine judges rows computed on them like verify rows (see ``Engine.generate(prefix=...)``).

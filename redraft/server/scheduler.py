@@ -224,9 +224,10 @@ class Scheduler:
         if job.cancel.is_set():
             job.kv_tokens = 0  # nothing to reserve: it is aborted at once
             return job
-        if self.budget is None or self.budget.try_reserve(job.kv_tokens):
+        if self.budget is None:
             return job
-        return None
+        job.kv_tokens = min(job.kv_tokens, self.budget.capacity)  # callers refuse larger ones; never wait forever
+        return job if self.budget.try_reserve(job.kv_tokens) else None
 
     def _work(self) -> None:
         while True:
