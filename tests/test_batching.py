@@ -362,6 +362,27 @@ def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
         b.stop()
 
 
+def test_a_cancel_between_decode_steps_stops_the_sequence(model):
+    """Cancelled while it decodes alone (each step runs at once): its next forward raises, its KV is freed."""
+    b = started(model, gather_s=0.0)
+    cancel = threading.Event()
+    t = b.sequence(cancel)
+    emitted = []
+
+    def on_tokens(new):
+        emitted.extend(new)
+        if len(emitted) >= 5:
+            cancel.set()
+
+    try:
+        with pytest.raises(SequenceCancelled):
+            Engine(t, []).generate([1, 2, 3], 50, on_tokens)
+        assert len(emitted) == 5 and b.running == 0 and b.kv_tokens == 0 and t.cache is None
+        t.close()  # idempotent
+    finally:
+        b.stop()
+
+
 # ---- speculation priced at the step's load --------------------------------------------------------------------------
 
 # cheap up to 8 rows, then steep (the vLLM proposer's test curve)
