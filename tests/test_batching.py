@@ -362,6 +362,27 @@ def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
         b.stop()
 
 
+def test_a_cancel_between_decode_steps_stops_the_sequence(model):
+    """Cancelled while it decodes alone (each step runs at once): its next forward raises, its KV is freed."""
+    b = started(model, gather_s=0.0)
+    cancel = threading.Event()
+    t = b.sequence(cancel)
+    emitted = []
+
+    def on_tokens(new):
+        emitted.extend(new)
+        if len(emitted) >= 5:
+            cancel.set()
+
+    try:
+        with pytest.raises(SequenceCancelled):
+            Engine(t, []).generate([1, 2, 3], 50, on_tokens)
+        assert len(emitted) == 5 and b.running == 0 and b.kv_tokens == 0 and t.cache is None
+        t.close()  # idempotent
+    finally:
+        b.stop()
+
+
 # ---- speculation priced at the step's load --------------------------------------------------------------------------
 
 # cheap up to 8 rows, then steep (the vLLM proposer's test curve)
@@ -446,3 +467,32 @@ def test_batched_target_is_an_hftarget(model):
     t = b.sequence()
     assert isinstance(t, HFTarget) and isinstance(t, BatchedTarget)
     t.close()
+
+
+@pytest.mark.parametrize("kind,seed", [("mixtral", 1), ("qwen2", 2)])
+def test_other_architectures_and_a_seeded_prefix_decode_exactly_batched(kind, seed):
+    """MoE routing and q/k/v biases packed beside other sequences; one sequence starts from reused KV entries."""
+    m = build_tiny(kind, "sdpa", seed=seed)
+    shared = [4, 8, 15, 16, 23, 42, 4, 8]
+    prompts = [shared + [1, 2], [30, 31, 32], shared + [77], [9] * 12]
+    n = 24
+    wants = [plain_greedy(m, p, n) for p in prompts]
+    donor = HFTarget(m)
+    donor.reset()
+    donor.forward(shared)
+    prefix = donor.snapshot(shared)
+
+    def job(i):
+        def run(t):
+            drafters, merge = _drafters(["tree", "oracle", "ngram", "garbage"][i], prompts[i], wants[i])
+            return Engine(t, drafters, max_depth=6, merge=merge).generate(
+                prompts[i], n, prefix=prefix if i == 2 else None)
+        return run
+
+    b = started(m, max_batch_tokens=10, min_chunk=4, gather_s=0.05)
+    try:
+        got = run_concurrently(b, [job(i) for i in range(4)])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got] == wants
+    assert got[2].prefix_hit_tokens == len(shared)

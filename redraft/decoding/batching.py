@@ -166,11 +166,13 @@ class StepBatcher:
         """Queue one forward and block until it ran (see :meth:`BatchedTarget.forward`)."""
         if not self.alive:
             raise RuntimeError("StepBatcher is not running: call start() first")
+        cancel = target.cancel
+        if cancel is not None and cancel.is_set():
+            raise SequenceCancelled("the sequence was cancelled")
         req = _Request(target, ids, positions, mask, n_logits, solo, next(self._order))
         with self._cv:
             self._pending.append(req)
             self._cv.notify_all()
-        cancel = target.cancel
         while not req.finished.wait(CANCEL_POLL_S if cancel is not None else 0.1):
             if cancel is not None and cancel.is_set():
                 with self._cv:
@@ -185,6 +187,8 @@ class StepBatcher:
                 raise RuntimeError("StepBatcher stopped while a forward waited")
         if req.error is not None:
             raise req.error
+        if cancel is not None and cancel.is_set():  # set while its step ran: the rows are dropped with the cache
+            raise SequenceCancelled("the sequence was cancelled during its step")
         target.last_forward_plain, target.carried_rows = req.plain, req.carried
         return req.result
 

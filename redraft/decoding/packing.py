@@ -77,20 +77,60 @@ def causal_positions(n_cached: int, rows: int) -> torch.Tensor:
     return torch.arange(n_cached, n_cached + rows, dtype=torch.long)
 
 
-def combined_cache(caches: Sequence, lengths: Sequence[int]):
-    """A temporary ``DynamicCache`` holding the given caches' entries concatenated along the sequence axis.
+class SlotLayer:
+    """A combined cache layer built once per packed forward: the participants' cached keys/values followed by room
+    for the forward's new rows, which ``update`` writes in place (no second copy of the active KV, where a
+    ``DynamicLayer`` would concatenate). Has the ``DynamicLayer`` interface the attention layers use.
+
+    Args:
+        keys, values: FloatTensors [1, H_kv, filled + room, D]; the first ``filled`` columns hold cached entries.
+        filled: columns already holding entries.
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+        self.keys, self.values, self.filled = keys, values, filled
+        self.is_initialized = True
+        self.device = keys.device
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the new rows ([1, H_kv, q, D]) after the filled columns; returns the keys/values so far."""
+        q = key_states.shape[-2]
+        if self.filled + q > self.keys.shape[-2]:
+            raise ValueError(f"packed cache: {q} new rows do not fit the {self.keys.shape[-2] - self.filled} left")
+        self.keys[:, :, self.filled:self.filled + q] = key_states
+        self.values[:, :, self.filled:self.filled + q] = value_states
+        self.filled += q
+        return self.keys[:, :, :self.filled], self.values[:, :, :self.filled]
+
+    def get_seq_length(self) -> int:
+        return self.filled
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.filled + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+def combined_cache(caches: Sequence, lengths: Sequence[int], room: int = 0):
+    """A temporary ``DynamicCache`` holding the given caches' entries one after another along the sequence axis.
 
     Args:
         caches: per participant, its ``DynamicCache`` (batch size 1) or None when it holds nothing.
         lengths: per participant, the tokens its cache holds (a cache holding 0 contributes nothing).
+        room: new rows the forward will append (written in place: :class:`SlotLayer`).
     Returns:
-        a DynamicCache whose layer i holds keys/values [1, H_kv, sum(lengths), D] (one copy of the active KV), or an
-        empty DynamicCache when every length is 0. The participants' caches are not changed.
+        a DynamicCache whose layer i holds keys/values [1, H_kv, sum(lengths) + room, D] (one copy of the active KV;
+        the room uninitialised until the forward writes it), or an empty DynamicCache when every length is 0. The
+        participants' caches are not changed.
     Raises:
         ValueError: caches with different numbers of layers.
     """
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
     held = [c for c, n in zip(caches, lengths, strict=True) if n > 0]
     out = DynamicCache()
@@ -99,14 +139,23 @@ def combined_cache(caches: Sequence, lengths: Sequence[int]):
     n_layers = {len(c.layers) for c in held}
     if len(n_layers) != 1:
         raise ValueError(f"combined_cache: the caches hold different numbers of layers {sorted(n_layers)}")
+    held_lengths = [n for n in lengths if n > 0]
+    if any(c.layers[0].keys.shape[-2] != n for c, n in zip(held, held_lengths, strict=True)):
+        raise ValueError("combined_cache: a cache does not hold the number of tokens given for it")
+    total = sum(held_lengths)
     for i in range(n_layers.pop()):
-        layer = DynamicLayer()
-        keys = [c.layers[i].keys for c in held]
-        values = [c.layers[i].values for c in held]
-        layer.lazy_initialization(keys[0], values[0])
-        layer.keys = torch.cat(keys, dim=-2) if len(keys) > 1 else keys[0]
-        layer.values = torch.cat(values, dim=-2) if len(values) > 1 else values[0]
-        out.layers.append(layer)
+        parts = []
+        for kind in ("keys", "values"):
+            first = getattr(held[0].layers[i], kind)
+            shape = (*first.shape[:-2], total + room, first.shape[-1])
+            buf = torch.empty(shape, dtype=first.dtype, device=first.device)
+            at = 0
+            for c in held:
+                t = getattr(c.layers[i], kind)
+                buf[:, :, at:at + t.shape[-2]] = t
+                at += t.shape[-2]
+            parts.append(buf)
+        out.layers.append(SlotLayer(parts[0], parts[1], total))
     return out
 
 
@@ -160,9 +209,9 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
     """
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    cache = combined_cache(caches, [b.n_cached for b in blocks])
-    k_total = sum(b.n_cached for b in blocks)
     rows = [b.rows for b in blocks]
+    cache = combined_cache(caches, [b.n_cached for b in blocks], room=sum(rows))
+    k_total = sum(b.n_cached for b in blocks)
     keep = logit_rows(rows, wanted)
     flat = [int(t) for part in ids for t in part]
     with torch.inference_mode():
