@@ -177,6 +177,39 @@ def test_a_lone_engine_is_unchanged_with_drafts(model):
     assert got.forwards == ref.forwards and got.accepted_per_forward == ref.accepted_per_forward
 
 
+def test_a_chunked_tree_forward_gives_its_rows_across_chunks(model):
+    """A verify forward (tree mask, tree positions) longer than a chunk: its logits rows span several chunks and come
+    back in order, each within rounding of the unchunked forward; the cache holds the same entries."""
+    tree = TokenTree()
+    parent = -1
+    for i, tok in enumerate([5, 9, 13, 17, 21]):
+        node = tree.add_node(parent, tok, "t")
+        tree.add_node(parent, (tok + 1) % VOCAB, "t")  # a sibling at every depth
+        parent = node if i % 2 == 0 else parent
+    prompt = [3, 1, 4, 1, 5]
+    ref = HFTarget(model)
+    ref.reset()
+    ref.forward(prompt)
+    pos, mask = tree_positions(tree, ref.length, 1), tree_attention_mask(tree, ref.length, 1, ref.dtype)
+    want = ref.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
+    b = started(model, max_batch_tokens=3, min_chunk=2, gather_s=0.0)
+    try:
+        t = b.sequence()
+        t.forward(prompt)
+        assert t.last_forward_plain  # 5 rows > 3, but the only sequence: whole, HFTarget's path
+        idle = b.sequence()  # another registered sequence (not asking): long forwards are chunked now
+        got = t.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
+        assert not t.last_forward_plain and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        assert [r for s in list(b.step_log)[1:] for _, r in s] == [3, 3, 3, 2]  # 11 rows in chunks of at most 3
+        for mine, theirs in zip(t.cache.layers, ref.cache.layers, strict=True):
+            torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-4, rtol=0)
+        t.close()
+        idle.close()
+    finally:
+        b.stop()
+
+
 def test_bad_arguments_and_an_unstarted_batcher(model):
     with pytest.raises(ValueError, match="max_batch_tokens"):
         StepBatcher(model, max_batch_tokens=0)
