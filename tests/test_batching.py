@@ -530,3 +530,21 @@ def test_other_architectures_and_a_seeded_prefix_decode_exactly_batched(kind, se
         b.stop()
     assert [r.output_ids for r in got] == wants
     assert got[2].prefix_hit_tokens == len(shared)
+
+
+def test_build_engine_on_batched_targets_with_the_default_config(model):
+    """What a server builds per request: the composition point's default engine (n-gram drafts, the policy, exact
+    mode) on a BatchedTarget, under the tenant's batched policy; ids == plain greedy."""
+    from redraft.compose import SpeculationConfig, build_engine
+
+    config = SpeculationConfig()
+    tenant = build_policy(curve=KNEE, max_nodes=config.policy_nodes)
+    prompts = [[9, 9, 9, 40, 41, 42, 9, 9, 9, 40], [1, 2, 3, 1, 2, 3, 1, 2], [50, 60]]
+    wants = [plain_greedy(model, p, 30) for p in prompts]
+    b = started(model, gather_s=0.05)
+    try:
+        got = run_concurrently(b, [lambda t, p=p: build_engine(t, config, policy=batched_policy(tenant))
+                                   .generate(p, 30) for p in prompts])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got] == wants
