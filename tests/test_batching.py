@@ -177,6 +177,39 @@ def test_a_lone_engine_is_unchanged_with_drafts(model):
     assert got.forwards == ref.forwards and got.accepted_per_forward == ref.accepted_per_forward
 
 
+def test_a_chunked_tree_forward_gives_its_rows_across_chunks(model):
+    """A verify forward (tree mask, tree positions) longer than a chunk: its logits rows span several chunks and come
+    back in order, each within rounding of the unchunked forward; the cache holds the same entries."""
+    tree = TokenTree()
+    parent = -1
+    for i, tok in enumerate([5, 9, 13, 17, 21]):
+        node = tree.add_node(parent, tok, "t")
+        tree.add_node(parent, (tok + 1) % VOCAB, "t")  # a sibling at every depth
+        parent = node if i % 2 == 0 else parent
+    prompt = [3, 1, 4, 1, 5]
+    ref = HFTarget(model)
+    ref.reset()
+    ref.forward(prompt)
+    pos, mask = tree_positions(tree, ref.length, 1), tree_attention_mask(tree, ref.length, 1, ref.dtype)
+    want = ref.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
+    b = started(model, max_batch_tokens=3, min_chunk=2, gather_s=0.0)
+    try:
+        t = b.sequence()
+        t.forward(prompt)
+        assert t.last_forward_plain  # 5 rows > 3, but the only sequence: whole, HFTarget's path
+        idle = b.sequence()  # another registered sequence (not asking): long forwards are chunked now
+        got = t.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
+        assert not t.last_forward_plain and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        assert [r for s in list(b.step_log)[1:] for _, r in s] == [3, 3, 3, 2]  # 11 rows in chunks of at most 3
+        for mine, theirs in zip(t.cache.layers, ref.cache.layers, strict=True):
+            torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-4, rtol=0)
+        t.close()
+        idle.close()
+    finally:
+        b.stop()
+
+
 def test_bad_arguments_and_an_unstarted_batcher(model):
     with pytest.raises(ValueError, match="max_batch_tokens"):
         StepBatcher(model, max_batch_tokens=0)
@@ -313,7 +346,7 @@ def test_a_long_prompt_is_chunked_beside_running_sequences(model):
     wants = [plain_greedy(model, p, n_short) for p in short] + [plain_greedy(model, long_prompt, n_long)]
     jobs = [_job(p, n_short, "plain", w) for p, w in zip(short, wants[:3], strict=True)]
     jobs.append(_job(long_prompt, n_long, "plain", wants[-1]))
-    b = started(model, max_batch_tokens=budget, min_chunk=chunk, gather_s=0.5)
+    b = started(model, max_batch_tokens=budget, min_chunk=chunk, gather_s=2.0)  # every thread makes each step
     try:
         got = run_concurrently(b, jobs, starts=[0, 0, 0, 4])
     finally:
@@ -330,7 +363,8 @@ def test_a_long_prompt_is_chunked_beside_running_sequences(model):
 
 
 def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
-    b = started(model, max_batch_tokens=8, min_chunk=4, gather_s=0.2)
+    gather = 1.0
+    b = started(model, max_batch_tokens=8, min_chunk=4, gather_s=gather)
     idle = b.sequence()  # registered, never asks: every step waits the gather deadline
     cancel = threading.Event()
     t = b.sequence(cancel)
@@ -352,10 +386,10 @@ def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
         at = time.monotonic()
         cancel.set()
         th.join(10)
-        assert caught and caught[0][1] - at < 0.15  # before the next step (0.2 s away) had run
+        assert caught and caught[0][1] - at < gather / 2  # long before the next step could have run
         assert b.running == 1 and b.kv_tokens == 0 and t.cache is None
         steps = b.steps
-        time.sleep(0.3)
+        time.sleep(gather * 1.3)
         assert b.steps == steps  # its rows left the batch: nothing waits
     finally:
         idle.close()
@@ -496,3 +530,21 @@ def test_other_architectures_and_a_seeded_prefix_decode_exactly_batched(kind, se
         b.stop()
     assert [r.output_ids for r in got] == wants
     assert got[2].prefix_hit_tokens == len(shared)
+
+
+def test_build_engine_on_batched_targets_with_the_default_config(model):
+    """What a server builds per request: the composition point's default engine (n-gram drafts, the policy, exact
+    mode) on a BatchedTarget, under the tenant's batched policy; ids == plain greedy."""
+    from redraft.compose import SpeculationConfig, build_engine
+
+    config = SpeculationConfig()
+    tenant = build_policy(curve=KNEE, max_nodes=config.policy_nodes)
+    prompts = [[9, 9, 9, 40, 41, 42, 9, 9, 9, 40], [1, 2, 3, 1, 2, 3, 1, 2], [50, 60]]
+    wants = [plain_greedy(model, p, 30) for p in prompts]
+    b = started(model, gather_s=0.05)
+    try:
+        got = run_concurrently(b, [lambda t, p=p: build_engine(t, config, policy=batched_policy(tenant))
+                                   .generate(p, 30) for p in prompts])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got] == wants

@@ -4,6 +4,7 @@ sequences' KV caches (docs/architecture.md, "Continuous batching").
 
     python -m redraft.bench.batching_probe concurrent --sequences 4 --max-tokens 64
     python -m redraft.bench.batching_probe copy --sequences 4 16 --tokens 500
+    python -m redraft.bench.batching_probe noise --sequences 4 --max-tokens 32
 
 Figures are ratios measured side by side in one run (the machine is noisy).
 """
@@ -137,6 +138,51 @@ def copy_share(sequences: list[int], tokens: int, repeats: int = 5) -> dict:
     return out
 
 
+def row_noise(n: int, max_tokens: int) -> dict:
+    """How far packed rows are from plain decoding's rows: ``n`` questions decoded plain (prompt in one forward, then
+    one token per forward), and the same tokens fed packed (prompts in one packed forward, then one row per
+    sequence per step, every cache written by packed forwards). Returns the largest |packed - plain| over the rows,
+    relative to the plain row's largest |logit| (exact mode's bound for verify rows: ``EXACT_ROW_NOISE``)."""
+    import torch
+
+    from redraft.decoding.packing import Block, causal_positions, packed_forward
+    from redraft.decoding.target import HFTarget
+    from redraft.defaults import EXACT_ROW_NOISE
+    from redraft.io.loading import load_model
+
+    loaded = load_model(None, quiet=True)
+    model = loaded.model
+    prompts = _questions(n, loaded.tokenizer)
+    plain_rows, tokens = [], []
+    for p in prompts:
+        t = HFTarget(model)
+        t.reset()
+        rows, ids, nxt = [], [], p
+        for _ in range(max_tokens):
+            row = t.forward(nxt)[0].float()
+            rows.append(row)
+            ids.append(int(row.argmax()))
+            nxt = [ids[-1]]
+        plain_rows.append(torch.stack(rows))
+        tokens.append(ids)
+    targets = [HFTarget(model) for _ in prompts]
+    for t in targets:
+        t.reset()
+    worst = 0.0
+    feeds = [list(p) for p in prompts]
+    for step in range(max_tokens):
+        blocks = [Block(t.length, causal_positions(t.length, len(f))) for t, f in zip(targets, feeds, strict=True)]
+        got = packed_forward(model, [t.cache for t in targets], blocks, feeds, [range(len(f) - 1, len(f)) for f in feeds],
+                             cache_kwarg=targets[0].cache_kwarg)
+        for i, (t, f) in enumerate(zip(targets, feeds, strict=True)):
+            t.length += len(f)
+            plain = plain_rows[i][step]
+            worst = max(worst, float((got[i][0].float() - plain).abs().max() / plain.abs().max()))
+        feeds = [[ids[step]] for ids in tokens]
+    return {"sequences": n, "rows_each": max_tokens, "max_relative_difference": worst,
+            "exact_mode_bound_float32": EXACT_ROW_NOISE["float32"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m redraft.bench.batching_probe", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -147,9 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--sequences", type=int, nargs="+", default=[4, 16])
     k.add_argument("--tokens", type=int, default=500)
     k.add_argument("--repeats", type=int, default=5)
+    r = sub.add_parser("noise", help="packed rows against plain decoding's rows")
+    r.add_argument("--sequences", type=int, default=4)
+    r.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args(argv)
     if args.what == "concurrent":
         res = concurrent(args.sequences, args.max_tokens)
+    elif args.what == "noise":
+        res = row_noise(args.sequences, args.max_tokens)
     else:
         res = copy_share(args.sequences, args.tokens, args.repeats)
     print(json.dumps(res, indent=2))

@@ -250,7 +250,7 @@ def build_engine(model, config: SpeculationConfig | None = None, *, eos_token_id
     """
     config = config or SpeculationConfig()
     if glide is None and config.glide is not None:
-        glide = glide_from_config(config, model)
+        glide = glide_from_config(config, _hf_model(model))
     if drafters is None:
         drafters = drafters_for(config, corpus, glide=glide)
     if policy is None and config.policy_on and drafters:

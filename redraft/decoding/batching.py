@@ -12,7 +12,7 @@ does not stall the others), packing the waiting rows into ONE forward (:mod:`red
   rows already packed, at least ``min_chunk``. Its thread stays blocked until its last chunk; earlier chunks need no
   logits. So a long prompt delays running streams by at most one chunk's forward.
 - A step that carries one sequence's whole forward only runs exactly :meth:`HFTarget.forward` on its cache (a lone
-  sequence decodes bit for bit as without the batcher); so do forwards asked for under :meth:`BatchedTarget.solo`
+  sequence, never chunked while it is the only one registered, decodes bit for bit as without the batcher); so do forwards asked for under :meth:`BatchedTarget.solo`
   (exact mode's recomputes), which are never packed. Anything else is not plain decoding's shape:
   ``last_forward_plain`` is then False and exact mode judges its rows like verify rows.
 - Sliding-window models run every forward alone (the block mask would have to repeat each layer's window).
@@ -234,6 +234,8 @@ class StepBatcher:
         solo = next((r for r in pending if r.solo or r.target.sliding_window is not None), None)
         if solo is not None:
             return [(solo, solo.rows_left)], None
+        if len(pending) == 1 and len(self._targets) <= 1:  # the only sequence: nothing to chunk for, run it whole
+            return [(pending[0], pending[0].rows_left)], None
         waiting = {r.target for r in pending}
         oldest = min(r.arrived for r in pending)
         left = self.gather_s - (time.monotonic() - oldest)

@@ -210,17 +210,17 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     rows = [b.rows for b in blocks]
-    cache = combined_cache(caches, [b.n_cached for b in blocks], room=sum(rows))
     k_total = sum(b.n_cached for b in blocks)
     keep = logit_rows(rows, wanted)
     flat = [int(t) for part in ids for t in part]
-    with torch.inference_mode():
+    with torch.inference_mode():  # the caches' tensors are inference tensors, as HFTarget.forward makes them
+        cache = combined_cache(caches, [b.n_cached for b in blocks], room=sum(rows))
         out = model(input_ids=torch.tensor([flat], dtype=torch.long, device=dev),
                     position_ids=torch.cat([b.positions.reshape(-1) for b in blocks])[None].to(dev),
                     attention_mask=block_mask(blocks, dtype).to(dev), use_cache=True,
                     logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev), **{cache_kwarg: cache})
-    append_new_rows(cache, k_total, caches, rows)
-    logits = out.logits[0].cpu()
+        append_new_rows(cache, k_total, caches, rows)
+        logits = out.logits[0].cpu()
     parts, at = [], 0
     for want in wanted:
         parts.append(logits[at:at + len(want)])
