@@ -237,8 +237,8 @@ def cmd_serve(args) -> int:
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
           f"{f'{args.prefix_cache_tokens:,} tokens' if args.prefix_cache_tokens else 'off'}, "
-          f"{args.max_running} running at most, KV budget {server.generator.budget.capacity:,} tokens "
-          f"~{kv_gib(server):.1f} GiB)", file=sys.stderr, flush=True)
+          f"{args.max_running} running at most, KV budget {server.generator.budget.capacity:,} tokens = "
+          f"{kv_gib(server):.2f} GiB at most)", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
