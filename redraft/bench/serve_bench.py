@@ -317,7 +317,7 @@ def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
             extra += ["--k", str(cfg.agent_k), "--k-max", str(cfg.agent_k)]
         srv = ServerProcess(cfg.model, work / f"{name}.log", *extra, threads=cfg.threads)
         try:
-            return srv.wait_ready(), srv.stop
+            return srv.wait_ready(), srv.stop, srv.cpu_seconds
         except BaseException:
             srv.kill()
             raise

@@ -60,6 +60,13 @@ class ServerProcess:
 
         return psutil.Process(self.proc.pid).memory_info().rss
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server process has used so far (user + system, all its threads)."""
+        import psutil
+
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

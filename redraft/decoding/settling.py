@@ -141,7 +141,9 @@ class ExactMode:
         """Near-tie threshold (FloatTensor [len(rows)]) of these rows of ``step.logits``."""
         if self.margin is not None:
             return step.logits.new_full((len(rows),), self.margin).float()
-        return near_tie_threshold(step.logits[rows], self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
+        # the rows of a chain's accepted path are the first ones: a view, not a gathered copy of [len(rows), V]
+        logits = step.logits[:len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
+        return near_tie_threshold(logits, self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY)
 
     def _untrusted(self, step: Step, chooser: TokenChooser, drafted: bool) -> list[bool]:
         """Per token of ``step.new``: True where its row's top-2 gap is under the near-tie threshold."""

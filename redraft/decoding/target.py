@@ -35,8 +35,9 @@ class PrefixKV:
     Attributes:
         ids: the tokens the entries belong to (length n).
         kv: per decoder layer, (keys, values): FloatTensors [1, H_kv, n, D] in the model dtype, keys after the
-            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: the target
-            copies them when it is seeded (:meth:`HFTarget.seed`), so one entry can seed any number of sequences.
+            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: a target
+            seeded with them (:meth:`HFTarget.seed`) shares them and never writes into them, so one entry can seed
+            any number of sequences.
 
     The entries were computed by whatever forwards built them (a prefill over an earlier prompt, verify forwards),
     so their rows differ from plain decoding's by rounding: the engine treats rows computed on them as it treats
@@ -108,7 +109,11 @@ class HFTarget:
             raise ValueError(f"seed: KV entries do not hold the prefix's {prefix.length} positions")
         self.cache = DynamicCache()
         for i, (k, v) in enumerate(prefix.kv):
-            self.cache.update(k, v, i)  # copies: the next forward's concatenation never writes into the prefix
+            self.cache.update(k[:, :, :0], v[:, :, :0], i)  # creates layer i (its dtype and device) empty
+            layer = self.cache.layers[i]
+            # shared, not copied (a copy of every layer cost ~10 ms a request at 1,000 tokens): no cache operation
+            # writes into its tensors (forwards concatenate into new ones, crops take views, keep gathers anew)
+            layer.keys, layer.values = k, v
         self.length = prefix.length
 
     def snapshot(self, ids: Sequence[int]) -> PrefixKV:
