@@ -123,9 +123,14 @@ def test_tenants_prefix_caches_and_policies_never_serve_another_tenant(live, loa
     r = complete(live, "ka", prompt, 30)
     assert r.json()["redraft"]["prefix_hit_tokens"] == 0
     again = [prompt + ids_of(text(r)) + [5]]
+    cache = live.server.generator.prefix_cache
+    entry = next(e for (t, ids), e in cache.entries.items() if t == "alice" and list(ids[:len(prompt)]) == prompt)
+    kept = [(k.clone(), v.clone()) for k, v in entry.kv]
     # alice's conversation continues while bob and carol send the same continuation at the same moment
     with ThreadPoolExecutor(3) as pool:
         rs = list(pool.map(lambda k: complete(live, k, again[0], 20), ["ka", "kb", "kc"]))
+    # the entry seeded alice's batched sequence by reference: nothing wrote into it
+    assert all(k.equal(k0) and v.equal(v0) for (k, v), (k0, v0) in zip(entry.kv, kept, strict=True))
     hits = {k: x.json()["redraft"]["prefix_hit_tokens"] for k, x in zip(["ka", "kb", "kc"], rs, strict=True)}
     assert hits["ka"] > 0 and hits["kb"] == 0 and hits["kc"] == 0  # the cache hit is alice's alone
     assert {text(x) for x in rs} == {greedy_text(loaded, again[0], 20)}
