@@ -179,14 +179,15 @@ class Generator:
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         target = self.new_target(job.cancel)
+        emitted = [0]  # tokens generated so far (the count an aborted request reports)
         try:
-            return self._generate(job, emit, target)
+            return self._generate(job, emit, target, emitted)
         except SequenceCancelled as e:  # the step batcher took the sequence out of its batch: the client left
-            raise Cancelled() from e
+            raise Cancelled(emitted[0]) from e
         finally:
             close_target(target)  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
 
-    def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget) -> Outcome:
+    def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget, emitted: list[int]) -> Outcome:
         work: Work = job.payload
         scored = score_prompt(target, work.prompt_ids, work.logprobs) if work.scoring else None
         if work.max_tokens == 0:
@@ -208,8 +209,9 @@ class Generator:
                     emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
+            emitted[0] = len(stream.ids) + len(new)
             if job.cancel.is_set():
-                raise Cancelled(len(stream.ids) + len(new))
+                raise Cancelled(emitted[0])
             delta = stream.feed(new)
             if delta:
                 emit(delta)
