@@ -106,6 +106,7 @@ def test_for_build_uses_max_running_only_where_the_server_has_it():
     assert for_build(cfg, new).chunk_tokens == 1024
     given = ConcurrentBenchConfig(server_args=("--max-batch-tokens", "256"))
     assert for_build(given, new).chunk_tokens == 256
+    assert for_build(ConcurrentBenchConfig(server_args=("--max-batch-tokens=128",)), new).chunk_tokens == 128
 
 
 def test_cli_types_refuse_bad_lists(capsys):
@@ -203,3 +204,22 @@ def test_longprompt_phase_against_a_tiny_server(model_dir, loaded):
             res["largest_extra_delay_seconds"] / res["chunk_forward_seconds"])
     json.dumps(res)
     assert "chunk forwards" in longprompt_table(res)
+
+
+@pytest.mark.slow  # starts two server processes and a --help subprocess
+def test_bench_serve_concurrent_cli_writes_raw_json(tmp_path, capsys):
+    """``redraft bench serve --phases concurrent --concurrency 1,2 --out DIR`` on the tiny model: the table on stdout,
+    every level's figures in DIR/results.json, answers identical to the one-at-a-time server's and to plain greedy."""
+    from serverkit import save_tiny_model
+
+    from redraft.cli import main
+
+    model = save_tiny_model(tmp_path / "m")
+    out = tmp_path / "new" / "dir"
+    assert main(["bench", "serve", "--model", str(model), "--phases", "concurrent", "--concurrency", "1,2",
+                 "--concurrent-max-tokens", "4", "--concurrent-min-requests", "2", "--threads", "1",
+                 "--out", str(out)]) == 0
+    assert "identical" in capsys.readouterr().out
+    res = json.loads((out / "results.json").read_text())["concurrent"]
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 2] and res["all_identical"] is True
+    assert all(lv["identical_to_plain"]["compared"] == lv["requests"] for lv in res["levels"])

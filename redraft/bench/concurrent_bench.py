@@ -92,7 +92,7 @@ def for_build(cfg: ConcurrentBenchConfig, help_text: str) -> ConcurrentBenchConf
     from redraft.bench.server_process import option_default
 
     base = cfg.baseline_args if "--max-running" in help_text else ()
-    args = list(cfg.server_args)
+    args = [x for a in cfg.server_args for x in (a.split("=", 1) if a.startswith("--max-batch-tokens=") else [a])]
     given = args[args.index("--max-batch-tokens") + 1] if "--max-batch-tokens" in args[:-1] else None
     chunk = int(given) if given else option_default(help_text, "--max-batch-tokens") or cfg.chunk_tokens
     return replace(cfg, baseline_args=tuple(base), chunk_tokens=chunk)

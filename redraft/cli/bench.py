@@ -179,6 +179,7 @@ def cmd_bench_serve(args) -> int:
     if args.json:
         write_json(args.json, {"command": command_line(), **results})
     if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         write_json(Path(args.out) / "results.json", {"command": command_line(), **results})
         print(f"wrote {Path(args.out) / 'results.json'}", file=sys.stderr)
     return 0
