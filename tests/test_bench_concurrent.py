@@ -167,10 +167,11 @@ def test_concurrent_phase_against_tiny_servers(model_dir, loaded):
 
 
 def test_concurrent_phase_reports_a_differing_answer(model_dir, loaded):
-    """A plain reference that disagrees on one prompt makes ``all_identical`` false and names the request."""
+    """A plain reference that disagrees on one prompt makes ``all_identical`` false and names the request (in both
+    rounds)."""
     prompts = tuple(words([7 + i, 11, 13]) for i in range(2))
     cfg = ConcurrentBenchConfig(levels=(1,), max_tokens=4, min_requests=2, prompts=prompts, baseline_args=(),
-                                timeout=120)
+                                timeout=120, rounds=2)
 
     def plain(ps, n):
         out = plain_answers(str(model_dir), ps, n)
@@ -179,7 +180,9 @@ def test_concurrent_phase_reports_a_differing_answer(model_dir, loaded):
     with ExitStack() as stack:
         res = run_concurrent_phase(_starter(stack, model_dir, loaded, []), cfg, plain=plain, log=lambda _m: None)
     lv = res["levels"][0]
-    assert lv["identical_to_plain"] == {"identical": 1, "compared": 2, "differing": [0]}
+    assert lv["requests"] == 4 and lv["batched"]["ok"] == lv["baseline"]["ok"] == 4  # two rounds pooled
+    assert lv["identical_to_baseline"]["identical"] == 4
+    assert lv["identical_to_plain"] == {"identical": 2, "compared": 4, "differing": [0, 2]}
     assert res["all_identical"] is False
 
 
@@ -204,6 +207,7 @@ def test_longprompt_phase_against_a_tiny_server(model_dir, loaded):
             res["largest_extra_delay_seconds"] / res["chunk_forward_seconds"])
     json.dumps(res)
     assert "chunk forwards" in longprompt_table(res)
+    assert res["all_streams_decoding"] == (res["streams_decoding_at_arrival"] == 2)
 
 
 @pytest.mark.slow  # starts two server processes and a --help subprocess

@@ -42,7 +42,8 @@ class ConcurrentBenchConfig:
 
     Attributes:
         levels: concurrencies N (``--concurrency``). max_tokens: max_tokens per request (``--concurrent-max-tokens``).
-        min_requests: requests per N are max(min_requests, 2N). server_args: extra ``redraft serve`` arguments of
+        min_requests: requests per N are max(min_requests, 2N). rounds: runs per N and server, in the order
+            A B, B A, A B, ... (``--concurrent-rounds``); a level's figures pool its rounds (wall times summed). server_args: extra ``redraft serve`` arguments of
             the server under test (``--server-args``). baseline_args: the one-at-a-time server's arguments
             (``--max-running 1`` where the server has that option; empty otherwise, and then both servers are alike).
         prompts: the questions (default: Spec-Bench, every category in turn). timeout: most seconds per run.
@@ -54,6 +55,7 @@ class ConcurrentBenchConfig:
 
     levels: tuple[int, ...] = (1, 4, 16)
     max_tokens: int = 64
+    rounds: int = 1
     min_requests: int = 8
     server_args: tuple[str, ...] = ()
     baseline_args: tuple[str, ...] = ("--max-running", "1")
@@ -129,11 +131,12 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         levels = []
         for li, (n, qs) in enumerate(zip(cfg.levels, per_level, strict=True)):
             bodies = [chat_body(q, cfg.max_tokens) for q in qs]
-            runs = {}
-            for name in (("baseline", "batched") if li % 2 == 0 else ("batched", "baseline")):
-                log(f"concurrent: N={n}, {len(bodies)} requests -> {name} server ...")
-                recs, wall = asyncio.run(closed_loop(servers[name][0], bodies, n, cfg.timeout))
-                runs[name] = (recs, wall)
+            runs: dict[str, tuple[list, float]] = {"baseline": ([], 0.0), "batched": ([], 0.0)}
+            for r in range(cfg.rounds):
+                for name in (("baseline", "batched") if (li + r) % 2 == 0 else ("batched", "baseline")):
+                    log(f"concurrent: N={n}, {len(bodies)} requests -> {name} server (round {r + 1}) ...")
+                    recs, wall = asyncio.run(closed_loop(servers[name][0], bodies, n, cfg.timeout))
+                    runs[name] = (runs[name][0] + recs, runs[name][1] + wall)
             levels.append(_level(n, runs))
     finally:
         for _, stop in servers.values():
@@ -141,7 +144,7 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
     if plain is not None:
         log(f"concurrent: plain greedy reference of {sum(counts)} prompts in this process ...")
         for lv, qs in zip(levels, per_level, strict=True):
-            ref = plain(qs, cfg.max_tokens)
+            ref = plain(qs, cfg.max_tokens) * cfg.rounds
             lv["identical_to_plain"] = st.identical(lv.pop("_texts"), ref)
     for lv in levels:
         lv.pop("_texts", None)

@@ -105,7 +105,9 @@ def run_longprompt_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         ``chunk_forward_seconds``, ``short_prompt_seconds``, ``streams_decoding_at_arrival``, per stream
         (``per_stream``: :func:`redraft.bench.concurrency_stats.arrival_delay`'s figures and its time to first
         token with and without the arrival), ``largest_extra_delay_seconds``, ``largest_extra_delay_chunk_forwards``,
-        ``within_one_chunk_forward`` (None when no stream was decoding across the prefill).
+        ``within_one_chunk_forward`` (None when no stream was decoding across the prefill), ``all_streams_decoding``
+        (whether every stream was decoding when the prompt arrived: with one request at a time they are not, the
+        prompt then waits its turn and interrupts nothing, so the goal's setting was not reached).
     Raises:
         RuntimeError: the server does not start, a request fails, or the articles are too short.
     """
@@ -140,6 +142,7 @@ def run_longprompt_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
     return {"prompt_tokens": cfg.prompt_tokens, "prefill_seconds": end - arrive, **chunk,
             "streams": cfg.streams, "stream_max_tokens": cfg.stream_max_tokens, "server_args": list(cfg.server_args),
             "streams_decoding_at_arrival": sum(d["decoding_at_arrival"] for d in per_stream),
+            "all_streams_decoding": all(d["decoding_at_arrival"] for d in per_stream),
             "per_stream": per_stream, "largest_extra_delay_seconds": largest,
             "largest_extra_delay_chunk_forwards": in_fwd,
             "within_one_chunk_forward": None if in_fwd is None else in_fwd <= 1.0}
@@ -155,4 +158,5 @@ def longprompt_table(res: dict) -> str:
             f"largest extra gap {f(res['largest_extra_delay_seconds'])} s = "
             f"{f(res['largest_extra_delay_chunk_forwards'], '.2f')} chunk forwards "
             f"(one {res['chunk_tokens']}-token chunk: {f(res['chunk_forward_seconds'])} s); "
-            f"within one chunk forward: {res['within_one_chunk_forward']}")
+            f"within one chunk forward: {res['within_one_chunk_forward']}"
+            + ("" if res["all_streams_decoding"] else " (not every stream was decoding when it arrived)"))

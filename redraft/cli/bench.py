@@ -158,7 +158,7 @@ def cmd_bench_serve(args) -> int:
     except ValueError as e:
         raise SystemExit(f"redraft bench serve: error: {e}") from None
     concurrent = ConcurrentBenchConfig(
-        levels=tuple(args.concurrency or (1, 4, 16)), max_tokens=args.concurrent_max_tokens,
+        levels=tuple(args.concurrency or (1, 4, 16)), max_tokens=args.concurrent_max_tokens, rounds=args.concurrent_rounds,
         min_requests=args.concurrent_min_requests, server_args=tuple(args.server_args), timeout=args.timeout,
         streams=args.probe_streams, stream_max_tokens=args.probe_max_tokens, prompt_tokens=args.probe_prompt_tokens,
         **({"chunk_tokens": args.chunk_tokens} if args.chunk_tokens else {}))
@@ -339,6 +339,9 @@ def register(sub) -> None:
                    help="concurrent: max_tokens per request (default 64)")
     p.add_argument("--concurrent-min-requests", type=positive, default=8,
                    help="concurrent: requests per concurrency N are max(this, 2N) (default 8)")
+    p.add_argument("--concurrent-rounds", type=positive, default=1,
+                   help="concurrent: runs per N and server, alternating which server goes first (A B, B A, ...), "
+                        "pooled; 2 or more evens out drift on a busy machine (default 1)")
     p.add_argument("--server-args", type=server_args, default=[], metavar="'ARGS'",
                    help="concurrent/longprompt: extra 'redraft serve' arguments of the server under test, one "
                         "quoted string, e.g. '--max-running 16 --max-batch-tokens 512' (default: none, its defaults)")
