@@ -12,6 +12,7 @@ Torch is imported only by the functions that need it (the engine, a GliDe draft,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 from redraft.compose.config import SpeculationConfig
@@ -182,6 +183,31 @@ def build_load_policy(pricing, tracker):
     from redraft.policy.load import LoadAwarePolicy
 
     return LoadAwarePolicy(pricing, tracker=tracker)
+
+
+_PRICING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a shared policy -> its LoadPricing
+
+
+def batched_policy(policy):
+    """A :class:`~redraft.policy.load.LoadAwarePolicy` for one sequence decoding inside a
+    :class:`~redraft.decoding.batching.StepBatcher`: the engine prices each step's draft at the rows the step carries
+    for other sequences (:meth:`LoadAwarePolicy.at_load`, the vLLM proposer's rule), so draft depth shrinks as the
+    batch fills and grows back as it empties.
+
+    Args:
+        policy: the tenant's :class:`~redraft.policy.SpeculationPolicy`. The new policy shares its acceptance
+            tracker (what one request learns, the tenant's next requests use; another tenant's policy is never
+            touched), cost curve, node cap and probe settings; its load pricing tables are shared per ``policy``.
+    Returns:
+        the request's LoadAwarePolicy (its own probe bookkeeping). numpy only.
+    """
+    from redraft.policy.load import LoadAwarePolicy, LoadPricing
+
+    pricing = _PRICING.get(policy)
+    if pricing is None or pricing.curve is not policy.curve or pricing.n_max != policy.max_nodes:
+        pricing = _PRICING[policy] = LoadPricing(policy.curve, policy.max_nodes)
+    return LoadAwarePolicy(pricing, tracker=policy.tracker, probe_overhead=policy.probe_overhead,
+                           probe_max=policy.probe_max, min_gain=policy.min_gain)
 
 
 def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw):

@@ -7,6 +7,7 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Sequence
@@ -60,7 +61,14 @@ class HFTarget:
         max_length: context length in tokens (``max_position_embeddings``) or None.
         sliding_window: attention window of sliding-window layers, or None. Token trees need a custom mask that
             would have to repeat each layer's window, so the engine verifies chains only on such models.
+        last_forward_plain: whether the last forward ran in plain decoding's own shape (always, here; a target
+            that packs several sequences' rows into one forward, :class:`redraft.decoding.batching.BatchedTarget`,
+            sets it False after such a forward, and exact mode then judges its rows like verify rows).
+        carried_rows: rows the last forward carried for other sequences, plus one (1 here: one sequence).
     """
+
+    last_forward_plain = True
+    carried_rows = 1
 
     def __init__(self, model) -> None:
         self.model = model
@@ -141,6 +149,11 @@ class HFTarget:
                          logits_to_keep=n_logits, **{self.cache_kwarg: self.cache})
         self.length += len(ids)
         return out.logits[0].cpu()
+
+    def solo(self):
+        """A context in which every forward runs in plain decoding's shape, this sequence's rows alone (here every
+        forward does; a batched target overrides it)."""
+        return contextlib.nullcontext(self)
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""
