@@ -5,7 +5,9 @@ For each ``num_concurrent`` in ``--concurrency`` (default 1,4): a fresh ``python
 model unless ``--model``, an empty in-memory corpus, so every run is a first pass; ``--server-args`` passed
 through) on a free port; ``lm_eval.simple_evaluate`` of tests/data/lm_eval's ``redraft_capitals`` (generate_until)
 through ``local-completions`` with the server's tokenizer routes, ``batch_size=1`` (one prompt per request, so
-concurrency comes from ``num_concurrent`` alone), ``--limit`` questions; the evaluate call's wall seconds and the
+concurrency comes from ``num_concurrent`` alone), ``--limit`` questions; the evaluate call's wall seconds (lm-eval
+imported and its task index built once, and one untimed multiple-choice question sent to each server first, so no
+run pays lm-eval's start-up: measured, it added ~10 s to whichever run came first) and the
 server's /metrics around it (summed request latency, forwards, generated tokens). The runs' samples are compared
 with the first run's (all must be identical: batching and drafts change speed only).
 
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from redraft.bench.server_process import ServerProcess, metric_value  # noqa: E402
 
 TASK = "redraft_capitals"
+WARM_TASK = "redraft_capitals_mc"
 METRICS = {"server_seconds": "vllm:e2e_request_latency_seconds_sum", "forwards": "redraft:target_forwards_total",
            "generated_tokens": "vllm:generation_tokens_total", "requests": "vllm:e2e_request_latency_seconds_count"}
 
@@ -41,16 +44,25 @@ def scrape(srv: ServerProcess) -> dict:
     return {k: metric_value(text, name) for k, name in METRICS.items()}
 
 
-def first_pass(srv: ServerProcess, model_id: str, concurrent: int, limit: int | None) -> dict:
+def warm_up(srv: ServerProcess, model_id: str, tasks) -> None:
+    """One question of the multiple-choice task (loglikelihoods: the server learns nothing from them), untimed, so
+    lm-eval's lazy imports and dataset machinery are paid before any timed run, by every server alike."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
+
+    simple_evaluate(model="local-completions", model_args=f"model={model_id},base_url={srv.base}/v1/completions,"
+                    "tokenizer_backend=remote,num_concurrent=1,max_retries=1", tasks=[WARM_TASK], batch_size=1,
+                    limit=1, task_manager=tasks)
+
+
+def first_pass(srv: ServerProcess, model_id: str, concurrent: int, limit: int | None, tasks) -> dict:
+    from lm_eval import simple_evaluate
 
     args = (f"model={model_id},base_url={srv.base}/v1/completions,tokenizer_backend=remote,"
             f"num_concurrent={concurrent},max_retries=1")
     before = scrape(srv)
     t0 = time.perf_counter()
     res = simple_evaluate(model="local-completions", model_args=args, tasks=[TASK], batch_size=1, limit=limit,
-                          log_samples=True, task_manager=TaskManager(include_path=str(ROOT / "tests/data/lm_eval")))
+                          log_samples=True, task_manager=tasks)
     wall = time.perf_counter() - t0
     after = scrape(srv)
     delta = {k: round(after[k] - before[k], 3) for k in METRICS}
@@ -76,14 +88,18 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))  # servers: this checkout
     os.chdir(ROOT)  # the task YAML names its data file relative to the repository root
+    from lm_eval.tasks import TaskManager  # imported and indexed once, before any timing: each run pays the same
+
+    tasks = TaskManager(include_path=str(ROOT / "tests/data/lm_eval"))
     runs = []
     for n in levels:
         srv = ServerProcess(a.model, work / f"server-{n}.log", *shlex.split(a.server_args), threads=a.threads)
         try:
             base = srv.wait_ready()
             model_id = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+            warm_up(srv, model_id, tasks)
             print(f"lm-eval first pass, num_concurrent={n} ...", file=sys.stderr, flush=True)
-            runs.append(first_pass(srv, model_id, n, a.limit))
+            runs.append(first_pass(srv, model_id, n, a.limit, tasks))
         finally:
             srv.stop()
         print(f"num_concurrent={n}: {runs[-1]['wall_seconds']} s wall, {runs[-1]['server_seconds']} s summed "
