@@ -81,6 +81,7 @@ def test_arrival_delay_takes_the_largest_gap_across_the_window_over_the_median_g
     d = st.arrival_delay(with_arrival, alone, start=0.35, end=0.7)
     assert d["baseline_gap"] == pytest.approx(0.1) and d["largest_gap"] == pytest.approx(0.5)
     assert d["extra_delay"] == pytest.approx(0.4) and d["gaps_in_window"] == 1
+    assert d["window_gaps"] == [[pytest.approx(-0.05), pytest.approx(0.5)]]  # began 0.05 s before the arrival
     wider = st.arrival_delay(with_arrival, alone, start=0.35, end=1.5)
     assert wider["largest_gap"] == pytest.approx(1.0) and wider["gaps_in_window"] == 4
     ended = st.arrival_delay([0.0, 0.1], alone, start=0.5, end=0.6)  # the stream ended before the arrival

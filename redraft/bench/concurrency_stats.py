@@ -120,7 +120,8 @@ def arrival_delay(times: Sequence[float], baseline: Sequence[float], start: floa
     Returns:
         ``baseline_gap`` (median gap without the interruption), ``largest_gap`` (the largest gap of ``times``
         that overlaps [start, end]; None when none does: the stream had ended or not started), ``extra_delay``
-        (largest_gap - baseline_gap, s; None as largest_gap), ``gaps_in_window`` (how many gaps overlap it).
+        (largest_gap - baseline_gap, s; None as largest_gap), ``gaps_in_window`` (how many gaps overlap it) and
+        ``window_gaps`` (each such gap as [its start - start, its length], s: where in the window the delay fell).
     Raises:
         ValueError: end before start.
     """
@@ -128,7 +129,9 @@ def arrival_delay(times: Sequence[float], baseline: Sequence[float], start: floa
         raise ValueError(f"end: expected a time at or after start ({start}), got {end}")
     base = [b - a for a, b in gaps(baseline)]
     base_gap = percentile(base, 50)
-    window = [b - a for a, b in gaps(times) if b >= start and a <= end]
+    spans = [(a, b) for a, b in gaps(times) if b >= start and a <= end]
+    window = [b - a for a, b in spans]
     largest = max(window) if window else None
     extra = None if largest is None or base_gap is None else largest - base_gap
-    return {"baseline_gap": base_gap, "largest_gap": largest, "extra_delay": extra, "gaps_in_window": len(window)}
+    return {"baseline_gap": base_gap, "largest_gap": largest, "extra_delay": extra, "gaps_in_window": len(window),
+            "window_gaps": [[a - start, b - a] for a, b in spans]}
