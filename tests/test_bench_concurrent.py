@@ -200,6 +200,7 @@ def test_longprompt_phase_against_a_tiny_server(model_dir, loaded):
     assert started == [("longprompt", ["--no-learn"])]
     assert res["prompt_tokens"] == 300 and res["prefill_seconds"] > 0
     assert res["chunk_tokens"] == 32 and res["chunk_forward_seconds"] > 0 and res["short_prompt_seconds"] > 0
+    assert res["late_chunk_forward_seconds"] > 0
     assert len(res["per_stream"]) == 2 and 0 <= res["streams_decoding_at_arrival"] <= 2
     for d in res["per_stream"]:
         assert d["baseline_gap"] > 0 and d["ttft_alone"] > 0

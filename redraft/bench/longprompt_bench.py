@@ -30,7 +30,7 @@ def article_text(min_chars: int) -> str:
 
 
 def prompt_ids(base: str, tokens: int) -> list[int]:
-    """At least ``tokens`` + 64 ids of :func:`article_text`, from the server's ``/tokenize`` (no special tokens).
+    """At least ``tokens`` + 300 ids of :func:`article_text`, from the server's ``/tokenize`` (no special tokens).
 
     Raises:
         RuntimeError: the server refused, or the articles give too few tokens.
@@ -42,8 +42,8 @@ def prompt_ids(base: str, tokens: int) -> list[int]:
     if r.status_code != 200:
         raise RuntimeError(f"longprompt: /tokenize answered HTTP {r.status_code}: {r.text[:300]}")
     ids = r.json()["tokens"]
-    if len(ids) < tokens + 64:
-        raise RuntimeError(f"longprompt: the articles give {len(ids)} tokens, fewer than {tokens + 64}")
+    if len(ids) < tokens + 300:
+        raise RuntimeError(f"longprompt: the articles give {len(ids)} tokens, fewer than {tokens + 300}")
     return ids
 
 
@@ -90,9 +90,19 @@ def _chunk_forward(base: str, ids: list[int], cfg: ConcurrentBenchConfig) -> dic
                     out.append((rec.chunk_times[0] if rec.chunk_times else rec.done) - rec.sent)
         return out
 
+    async def late() -> float | None:
+        """A chunk at the long prompt's end: its first tokens sent first (untimed, then in the prefix cache), then
+        the whole; the second's time to first token is one chunk's forward over a prefix as long as the prompt's."""
+        start, n = 211, cfg.prompt_tokens
+        async with httpx.AsyncClient() as client:
+            url, deadline = base + "/v1/completions", time.perf_counter() + 600
+            await stream_request(client, url, completion_body(ids[start:start + n - cfg.chunk_tokens], 1), deadline)
+            rec = await stream_request(client, url, completion_body(ids[start:start + n], 1), deadline)
+        return (rec.chunk_times[0] if rec.chunk_times else rec.done) - rec.sent if rec.ok else None
+
     chunk, short = asyncio.run(probe(cfg.chunk_tokens)), asyncio.run(probe(8))
     return {"chunk_tokens": cfg.chunk_tokens, "chunk_forward_seconds": st.percentile(chunk, 50),
-            "short_prompt_seconds": st.percentile(short, 50)}
+            "short_prompt_seconds": st.percentile(short, 50), "late_chunk_forward_seconds": asyncio.run(late())}
 
 
 def run_longprompt_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
@@ -102,9 +112,12 @@ def run_longprompt_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
 
     Returns:
         the long prompt's ``prompt_tokens`` and ``prefill_seconds`` (send -> first token), ``chunk_tokens``,
-        ``chunk_forward_seconds``, ``short_prompt_seconds``, ``streams_decoding_at_arrival``, per stream
+        ``chunk_forward_seconds`` (a chunk-sized prompt alone), ``late_chunk_forward_seconds`` (a chunk after a
+        cached prefix of prompt_tokens - chunk_tokens: the last chunk's forward; None if it failed; with the prefix
+        cache off it is a whole prefill), ``short_prompt_seconds``, ``streams_decoding_at_arrival``, per stream
         (``per_stream``: :func:`redraft.bench.concurrency_stats.arrival_delay`'s figures and its time to first
         token with and without the arrival), ``largest_extra_delay_seconds``, ``largest_extra_delay_chunk_forwards``,
+        ``largest_extra_delay_late_chunk_forwards`` (the same over the last chunk's forward),
         ``within_one_chunk_forward`` (None when no stream was decoding across the prefill), ``all_streams_decoding``
         (whether every stream was decoding when the prompt arrived: with one request at a time they are not, the
         prompt then waits its turn and interrupts nothing, so the goal's setting was not reached).
@@ -145,6 +158,7 @@ def run_longprompt_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
             "all_streams_decoding": all(d["decoding_at_arrival"] for d in per_stream),
             "per_stream": per_stream, "largest_extra_delay_seconds": largest,
             "largest_extra_delay_chunk_forwards": in_fwd,
+            "largest_extra_delay_late_chunk_forwards": st.ratio(largest, chunk["late_chunk_forward_seconds"]),
             "within_one_chunk_forward": None if in_fwd is None else in_fwd <= 1.0}
 
 
@@ -157,6 +171,8 @@ def longprompt_table(res: dict) -> str:
             f"({res['streams_decoding_at_arrival']} decoding when it arrived): prefill {f(res['prefill_seconds'])} s; "
             f"largest extra gap {f(res['largest_extra_delay_seconds'])} s = "
             f"{f(res['largest_extra_delay_chunk_forwards'], '.2f')} chunk forwards "
-            f"(one {res['chunk_tokens']}-token chunk: {f(res['chunk_forward_seconds'])} s); "
+            f"(one {res['chunk_tokens']}-token chunk: {f(res['chunk_forward_seconds'])} s alone, "
+            f"{f(res.get('late_chunk_forward_seconds'))} s as the prompt's last; "
+            f"{f(res.get('largest_extra_delay_late_chunk_forwards'), '.2f')} of those); "
             f"within one chunk forward: {res['within_one_chunk_forward']}"
             + ("" if res["all_streams_decoding"] else " (not every stream was decoding when it arrived)"))
