@@ -362,6 +362,56 @@ def test_a_long_prompt_is_chunked_beside_running_sequences(model):
     assert sum(r for s in chunked for n, r in s if n == long_no) == len(long_prompt)
 
 
+class SlowDrafter:
+    """Proposes nothing, after ``seconds`` of work (a drafter's time between two forwards of its sequence)."""
+
+    name, guard = "slow", None
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def bind(self, target) -> None:
+        pass
+
+    def begin(self, prompt) -> None:
+        pass
+
+    def propose(self, context, max_depth):
+        time.sleep(self.seconds)
+        return None
+
+    def observe(self, proposed, accepted, emitted) -> None:
+        pass
+
+
+def test_running_sequences_join_every_chunk_step_of_a_long_prefill(model):
+    """A chunked forward does not make the step loop skip the gather wait: running sequences that draft between their
+    forwards still join each of the long prompt's chunk steps (each stalls them by at most one chunk)."""
+    budget = 8  # 3 decode rows + a chunk of 5
+    short = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    long_prompt = [(7 * i + 3) % VOCAB for i in range(110)]
+    n_short = 60
+    b = started(model, max_batch_tokens=budget, min_chunk=4, gather_s=0.05)
+
+    def stream(p):
+        return lambda t: Engine(t, [SlowDrafter(0.002)]).generate(p, n_short)
+
+    jobs = [stream(p) for p in short] + [lambda t: Engine(t, []).generate(long_prompt, 2)]
+    try:
+        got = run_concurrently(b, jobs, starts=[0, 0, 0, 6])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got[:3]] == [plain_greedy(model, p, n_short) for p in short]
+    log = list(b.step_log)
+    long_no = max(n for s in log for n, _ in s)
+    chunked = [s for s in log if any(n == long_no and r > 1 for n, r in s)]
+    assert len(chunked) >= len(long_prompt) // budget
+    with_all = [s for s in chunked if sum(1 for n, _ in s if n != long_no) == 3]
+    # a thread the OS does not run within the gather deadline may miss a step on a loaded machine; without the
+    # wait about every other chunk step ran alone
+    assert len(with_all) >= 0.9 * len(chunked), (len(with_all), len(chunked))
+
+
 def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
     gather = 1.0
     b = started(model, max_batch_tokens=8, min_chunk=4, gather_s=gather)

@@ -224,6 +224,8 @@ class StepBatcher:
                         if req in self._pending:
                             self._pending.remove(req)
                         req.finished.set()
+                    else:  # a chunked forward waits for the others' next forwards again, as a new arrival would
+                        req.arrived = time.monotonic()
                 self._cv.notify_all()
 
     def _plan(self) -> tuple[list[tuple[_Request, int]] | None, float | None]:
