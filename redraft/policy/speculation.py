@@ -3,8 +3,15 @@
 Per candidate node i (source s, depth d) the policy estimates q(i) = P(i accepted | parent accepted):
 - with no prior from the source: the learned level estimate of (s, d) (:class:`AcceptanceTracker`);
 - with a prior p(i) from the source (:mod:`redraft.policy.priors`): the same Beta posterior but centred on the
-  node's prior instead of the level above, (successes_{s,d} + w * p'(i)) / (trials_{s,d} + w), so the source's
-  self-knowledge decides while evidence is thin and recent outcomes decide once there are some;
+  node's prior scaled by what was learned above it, (successes_{s,d} + w * p'(i) * r(parent)) / (trials_{s,d} + w),
+  where r(j) = min(1, q(j) / p'(j)) below level 1 (r = 1 at level 1, which says whether the lookup found the right
+  place at all, a different question from what follows a right first token): the source's self-knowledge decides while
+  evidence is thin and recent outcomes decide once there are some. Without r a deep level, tested only when every
+  level above it was accepted and so almost never on chance drafts, kept its prior: a 2-4-token n-gram match's
+  rule-of-succession prior (0.8-0.97 per level) made 32-token chance drafts look worth verifying on novel text
+  when level 1 was right 20-30% of the time and the levels below it about half the time. With r the learned
+  shortfall at the levels above carries down, as the level estimates without priors shrink toward the level
+  above (:class:`AcceptanceTracker`); a replay's learned estimates match its prior (r ~ 1) and keep it;
 - siblings split their parent's chance by stick-breaking: the r-th sibling gets its own estimate times the chance
   that every earlier sibling failed (p'(i) is the sibling's prior share of what the earlier ones left), so the
   siblings' probabilities never sum past 1.
@@ -79,16 +86,22 @@ class SpeculationPolicy:
         prior = None if priors is None else np.array([np.nan if p is None else p for p in priors], dtype=float)
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
+        scale = np.ones(len(parents))  # learned estimate / prior along the path, at most 1 (see the module notes)
         cond = np.empty(len(parents))
         for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
             lvl = min(int(depths[i]), tr.max_depth) - 1
+            above = 1.0 if p < 0 else scale[p]
             if prior is not None and not np.isnan(prior[i]):
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))
                 used[p] = used.get(p, 0.0) + max(0.0, prior[i])
                 succ, trials = tr.counts(s)
-                q = (succ[lvl] + tr.prior_weight * share) / (trials[lvl] + tr.prior_weight)
+                q = (succ[lvl] + tr.prior_weight * share * above) / (trials[lvl] + tr.prior_weight)
+                # level 1 says whether the lookup found the right place at all; what follows a right first token
+                # is another question, so only deeper levels' shortfall carries down
+                scale[i] = min(1.0, q / share) if share > 0 and p >= 0 else above
             else:
                 q = levels[s][lvl]
+                scale[i] = above
             fail = left.get(p, 1.0)
             cond[i] = q * fail
             left[p] = fail * (1.0 - q)
