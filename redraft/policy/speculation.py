@@ -122,6 +122,8 @@ class SpeculationPolicy:
                 draft that is likely right (a replay's) is worth it there.
         Returns:
             :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
+            A chain is kept whole past the best single forward's depth when verifying it in forwards of that depth
+            would cost more per expected token (``_whole_chain``: a replay's tail in one forward).
             Sources with no kept node have their idle count advanced (towards a probe).
         """
         if len(parents) == 0:
