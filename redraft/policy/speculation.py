@@ -122,8 +122,8 @@ class SpeculationPolicy:
                 draft that is likely right (a replay's) is worth it there.
         Returns:
             :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
-            A chain is kept whole past the best single forward's depth when verifying it in forwards of that depth
-            would cost more per expected token (``_whole_chain``: a replay's tail in one forward).
+            A chain is kept past the best single forward's depth (up to whole) when verifying it in forwards of that
+            depth would cost more per expected token (``_whole_chain``: a replay's tail in one forward).
             Sources with no kept node have their idle count advanced (towards a probe).
         """
         if len(parents) == 0:
@@ -164,17 +164,18 @@ class SpeculationPolicy:
 
     def _whole_chain(self, parents: Sequence[int], prob: np.ndarray, sel: Selection, fed: int,
                      budget: int) -> Selection:
-        """For a chain candidate: one forward over all of it instead of the selected depth, when that yields more
-        expected tokens per unit of verify time than verifying the same chain in forwards of the selected depth.
+        """For a chain candidate: a wider first forward than the selected depth, when the chain is then verified
+        with more expected tokens per unit of verify time than in forwards of the selected depth alone.
 
         The selected depth d maximises one forward's rate, which assumes the next forwards repeat it; a chain of L
         nodes verified d at a time ends in a short forward (a replay of 128 tokens as 41 + 64 + 20), and a
-        forward's cost is not proportional to its width (``c(0) = 1``). The chunked plan is priced as it would run:
-        forward j verifies nodes j(d + 1) .. j(d + 1) + d - 1 (the node before them came as the previous forward's
-        bonus token) and happens only if that bonus node is reached, so its cost and tokens count with that
-        probability. Where acceptance decays (a chance draft) the later forwards are unlikely and the selected
-        depth stays; where the chain is likely right to its end (a replay) the whole chain goes in one forward
-        when the curve says that is cheaper per token. Trees are left to the selection.
+        forward's cost is not proportional to its width (``c(0) = 1``). Each plan covers the same L nodes: a first
+        forward of D nodes, then forwards of d; forward j happens only if the node before it (the previous
+        forward's bonus token) is reached, so its cost and tokens count with that probability. D is tried at d, at
+        the curve's measured sizes between d and L (the curve is linear in between, so the best D lies on one of
+        them or at an end) and at L. Where acceptance decays (a chance draft) the later forwards are unlikely and d
+        stays; where the chain is likely right to its end (a replay) the first forward widens when the curve says
+        that is cheaper per token. Trees are left to the selection.
         """
         d = len(sel.nodes)
         n = min(len(parents), budget)
@@ -186,16 +187,19 @@ class SpeculationPolicy:
         if length <= d:
             return sel
         first, later = self.step_costs(fed), self.costs
-        tokens, cost = 0.0, 0.0
-        for start in range(0, length, d + 1):
-            reach = 1.0 if start == 0 else float(prob[start - 1])
-            size = min(d, length - start)
-            tokens += reach + float(prob[start:start + size].sum())
-            cost += reach * float((first if start == 0 else later)[size])
-        whole = 1.0 + float(prob[:length].sum())
-        if whole / float(first[length]) <= tokens / cost:
+        sizes = [d] + [int(s) for s in self.curve.sizes if d < s < length] + [length]
+        best, best_rate = d, -1.0
+        for width in sizes:
+            tokens, cost = 1.0 + float(prob[:width].sum()), float(first[width])
+            for start in range(width + 1, length, d + 1):
+                reach, size = float(prob[start - 1]), min(d, length - start)
+                tokens += reach + float(prob[start:start + size].sum())
+                cost += reach * float(later[size])
+            if tokens / cost > best_rate * (1 + 1e-9):
+                best, best_rate = width, tokens / cost
+        if best == d:
             return sel
-        return Selection(list(range(length)), whole, float(first[length]))
+        return Selection(list(range(best)), 1.0 + float(prob[:best].sum()), float(first[best]))
 
     def step_costs(self, fed: int = 1) -> np.ndarray:
         """float64 [max_nodes + 1]: the cost in plain steps of verifying n = 0..max_nodes draft tokens in a forward
