@@ -47,7 +47,8 @@ class CorpusDrafter:
             deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
         name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
         deep: under the cost-aware policy, how deep a draft may go when the match reaches past max_n context ids
-            (a replay's match does: the whole context agrees with a stored span), past the 1..48 cap; the policy
+            or covers the whole live context when that is shorter (a replay's match does: the whole context agrees
+            with a stored span), past the 1..48 cap; the policy
             then verifies as much of it as the measured cost curve says pays. Shorter matches keep depth k.
             None = no such drafts (the fixed semantics).
     Raises:
