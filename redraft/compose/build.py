@@ -63,7 +63,8 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
             each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
             ignored: they are the fixed semantics). The corpus matches suffixes up to POLICY_SUFFIX_MAX_N tokens
             and the n-gram source from POLICY_NGRAM_MIN_N: their match lengths tell the policy what to trust. A
-            corpus match past POLICY_SUFFIX_MAX_N ids (a replay) drafts up to POLICY_MAX_DEPTH (512) tokens.
+            corpus match past POLICY_SUFFIX_MAX_N ids or of the whole (shorter) live context (a replay) drafts up to
+            POLICY_MAX_DEPTH (512) tokens.
     """
     corpus_max_n, ngram_min_n, deep = SUFFIX_MAX_N, SUFFIX_MIN_N, None
     if policy:
