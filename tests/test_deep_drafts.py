@@ -112,6 +112,22 @@ def test_chance_matches_stay_within_48(tiny_llama):
         CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), deep=0)
 
 
+def test_a_whole_short_context_match_is_a_replay(tiny_llama, want):
+    """A live context shorter than the lookup's suffix length, matched whole (a replayed prompt under 64 ids),
+    drafts past 48 as a match past 64 ids does; the first forward then verifies the whole answer, exactly."""
+    span = list(range(1, 90))
+    drafter = CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), k=MAX_DRAFT_DEPTH, max_n=64,
+                            deep=POLICY_MAX_DEPTH)
+    tree = drafter.propose(np.array([1, 2, 3, 4], dtype=np.int64), POLICY_MAX_DEPTH)
+    assert tree is not None and tree.match_length == 4 and len(tree) == 85  # the rest of the span
+    fixed = CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), k=MAX_DRAFT_DEPTH, max_n=64)
+    assert len(fixed.propose(np.array([1, 2, 3, 4], dtype=np.int64), POLICY_MAX_DEPTH)) == MAX_DRAFT_DEPTH
+    drafters = build_drafters(Corpus.from_spans([PROMPT + want], vocab_size=VOCAB), policy=True, ngram=False)
+    res = deep_engine(tiny_llama, drafters, deep_policy()).generate(PROMPT, N)
+    assert res.output_ids == want
+    assert res.draft_depth_per_forward == res.accepted_per_forward == [N - 1]
+
+
 def test_cost_curve_leaves_out_sizes_past_the_context(tiny_llama):
     curve = measure_cost_curve(tiny_llama, (0, 1, 64, 126, 127, 512), prefix=8, repeats=1)
     assert curve.sizes == (0, 1, 64, 126)  # 1 + n tokens after one cached id must fit 128 positions

@@ -297,3 +297,26 @@ def test_policy_keys_split_sources_by_power_of_two_match_length():
 
     assert [policy_key("corpus", n) for n in (0, 1, 2, 3, 4, 7, 8, 63, 64)] == [
         "corpus", "corpus/1", "corpus/2", "corpus/2", "corpus/4", "corpus/4", "corpus/8", "corpus/32", "corpus/64"]
+
+
+# per token, a forward past 32 draft tokens costs more than one of 32 (as a one-thread CPU's past 64): 32-token drafts
+# are the best single forward, but a remainder of 33-64 tokens costs less in one forward than in 32 + the rest
+KINK32 = CostCurve((0, 1, 2, 4, 8, 16, 32, 64, 128), (1.0, 1.6, 1.8, 1.8, 2.0, 2.2, 2.5, 5.4, 11.0))
+
+
+def test_a_replays_tail_goes_in_one_forward_and_stays_exact(tiny_llama, want):
+    """A replay whose remainder is cheaper in one forward than in forwards of the best single depth is verified
+    whole (no short last forward: 3 forwards for 110 tokens where 32-token forwards take 4, the whole answer in the
+    prefill's forward when the prompt matches past 64 ids), and drafts past 48 stay exact."""
+    long_prompt = [(7 * i + 3) % VOCAB for i in range(70)]
+    long_want = plain_greedy(tiny_llama, long_prompt, 56)
+    for prompt, wanted, most in ((PROMPT, want, 3), (long_prompt, long_want, 1)):
+        corpus = Corpus.from_spans([prompt + wanted], vocab_size=VOCAB)
+        eng = Engine(tiny_llama, build_drafters(corpus, ngram=False, policy=True), max_depth=128, tree_budget=128,
+                     policy=SpeculationPolicy(KINK32, max_nodes=128))
+        for _ in range(2):  # a fresh policy, then one that has learned the source
+            res = eng.generate(prompt, len(wanted))
+            assert res.output_ids == wanted
+            assert res.forwards <= most, res.draft_depth_per_forward
+            assert res.accepted_per_forward == res.draft_depth_per_forward  # every drafted token accepted
+    assert res.draft_depth_per_forward == [len(long_want) - 1]  # 55 draft tokens: past Colibri's cap of 48

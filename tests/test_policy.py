@@ -226,6 +226,84 @@ def test_priors_raise_or_lower_the_expected_acceptance_while_evidence_is_thin():
     assert (up > base).all()
 
 
+# a one-thread CPU curve measured under load (the cached curve of docs/benchmarks.md's ceiling runs)
+LOADED_CPU = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48, 64, 128, 256, 512),
+                       (1.0, 1.68, 2.12, 1.57, 1.8, 2.34, 2.29, 2.52, 3.39, 4.11, 8.94, 17.49, 33.13))
+
+
+def chance_drafts(pol: SpeculationPolicy, key: str, steps: int = 30, first: float = 0.25, then: float = 0.5) -> None:
+    """``steps`` 32-token drafts of ``key``: level 1 accepted with ``first``, each deeper level with ``then`` (novel
+    text's n-gram drafts: the phrase matched by chance or not, and if it did, a few tokens more)."""
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        a = 0
+        if rng.random() < first:
+            a = 1
+            while a < 32 and rng.random() < then:
+                a += 1
+        pol.observe(key, 32, a)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_deep_levels_follow_what_was_learned_below_level_one(n):
+    """A short match's rule-of-succession prior says 0.8-0.97 per deep level; once the levels below level 1 were
+    seen at about half, the estimates follow them, and 32-token chance drafts no longer look worth verifying."""
+    pol = SpeculationPolicy(LOADED_CPU)
+    chance_drafts(pol, "ngram/2")
+    prior = succession_priors(chain(32), n)
+    cond = pol.conditionals(chain(32), ["ngram/2"] * 32, prior)
+    assert 0.15 < cond[0] < 0.35  # level 1: what was seen (about a quarter)
+    assert (cond[1:] < 0.75).all() and (cond[1:] > 0.35).all()  # deeper: about half, not the prior's 0.8-0.97
+    assert pol.depth("ngram/2", 32, prior) == 0
+    # level 1's own shortfall (a chance match) does not carry down: a source right at level 1 whenever it drafts
+    # past it keeps its deep prior
+    sure = SpeculationPolicy(LOADED_CPU)
+    chance_drafts(sure, "corpus/64", first=0.25, then=1.0)
+    deep = sure.conditionals(chain(32), ["corpus/64"] * 32, succession_priors(chain(32), 64))
+    assert (deep[1:] > 0.9).all()
+
+
+def test_a_replay_with_no_history_still_drafts_deep():
+    fresh = SpeculationPolicy(LOADED_CPU, max_nodes=512)
+    assert fresh.depth("corpus/64", 300, succession_priors(chain(300), 64)) > 48
+
+
+def chunked_rate(pol: SpeculationPolicy, prob: np.ndarray, d: int) -> float:
+    """Expected tokens per plain step of verifying a chain with path probabilities ``prob`` d nodes a forward."""
+    tokens = cost = 0.0
+    for start in range(0, len(prob), d + 1):
+        reach = 1.0 if start == 0 else prob[start - 1]
+        size = min(d, len(prob) - start)
+        tokens += reach + prob[start:start + size].sum()
+        cost += reach * pol.costs[size]
+    return tokens / cost
+
+
+def test_a_likely_chain_goes_in_one_forward_when_chunks_cost_more():
+    """The best single forward on this curve is 64 tokens; a learned replay's remaining 85 go in one forward (64 +
+    a 20-token forward cost more per token), a long remainder where 64-token forwards are cheaper per token stays
+    at 64, and a chance draft is never widened."""
+    pol = SpeculationPolicy(LOADED_CPU, max_nodes=512)
+    for _ in range(5):
+        pol.observe("corpus/32", 64, 64)
+    for length in (85, 126, 300):
+        prior = succession_priors(chain(length), 53)
+        prob = path_probabilities(chain(length), pol.conditionals(chain(length), ["corpus/32"] * length, prior))
+        whole = (1 + prob.sum()) / pol.costs[length]
+        got = pol.depth("corpus/32", length, prior)
+        assert got == (length if whole > chunked_rate(pol, prob, 64) else 64), (length, got)
+    assert pol.depth("corpus/32", 85, succession_priors(chain(85), 53)) == 85
+    assert pol.depth("corpus/32", 300, succession_priors(chain(300), 53)) == 64
+    chance = SpeculationPolicy(LOADED_CPU)
+    chance_drafts(chance, "ngram/2", first=0.9, then=0.6)
+    d = chance.depth("ngram/2", 32, succession_priors(chain(32), 4))
+    assert 0 < d < 32
+    # a tree is left to the selection
+    parents = [-1, 0, 0] + list(range(2, 84))
+    sel = pol.plan(parents, ["corpus/32"] * len(parents), [1.0, 0.9, 0.1] + [0.99] * 82)
+    assert len(sel) < len(parents)
+
+
 def test_sibling_conditionals_never_sum_past_one():
     pol = trained(CostCurve.flat(), 0.9)
     parents = [-1, -1, -1, 0, 0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, RecordingTarget, SequenceDrafter, hf_greedy, plain_greedy, top2_gap
+from conftest import VOCAB, ConstantDrafter, RecordingTarget, SequenceDrafter, hf_greedy, plain_greedy, top2_gap
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -119,6 +119,31 @@ def test_planted_near_ties_on_perturbed_reused_entries(tiny_llama):
     res = Engine(model, [SequenceDrafter(prompt2 + want)], exact_margin=margin).generate(prompt2, 30, prefix=noisy)
     assert res.output_ids == want
     assert res.near_ties >= 1
+
+
+def test_one_entry_seeds_any_number_of_sequences_and_stays_unchanged(tiny_llama):
+    """Seeding shares the entry's tensors (no copy): verify forwards, an accepted tree path that skips a sibling
+    branch (a gather), crops and exact mode's rebuilds never write into them, so the entry is bit for bit what it
+    was after several generations from it, and each of them equals plain greedy."""
+    model = tiny_llama
+    cache = PrefixCache(10_000)
+    first = _turn(Engine(model, []), cache, "a", PROMPT, 16)
+    prompt2 = PROMPT + first.output_ids + [30, 31]
+    want = plain_greedy(model, prompt2, 20)
+    hit = cache.lookup("a", prompt2)
+    assert hit is cache.entries[("a", hit.ids)]  # the stored entry itself, not a slice of it
+    before = [(k.clone(), v.clone()) for k, v in hit.kv]
+    wrong = [(want[0] + 1) % VOCAB, (want[1] + 1) % VOCAB]
+    engines = {"tree": Engine(model, [ConstantDrafter(wrong), SequenceDrafter(prompt2 + want)], merge=True),
+               "settle": Engine(model, [SequenceDrafter(prompt2 + want)], exact_margin=1e9),
+               "plain": Engine(model, [])}
+    for name, engine in engines.items():
+        res = engine.generate(prompt2, 20, prefix=hit)
+        assert res.output_ids == want, name
+        assert res.prefix_hit_tokens == hit.length
+        for (k, v), (k0, v0) in zip(hit.kv, before, strict=True):
+            assert torch.equal(k, k0) and torch.equal(v, v0), name
+    assert engines["settle"].generate(prompt2, 20, prefix=hit).near_ties >= 1  # the rebuild path did run
 
 
 @given(data=st.data())

@@ -179,6 +179,19 @@ def test_seeded_sampling_identical_across_draft_depths(tiny_llama, params):
     assert accepted > 0  # the replayed corpus must have made drafts count
 
 
+def test_greedy_choice_breaks_ties_at_the_first_best_index():
+    """A greedy row whose best score is tied picks the lowest such index (torch.argmax, plain decoding's choice),
+    with margin 0; a row with a unique best picks it with its top-2 gap."""
+    ch = TokenChooser(SamplingParams(), vocab=6)
+    ch.reset([1])
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, 2.0, 3.0],   # best tied at 1, 3, 5
+                           [5.0, 0.0, 0.0, 0.0, 0.0, 5.0],   # tied at both ends
+                           [0.0, 1.0, 2.0, 4.5, 2.0, 0.0]])  # unique best
+    choices, margins = ch.choose(logits, [1, 2, 3])
+    assert choices == [1, 0, 3] == logits.argmax(-1).tolist()
+    assert margins.tolist() == [0.0, 0.0, 2.5]
+
+
 def test_seed_changes_output(tiny_llama):
     prompt = [3, 4, 5]
     a = Engine(tiny_llama, []).generate(prompt, 30, sampling=SamplingParams(temperature=1.0, seed=1)).output_ids

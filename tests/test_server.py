@@ -234,14 +234,14 @@ def wait_idle(live, timeout: float = 20.0) -> None:
 def test_disconnect_stops_the_generation(live, loaded, stream, monkeypatch):
     prompt = long_prompt(loaded)
     n = CONTEXT - len(prompt) - 1
-    target = live.server.generator.target
-    slow = target.forward
+    model = live.server.generator.model
+    slow = model.forward
 
     def forward(*a, **kw):  # ~3 s for the whole answer: far longer than the client stays
         time.sleep(0.005)
         return slow(*a, **kw)
 
-    monkeypatch.setattr(target, "forward", forward)
+    monkeypatch.setattr(model, "forward", forward)
     wait_idle(live)
     aborted = metric(live, "vllm:request_success_total", finished_reason="abort")
     generated = metric(live, "vllm:generation_tokens_total")

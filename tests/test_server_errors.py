@@ -1,4 +1,4 @@
-"""Bad input to ``redraft serve``: an OpenAI-style error body with the right status (400, 401, 404, 405, 413, 503)
+"""Bad input to ``redraft serve``: an OpenAI-style error body with the right status (400, 401, 404, 405, 413, 429, 503)
 naming the field, never a 422 or a 500, and never a dead server."""
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def test_unknown_route_and_method_get_error_bodies(live):
     assert r.status_code == 405 and "GET" in r.headers["allow"]
 
 
-def test_full_queue_is_503(live):
+def test_full_queue_is_429_with_retry_after(live):
     sched = live.server.scheduler
     saved = sched.max_queue
     sched.max_queue = 0
@@ -165,7 +165,8 @@ def test_full_queue_is_503(live):
         r = httpx.post(live.url + COMPLETIONS, json={"prompt": "t05", "max_tokens": 2}, timeout=30)
     finally:
         sched.max_queue = saved
-    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert r.json()["error"]["type"] == "requests" and int(r.headers["retry-after"]) >= 1
 
 
 def test_server_survives_and_never_answered_500(live):

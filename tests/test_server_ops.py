@@ -262,7 +262,7 @@ def test_agent_phase_reuses_prefixes_and_keeps_answers_identical(model_dir, load
             started.append((name, reuse))
             extra = [] if reuse else ["--prefix-cache-tokens", "0"]
             srv = stack.enter_context(live_server(serve_args(model_dir, "--no-ngram", *extra), loaded))
-            return srv.base, lambda: None
+            return srv.base, lambda: None, time.process_time  # in process: this process's CPU seconds
 
         cfg = AgentBenchConfig(conversations=2, turns=3, max_tokens=8, system=words([5, 6, 7, 8, 9]),
                                observation=words([11, 12, 13]))
@@ -274,6 +274,9 @@ def test_agent_phase_reuses_prefixes_and_keeps_answers_identical(model_dir, load
     assert res["second_reuse_prefix_hit_tokens"] > res["first_reuse_prefix_hit_tokens"]  # whole prompts cached
     assert res["second_reuse_tokens_per_forward"] > res["first_reuse_tokens_per_forward"]  # answers replayed
     assert res["first_speedup_with_reuse"] > 0 and res["replay_speedup_with_reuse"] > 0
+    assert all(res[f"{run}_cpu_seconds"] > 0 for run in ("first_no_reuse", "second_no_reuse", "first_reuse",
+                                                           "second_reuse"))
+    assert res["replay_speedup_with_reuse_cpu"] == res["first_reuse_cpu_seconds"] / res["second_reuse_cpu_seconds"]
 
 
 @pytest.mark.parametrize("flag,value", [("--prefix-cache-tokens", "-1"), ("--prefix-cache-tokens", "many"),

@@ -45,7 +45,7 @@ def generator(loaded, config=None) -> Generator:
 
 
 def depths(gen: Generator, tenant: str, prompt: list[int], n: int = 60) -> tuple[list[int], list[int]]:
-    res = gen.engine(tenant).generate(prompt, n)
+    res = gen.engine(tenant, gen.new_target()).generate(prompt, n)
     return res.output_ids, res.drafted_per_forward
 
 
@@ -73,12 +73,12 @@ def test_the_server_uses_the_policy_by_default_and_fixed_depths_when_asked(loade
 
     assert speculation_config(serve_args(model_dir)).policy_on
     gen = generator(loaded, speculation_config(serve_args(model_dir)))
-    assert gen.engine("bob").policy is gen.policy("bob") is not None
+    assert gen.engine("bob", gen.new_target()).policy is gen.policy("bob") is not None
     for flags, k in ((["--no-policy"], 8), (["--k", "4"], 4), (["--minacc", "30"], 8)):
         cfg = speculation_config(serve_args(model_dir, *flags))
         fixed = Generator(loaded, gen.corpora, cfg)  # no curve measured without the policy
         assert not cfg.policy_on and fixed.curve is None and fixed.policy("bob") is None
-        engine = fixed.engine("bob")
+        engine = fixed.engine("bob", fixed.new_target())
         assert engine.policy is None and engine.max_depth == k
         assert [d.name for d in engine.drafters] == ["ngram"] and engine.drafters[0].k == k
 

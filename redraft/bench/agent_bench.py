@@ -13,7 +13,8 @@ Runs (every request greedy, the same conversations each time, each server fresh)
 
 Reported: each run's seconds (client side, all requests), first run without / with reuse, each replay's
 second run / first run, prefix-hit tokens, tokens per forward, and how many answers are identical to the first
-run's without reuse (all must be: reuse and drafts change speed only).
+run's without reuse (all must be: reuse and drafts change speed only); when the server's CPU seconds can be read,
+each run's CPU seconds and the same ratios of them (less sensitive than wall-clock time to a loaded machine).
 
 This module imports no server code: the caller hands it a function that starts a server (see
 :func:`run_agent_phase`), so it can sit below ``serve_bench``.
@@ -131,17 +132,21 @@ def run_conversations(client, base: str, tasks: list[str], cfg: AgentBenchConfig
             "tokens_per_forward": tokens / max(1, sum(s["forwards"] for s in stats))}
 
 
-def run_agent_phase(start_server: Callable[[str, bool], tuple[str, Callable[[], None]]],
-                    cfg: AgentBenchConfig, timeout: float = 1800.0) -> dict:
+def run_agent_phase(start_server: Callable[[str, bool], tuple], cfg: AgentBenchConfig,
+                    timeout: float = 1800.0) -> dict:
     """The phase's four runs (see the module doc) and their figures.
 
     Args:
-        start_server: ``start_server(name, prefix_reuse)`` starts a fresh server and returns (base URL, stop).
+        start_server: ``start_server(name, prefix_reuse)`` starts a fresh server and returns (base URL, stop), or
+            (base URL, stop, cpu_seconds) where ``cpu_seconds()`` gives the server process's CPU seconds so far
+            (user + system, all threads).
     Returns:
         figures: seconds of each run, ``first_speedup_with_reuse`` (first run without reuse / with reuse),
         ``replay_speedup_with_reuse`` and ``replay_speedup_without_reuse`` (first run / second run on the same
         server), prefix-hit tokens, tokens per forward, ``identical`` (answers equal to the first run's without
-        reuse, over the three other runs) of ``answers`` (their number).
+        reuse, over the three other runs) of ``answers`` (their number). With ``cpu_seconds``, also each run's
+        server CPU seconds (``*_cpu_seconds``) and the same three ratios of them (``*_cpu``): on a loaded machine
+        wall-clock seconds mostly measure waiting for a core, CPU seconds much less.
     """
     import httpx
 
@@ -149,11 +154,15 @@ def run_agent_phase(start_server: Callable[[str, bool], tuple[str, Callable[[], 
     runs: dict[str, dict] = {}
     for reuse in (False, True):
         name = "reuse" if reuse else "no_reuse"
-        base, stop = start_server(f"agent-{name}", reuse)
+        base, stop, *cpu = start_server(f"agent-{name}", reuse)
+        cpu_seconds = cpu[0] if cpu else None
         try:
             with httpx.Client() as c:
-                runs[f"first_{name}"] = run_conversations(c, base, tasks, cfg, timeout)
-                runs[f"second_{name}"] = run_conversations(c, base, tasks, cfg, timeout)
+                for run in ("first", "second"):
+                    before = cpu_seconds() if cpu_seconds else 0.0
+                    runs[f"{run}_{name}"] = run_conversations(c, base, tasks, cfg, timeout)
+                    if cpu_seconds:
+                        runs[f"{run}_{name}"]["cpu_seconds"] = cpu_seconds() - before
         finally:
             stop()
     ref = runs["first_no_reuse"]["answers"]
@@ -170,6 +179,13 @@ def run_agent_phase(start_server: Callable[[str, bool], tuple[str, Callable[[], 
     out["replay_speedup_with_reuse"] = _ratio(runs["first_reuse"]["seconds"], runs["second_reuse"]["seconds"])
     out["replay_speedup_without_reuse"] = _ratio(runs["first_no_reuse"]["seconds"],
                                                  runs["second_no_reuse"]["seconds"])
+    if all("cpu_seconds" in r for r in runs.values()):
+        for k, r in runs.items():
+            out[f"{k}_cpu_seconds"] = r["cpu_seconds"]
+        cpu = {k: r["cpu_seconds"] for k, r in runs.items()}
+        out["first_speedup_with_reuse_cpu"] = _ratio(cpu["first_no_reuse"], cpu["first_reuse"])
+        out["replay_speedup_with_reuse_cpu"] = _ratio(cpu["first_reuse"], cpu["second_reuse"])
+        out["replay_speedup_without_reuse_cpu"] = _ratio(cpu["first_no_reuse"], cpu["second_no_reuse"])
     out["identical"] = sum(a == b for answers in others for a, b in zip(ref, answers, strict=True))
     out["answers"] = len(ref) * len(others)
     return out

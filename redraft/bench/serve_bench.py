@@ -19,6 +19,12 @@ Phases (each against ``redraft serve`` running as its own process, started and s
 - ``agent``: agent-shaped conversations (each request = the previous request + its answer + an observation, after a
   long fixed system prompt), run twice on a fresh server without prefix reuse and twice on one with it: first-run
   time without / with reuse, second run / first run, identical answers (redraft/bench/agent_bench.py).
+- ``concurrent``: N streaming clients at once (each N of ``--concurrency``) on novel questions, against the server
+  under test and one started with ``--max-running 1``: aggregate tokens/s, p50/p95 time to first token, p50
+  latency, ratios, answers identical to the one-at-a-time server's and to plain greedy
+  (redraft/bench/concurrent_bench.py).
+- ``longprompt``: a ~4,000-token prompt arriving beside 4 decoding streams: the largest extra gap between a
+  stream's chunks, in seconds and in chunk forwards (redraft/bench/longprompt_bench.py).
 """
 
 from __future__ import annotations
@@ -27,14 +33,27 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redraft.bench.agent_bench import AgentBenchConfig, run_agent_phase
-from redraft.bench.server_process import ServerProcess, metric_value  # noqa: F401 (metric_value: re-exported)
+from redraft.bench.concurrent_bench import (
+    ConcurrentBenchConfig,
+    concurrent_table,
+    for_build,
+    plain_answers,
+    run_concurrent_phase,
+)
+from redraft.bench.longprompt_bench import longprompt_table, run_longprompt_phase
+from redraft.bench.server_process import (  # noqa: F401 (metric_value: re-exported)
+    ServerProcess,
+    metric_value,
+    process_starter,
+    serve_help,
+)
 from redraft.io.questions import load_questions
 
-PHASES = ("repeat", "load", "overhead", "crash", "memory", "agent")
+PHASES = ("repeat", "load", "overhead", "crash", "memory", "agent", "concurrent", "longprompt")
 
 
 @dataclass
@@ -51,6 +70,7 @@ class ServeBenchConfig:
         threads: torch threads of the servers and of the direct run (None = torch's choice).
         agent_conversations, agent_turns, agent_max_tokens: agent: tasks, requests per task, max_tokens each.
         agent_k: agent: the servers' fixed corpus draft depth (``--k K --k-max K``; None = their defaults).
+        concurrent: concurrent/longprompt sizes. plain_check: concurrent: also compare with plain greedy here.
     """
 
     model: str | None = None
@@ -69,6 +89,8 @@ class ServeBenchConfig:
     agent_turns: int = 5
     agent_max_tokens: int = 48
     agent_k: int | None = None
+    concurrent: ConcurrentBenchConfig = field(default_factory=ConcurrentBenchConfig)
+    plain_check: bool = True
 
 
 def ask(client, base: str, question: str, max_tokens: int, timeout: float = 600.0) -> tuple[int, dict, float]:
@@ -317,7 +339,7 @@ def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
             extra += ["--k", str(cfg.agent_k), "--k-max", str(cfg.agent_k)]
         srv = ServerProcess(cfg.model, work / f"{name}.log", *extra, threads=cfg.threads)
         try:
-            return srv.wait_ready(), srv.stop
+            return srv.wait_ready(), srv.stop, srv.cpu_seconds
         except BaseException:
             srv.kill()
             raise
@@ -325,6 +347,16 @@ def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
     agent = AgentBenchConfig(conversations=cfg.agent_conversations, turns=cfg.agent_turns,
                              max_tokens=cfg.agent_max_tokens)
     return run_agent_phase(start, agent, timeout=cfg.timeout)
+
+
+def phase_concurrent(cfg: ServeBenchConfig, work: Path) -> dict:
+    c = for_build(cfg.concurrent, serve_help())
+    plain = (lambda prompts, n: plain_answers(cfg.model, prompts, n, threads=cfg.threads)) if cfg.plain_check else None
+    return run_concurrent_phase(process_starter(cfg.model, work, cfg.threads), c, plain=plain)
+
+
+def phase_longprompt(cfg: ServeBenchConfig, work: Path) -> dict:
+    return run_longprompt_phase(process_starter(cfg.model, work, cfg.threads), for_build(cfg.concurrent, serve_help()))
 
 
 # ---- all phases -----------------------------------------------------------------------------------------------------
@@ -349,12 +381,17 @@ def run_serve_bench(cfg: ServeBenchConfig, phases: list[str], work: Path,
     for name in phases:
         print(f"bench serve: {name} ...", file=sys.stderr, flush=True)
         results[name] = PHASE_FUNCTIONS[name](cfg, work)
-        log(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in results[name].items()))
+        if name in PHASE_TABLES:
+            log(PHASE_TABLES[name](results[name]))
+        else:
+            log(f"{name}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in results[name].items()))
     return results
 
 
 PHASE_FUNCTIONS = {"repeat": phase_repeat, "load": phase_load, "overhead": phase_overhead, "crash": phase_crash,
-                   "memory": phase_memory, "agent": phase_agent}
+                   "memory": phase_memory, "agent": phase_agent, "concurrent": phase_concurrent,
+                   "longprompt": phase_longprompt}
+PHASE_TABLES = {"concurrent": concurrent_table, "longprompt": longprompt_table}
 
 
 def _fmt(v) -> str:

@@ -60,6 +60,13 @@ class ServerProcess:
 
         return psutil.Process(self.proc.pid).memory_info().rss
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the server process has used so far (user + system, all its threads)."""
+        import psutil
+
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -72,3 +79,28 @@ class ServerProcess:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def serve_help() -> str:
+    """``redraft serve --help`` of this build (which options the server has: ``--max-running`` once it batches)."""
+    out = subprocess.run([sys.executable, "-m", "redraft", "serve", "--help"], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, COLUMNS="200"))
+    return out.stdout
+
+
+def option_default(help_text: str, option: str) -> int | None:
+    """The integer ``(default N)`` that ``help_text`` gives for ``option`` (commas allowed), or None."""
+    m = re.search(re.escape(option) + r"\b[^\n]*?(?:\n(?!\s*--)[^\n]*?)*?default:? ([\d,]+)", help_text)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def process_starter(model: str | None, work: Path, threads: int | None):
+    """A ``start_server(name, args) -> (base URL, stop)`` function over :class:`ServerProcess` (log: work/NAME.log)."""
+    def start(name: str, args) -> tuple[str, object]:
+        srv = ServerProcess(model, work / f"{name}.log", *args, threads=threads)
+        try:
+            return srv.wait_ready(), srv.stop
+        except BaseException:
+            srv.kill()
+            raise
+    return start

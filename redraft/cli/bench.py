@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from redraft.bench import corpus_bench, serve_bench
+from redraft.bench.concurrent_bench import ConcurrentBenchConfig
 from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
 from redraft.bench.cost import cost_curve, cost_markdown
 from redraft.bench.harness import bench, machine_info, write_outputs
@@ -156,9 +157,15 @@ def cmd_bench_serve(args) -> int:
         serve_bench.check_phases(phases)
     except ValueError as e:
         raise SystemExit(f"redraft bench serve: error: {e}") from None
+    concurrent = ConcurrentBenchConfig(
+        levels=tuple(args.concurrency or (1, 4, 16)), max_tokens=args.concurrent_max_tokens, rounds=args.concurrent_rounds,
+        min_requests=args.concurrent_min_requests, server_args=tuple(args.server_args), timeout=args.timeout,
+        streams=args.probe_streams, stream_max_tokens=args.probe_max_tokens, prompt_tokens=args.probe_prompt_tokens,
+        **({"chunk_tokens": args.chunk_tokens} if args.chunk_tokens else {}))
     cfg = serve_bench.ServeBenchConfig(
         model=args.model, questions=args.questions, max_tokens=args.max_tokens, requests=args.requests,
-        concurrency=args.concurrency, load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
+        concurrency=max(args.concurrency) if args.concurrency else 4, concurrent=concurrent, plain_check=not args.no_plain_check,
+        load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
         repeats=args.repeats, memory_requests=args.memory_requests, cap_tokens=args.cap_tokens,
         timeout=args.timeout, threads=getattr(args, "threads", None), agent_conversations=args.agent_conversations,
         agent_turns=args.agent_turns, agent_max_tokens=args.agent_max_tokens, agent_k=args.agent_k)
@@ -171,7 +178,30 @@ def cmd_bench_serve(args) -> int:
         print(f"logs and corpora: {work}", file=sys.stderr)
     if args.json:
         write_json(args.json, {"command": command_line(), **results})
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_json(Path(args.out) / "results.json", {"command": command_line(), **results})
+        print(f"wrote {Path(args.out) / 'results.json'}", file=sys.stderr)
     return 0
+
+
+def positive_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers (``1,4,16``)."""
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated whole numbers, e.g. 1,4,16") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers of at least 1, e.g. 1,4,16")
+    return values
+
+
+def server_args(text: str) -> list[str]:
+    """argparse type: extra ``redraft serve`` arguments in one shell-quoted string (``"--max-running 16"``)."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
 def corpus_sizes(text: str) -> list[int]:
@@ -291,7 +321,8 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_cost)
 
-    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory, agent loops",
+    p = bsub.add_parser("serve", help="redraft serve over HTTP: repeat effect, load, overhead, crash, memory, agent "
+                                          "loops, concurrent requests, a long prompt beside streams",
                         description=serve_bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arg(p)
     p.add_argument("--phases", default=",".join(serve_bench.PHASES),
@@ -301,8 +332,30 @@ def register(sub) -> None:
     p.add_argument("--max-tokens", type=positive, default=64, help="repeat/overhead: max_tokens (default 64)")
     p.add_argument("--requests", type=positive, default=32,
                    help="load/crash: requests (default 32; a full-size run: 200)")
-    p.add_argument("--concurrency", type=positive, default=4,
-                   help="load/crash: concurrent clients (default 4; a full-size run: 16)")
+    p.add_argument("--concurrency", type=positive_list, default=None, metavar="N[,N...]",
+                   help="concurrent: the concurrencies to measure, comma-separated (default 1,4,16); load/crash: "
+                        "concurrent clients, the largest of them (default 4; a full-size load run: 16)")
+    p.add_argument("--concurrent-max-tokens", type=positive, default=64,
+                   help="concurrent: max_tokens per request (default 64)")
+    p.add_argument("--concurrent-min-requests", type=positive, default=8,
+                   help="concurrent: requests per concurrency N are max(this, 2N) (default 8)")
+    p.add_argument("--concurrent-rounds", type=positive, default=1,
+                   help="concurrent: runs per N and server, alternating which server goes first (A B, B A, ...), "
+                        "pooled; 2 or more evens out drift on a busy machine (default 1)")
+    p.add_argument("--server-args", type=server_args, default=[], metavar="'ARGS'",
+                   help="concurrent/longprompt: extra 'redraft serve' arguments of the server under test, one "
+                        "quoted string, e.g. '--max-running 16 --max-batch-tokens 512' (default: none, its defaults)")
+    p.add_argument("--no-plain-check", action="store_true",
+                   help="concurrent: compare answers with the --max-running 1 server's only, not also with plain "
+                        "greedy decoding in this process")
+    p.add_argument("--probe-streams", type=positive, default=4, help="longprompt: decoding streams (default 4)")
+    p.add_argument("--probe-max-tokens", type=positive, default=96,
+                   help="longprompt: max_tokens of each stream (default 96)")
+    p.add_argument("--probe-prompt-tokens", type=positive, default=4000,
+                   help="longprompt: tokens of the arriving prompt (default 4000)")
+    p.add_argument("--chunk-tokens", type=positive, default=None,
+                   help="longprompt: the prefill chunk whose forward is timed (default: --max-batch-tokens from "
+                        "--server-args, else the server's default for it, else 512)")
     p.add_argument("--load-distinct", type=positive, default=8, help="load: distinct questions (default 8)")
     p.add_argument("--load-max-tokens", type=positive, default=24, help="load/crash: max_tokens (default 24)")
     p.add_argument("--repeats", type=positive, default=3, help="overhead: timings per side, median (default 3)")
@@ -320,4 +373,6 @@ def register(sub) -> None:
     add_threads_arg(p)
     p.add_argument("--work-dir", default=None, help="keep logs and corpora here (default: a temporary directory)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write every figure as JSON")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="write every raw figure to DIR/results.json (created if missing)")
     p.set_defaults(func=cmd_bench_serve)

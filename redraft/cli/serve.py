@@ -27,6 +27,9 @@ from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
 DEFAULT_PREFIX_CACHE_TOKENS = 16_384
+DEFAULT_MAX_RUNNING = 8
+DEFAULT_MAX_BATCH_TOKENS = 512
+DEFAULT_KV_TOKENS = 32_768  # redraft.server.admission.DEFAULT_KV_TOKENS (not imported here: no torch at parse time)
 
 
 def register(sub) -> None:
@@ -69,7 +72,20 @@ def register(sub) -> None:
                         f"{TOOL_CALL_PARSERS[0]}); also the syntax tool_choice required/named is forced into")
     p.add_argument("--no-grammar-drafts", action="store_true",
                    help="do not propose the tokens a response_format or tool-call grammar forces as drafts")
-    p.add_argument("--max-queue", type=positive, default=256, help="most waiting requests; 503 beyond (default 256)")
+    p.add_argument("--max-queue", type=positive, default=256,
+                   help="most waiting requests; beyond it a request is answered 429 with Retry-After (default 256)")
+    p.add_argument("--max-running", type=positive, default=DEFAULT_MAX_RUNNING, metavar="N",
+                   help=f"most requests generating at once; their forwards are batched into one per step "
+                        f"(default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, unbatched)")
+    p.add_argument("--max-batch-tokens", type=positive, default=DEFAULT_MAX_BATCH_TOKENS, metavar="N",
+                   help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
+                        f"chunk of a waiting prompt's prefill (default {DEFAULT_MAX_BATCH_TOKENS})")
+    p.add_argument("--kv-tokens", type=positive, default=None, metavar="N",
+                   help=f"KV capacity in tokens, shared by running requests (each reserves prompt + max_tokens "
+                        f"when admitted; requests wait in the queue until theirs fits) and the prefix cache (which "
+                        f"keeps what they leave); a request that can never fit is a 400 (default "
+                        f"{DEFAULT_KV_TOKENS:,}, or the model's context length if larger; float32 SmolLM2-135M "
+                        f"takes ~46 KB a token)")
     p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
                    metavar="N",
                    help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
@@ -128,6 +144,7 @@ def build_server(args, loaded=None):
     from redraft.corpus import tokenizer_fingerprint
 
     # torch-bound: the generator runs the engine
+    from redraft.server.admission import KVBudget
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora
     from redraft.server.generation import Generator
@@ -152,13 +169,34 @@ def build_server(args, loaded=None):
     except CorporaError as e:
         raise _fail(str(e)) from None
     prefix_cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache_tokens else None
-    generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache)
+    budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
+    generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
+                          batcher=step_batcher(args, loaded))
     options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
                             max_tokens_default=args.max_tokens_default)
     names = args.served_model_name or []
     return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
-                  options=options, tool_call_parser=args.tool_call_parser, aliases=tuple(names[1:]),
-                  literal_content=not args.special_tokens_in_content)
+                  max_running=args.max_running, options=options, tool_call_parser=args.tool_call_parser,
+                  aliases=tuple(names[1:]), literal_content=not args.special_tokens_in_content)
+
+
+def kv_capacity(args, loaded) -> int:
+    """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`)."""
+    from redraft.server.admission import default_kv_tokens
+
+    if args.kv_tokens is not None:
+        return args.kv_tokens
+    return default_kv_tokens(getattr(loaded.model.config, "max_position_embeddings", None))
+
+
+def step_batcher(args, loaded):
+    """The step batcher the running requests share (``--max-batch-tokens``), or None with ``--max-running 1``
+    (requests one at a time on a plain target, as without batching)."""
+    if args.max_running <= 1:
+        return None
+    from redraft.decoding.batching import StepBatcher
+
+    return StepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -177,6 +215,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def kv_gib(server) -> float:
+    """GiB the server's KV budget takes at most (tokens x bytes per token in the model's dtype)."""
+    from redraft.server.admission import kv_bytes_per_token
+
+    g = server.generator
+    per = kv_bytes_per_token(g.model.config, g.facts.dtype.itemsize)
+    return g.budget.capacity * per / 2**30
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -189,8 +236,9 @@ def cmd_serve(args) -> int:
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
-          f"{f'{args.prefix_cache_tokens:,} tokens' if args.prefix_cache_tokens else 'off'})", file=sys.stderr,
-          flush=True)
+          f"{f'{args.prefix_cache_tokens:,} tokens' if args.prefix_cache_tokens else 'off'}, "
+          f"{args.max_running} running at most, KV budget {server.generator.budget.capacity:,} tokens = "
+          f"{kv_gib(server):.2f} GiB at most)", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -12,6 +12,7 @@ Torch is imported only by the functions that need it (the engine, a GliDe draft,
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 from redraft.compose.config import SpeculationConfig
@@ -62,7 +63,8 @@ def build_drafters(corpus=None, *, k: int = CORPUS_K_DEFAULT, minacc: float = CO
             each draft to verify and when a source drafts at all (``k``, ``minacc``, ``ngram_k`` and ``k_max`` are
             ignored: they are the fixed semantics). The corpus matches suffixes up to POLICY_SUFFIX_MAX_N tokens
             and the n-gram source from POLICY_NGRAM_MIN_N: their match lengths tell the policy what to trust. A
-            corpus match past POLICY_SUFFIX_MAX_N ids (a replay) drafts up to POLICY_MAX_DEPTH (512) tokens.
+            corpus match past POLICY_SUFFIX_MAX_N ids or of the whole (shorter) live context (a replay) drafts up to
+            POLICY_MAX_DEPTH (512) tokens.
     """
     corpus_max_n, ngram_min_n, deep = SUFFIX_MAX_N, SUFFIX_MIN_N, None
     if policy:
@@ -184,6 +186,31 @@ def build_load_policy(pricing, tracker):
     return LoadAwarePolicy(pricing, tracker=tracker)
 
 
+_PRICING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a shared policy -> its LoadPricing
+
+
+def batched_policy(policy):
+    """A :class:`~redraft.policy.load.LoadAwarePolicy` for one sequence decoding inside a
+    :class:`~redraft.decoding.batching.StepBatcher`: the engine prices each step's draft at the rows the step carries
+    for other sequences (:meth:`LoadAwarePolicy.at_load`, the vLLM proposer's rule), so draft depth shrinks as the
+    batch fills and grows back as it empties.
+
+    Args:
+        policy: the tenant's :class:`~redraft.policy.SpeculationPolicy`. The new policy shares its acceptance
+            tracker (what one request learns, the tenant's next requests use; another tenant's policy is never
+            touched), cost curve, node cap and probe settings; its load pricing tables are shared per ``policy``.
+    Returns:
+        the request's LoadAwarePolicy (its own probe bookkeeping). numpy only.
+    """
+    from redraft.policy.load import LoadAwarePolicy, LoadPricing
+
+    pricing = _PRICING.get(policy)
+    if pricing is None or pricing.curve is not policy.curve or pricing.n_max != policy.max_nodes:
+        pricing = _PRICING[policy] = LoadPricing(policy.curve, policy.max_nodes)
+    return LoadAwarePolicy(pricing, tracker=policy.tracker, probe_overhead=policy.probe_overhead,
+                           probe_max=policy.probe_max, min_gain=policy.min_gain)
+
+
 def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw):
     """:func:`build_policy` for ``model`` (its cost curve cached)."""
     return build_policy(model, max_nodes=max_nodes, **kw)
@@ -224,7 +251,7 @@ def build_engine(model, config: SpeculationConfig | None = None, *, eos_token_id
     """
     config = config or SpeculationConfig()
     if glide is None and config.glide is not None:
-        glide = glide_from_config(config, model)
+        glide = glide_from_config(config, _hf_model(model))
     if drafters is None:
         drafters = drafters_for(config, corpus, glide=glide)
     if policy is None and config.policy_on and drafters:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,6 +139,8 @@ class Engine:
         if max_depth <= 0:
             return Draft()
         if self.policy is not None:
+            if hasattr(self.policy, "at_load"):  # price the draft at the step's load (batched targets)
+                self.policy.at_load(getattr(self.target, "carried_rows", 1))
             return self._draft_planned(context, max_depth, fed)
         tree = TokenTree()
         for name, prop in self._proposals(context, max_depth):
@@ -211,7 +214,8 @@ class Engine:
             draft = self._draft(context[:n_ctx], depth if exactness is None or exactness.may_draft else 0,
                                 len(pending))
             # verify: one forward over the pending tokens and the tree; the longest path the target agrees with
-            step = verify_step(self.target, chooser, pending, draft, n_ctx)
+            with exactness.scope() if exactness is not None else nullcontext():
+                step = verify_step(self.target, chooser, pending, draft, n_ctx)
             keep = exactness.judge(step, chooser) if exactness else len(step.new)
             # accept: keep the KV entries of the kept nodes; end the output at the budget, EOS or a stop string
             self._keep_kv(step, keep)

@@ -226,13 +226,20 @@ class TokenChooser:
             scores = _top_k(scores - best, p.top_k) / p.temperature
             scores = _top_p(scores, p.top_p)
             scores = scores + gumbel_noise(p.seed, positions, scores.shape[-1])
-        top2 = torch.topk(scores, 2, dim=-1).values  # topk ranks NaN first: a non-finite row shows in top2[:, 0]
+        top = torch.topk(scores, 2, dim=-1)  # topk ranks NaN first: a non-finite row shows in top2[:, 0]
+        top2 = top.values
         if p.greedy and not bool(torch.isfinite(top2[:, 0]).all()):
             check_finite(logits, positions)
         margins = top2[:, 0] - top2[:, 1]
+        # a row with a unique best holds it first in topk; a tie takes argmax's first best index (one more pass
+        # over those rows only)
+        choices = top.indices[:, 0].clone()
+        tied = ~(margins > 0)
+        if bool(tied.any()):
+            choices[tied] = scores[tied].argmax(-1)
         if not p.greedy:
             margins = margins * p.temperature  # back to logit units, comparable with the verify noise
-        return scores.argmax(-1).tolist(), margins
+        return choices.tolist(), margins
 
     def _shape(self, scores: torch.Tensor, row_extra: list[list[int]] | None) -> torch.Tensor:
         """Apply the processors to each row with its own context. HF's processors take one context length per call

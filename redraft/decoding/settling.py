@@ -22,6 +22,7 @@ every row is a near-tie (16-bit dtypes) the pauses grow with each one and exact 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from redraft.decoding.exactness import near_tie_threshold
@@ -74,10 +75,12 @@ class ExactMode:
         self.settle_forwards += self.settling
         self.settling = self.rebuild = False
         n_past, n_pend, drafted = step.n_past, step.n_fed, len(step.draft.tree) > 0
-        if not drafted and n_past == self.plain_len and (n_past == 0 or n_pend == 1):
+        plain_shaped = getattr(self.target, "last_forward_plain", True)  # False: packed beside other sequences' rows
+        if not drafted and plain_shaped and n_past == self.plain_len and (n_past == 0 or n_pend == 1):
             self.plain_len = n_past + n_pend  # fed as plain decoding feeds, on the cache plain decoding holds
             return len(step.new)
-        untrusted = self._untrusted(step, chooser, drafted)
+        verify_like = drafted or not plain_shaped  # rows computed in another shape than plain decoding's
+        untrusted = self._untrusted(step, chooser, verify_like)
         tied = next((j for j, bad in enumerate(untrusted) if bad), None)
         if tied is None:
             return len(step.new)
@@ -87,7 +90,7 @@ class ExactMode:
         # a draft-free row would be judged by the settling threshold: where this row's gap is under it already,
         # only plain decoding's cache settles the token (a recompute on this cache would be a near-tie again)
         gaps = not chooser.processors
-        self.rebuild = not drafted or float(step.margins[row]) < float(self._threshold(step, [row], False, gaps)[0])
+        self.rebuild = not verify_like or float(step.margins[row]) < float(self._threshold(step, [row], False, gaps)[0])
         return tied
 
     def settle(self, step: Step, kept: int, committed: Sequence[int], n_prompt: int) -> tuple[list[int], int]:
@@ -110,13 +113,19 @@ class ExactMode:
         self.target.crop(self.plain_len)
         feed = [] if self.plain_len or n_ctx == n_prompt else [list(committed[:n_prompt])]
         feed += [[int(t)] for t in committed[max(self.plain_len, n_prompt):n_ctx - 1]]
-        for ids in feed:
-            self.target.forward(ids)
+        with self.target.solo():
+            for ids in feed:
+                self.target.forward(ids)
         self.plain_len = self.target.length
         self.settle_forwards += len(feed)
         self.spend(len(feed))
         # the prompt when its own entries went too (none computed as plain decoding computes them), else the last token
         return [int(t) for t in committed[self.target.length:n_ctx]], len(feed)
+
+    def scope(self):
+        """The context the next forward runs in: alone, in plain decoding's shape, while it recomputes a near-tie
+        row (:meth:`HFTarget.solo`); else no constraint."""
+        return self.target.solo() if self.settling else contextlib.nullcontext()
 
     def emitted(self, n: int) -> None:
         """A forward emitted ``n`` tokens: it saved ``n - 1`` forwards; a drafting pause runs down by ``n``."""
@@ -135,8 +144,9 @@ class ExactMode:
         of top-2 gaps (no logits processors) rather than of each logit."""
         if self.margin is not None:
             return step.logits.new_full((len(rows),), self.margin).float()
-        return near_tie_threshold(step.logits[rows], self.target.dtype,
-                                  EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY, gaps)
+        # the rows of a chain's accepted path are the first ones: a view, not a gathered copy of [len(rows), V]
+        logits = step.logits[:len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
+        return near_tie_threshold(logits, self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY, gaps)
 
     def _untrusted(self, step: Step, chooser: TokenChooser, drafted: bool) -> list[bool]:
         """Per token of ``step.new``: True where its row's top-2 gap is under the near-tie threshold."""

@@ -7,6 +7,7 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Sequence
@@ -34,8 +35,9 @@ class PrefixKV:
     Attributes:
         ids: the tokens the entries belong to (length n).
         kv: per decoder layer, (keys, values): FloatTensors [1, H_kv, n, D] in the model dtype, keys after the
-            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: the target
-            copies them when it is seeded (:meth:`HFTarget.seed`), so one entry can seed any number of sequences.
+            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: a target
+            seeded with them (:meth:`HFTarget.seed`) shares them and never writes into them, so one entry can seed
+            any number of sequences.
 
     The entries were computed by whatever forwards built them (a prefill over an earlier prompt, verify forwards),
     so their rows differ from plain decoding's by rounding: the engine treats rows computed on them as it treats
@@ -60,7 +62,14 @@ class HFTarget:
         max_length: context length in tokens (``max_position_embeddings``) or None.
         sliding_window: attention window of sliding-window layers, or None. Token trees need a custom mask that
             would have to repeat each layer's window, so the engine verifies chains only on such models.
+        last_forward_plain: whether the last forward ran in plain decoding's own shape (always, here; a target
+            that packs several sequences' rows into one forward, :class:`redraft.decoding.batching.BatchedTarget`,
+            sets it False after such a forward, and exact mode then judges its rows like verify rows).
+        carried_rows: rows the last forward carried for other sequences, plus one (1 here: one sequence).
     """
+
+    last_forward_plain = True
+    carried_rows = 1
 
     def __init__(self, model) -> None:
         self.model = model
@@ -100,7 +109,11 @@ class HFTarget:
             raise ValueError(f"seed: KV entries do not hold the prefix's {prefix.length} positions")
         self.cache = DynamicCache()
         for i, (k, v) in enumerate(prefix.kv):
-            self.cache.update(k, v, i)  # copies: the next forward's concatenation never writes into the prefix
+            self.cache.update(k[:, :, :0], v[:, :, :0], i)  # creates layer i (its dtype and device) empty
+            layer = self.cache.layers[i]
+            # shared, not copied (a copy of every layer cost ~10 ms a request at 1,000 tokens): no cache operation
+            # writes into its tensors (forwards concatenate into new ones, crops take views, keep gathers anew)
+            layer.keys, layer.values = k, v
         self.length = prefix.length
 
     def snapshot(self, ids: Sequence[int]) -> PrefixKV:
@@ -141,6 +154,11 @@ class HFTarget:
                          logits_to_keep=n_logits, **{self.cache_kwarg: self.cache})
         self.length += len(ids)
         return out.logits[0].cpu()
+
+    def solo(self):
+        """A context in which every forward runs in plain decoding's shape, this sequence's rows alone (here every
+        forward does; a batched target overrides it)."""
+        return contextlib.nullcontext(self)
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""

@@ -47,7 +47,8 @@ class CorpusDrafter:
             deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
         name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
         deep: under the cost-aware policy, how deep a draft may go when the match reaches past max_n context ids
-            (a replay's match does: the whole context agrees with a stored span), past the 1..48 cap; the policy
+            or covers the whole live context when that is shorter (a replay's match does: the whole context agrees
+            with a stored span), past the 1..48 cap; the policy
             then verifies as much of it as the measured cost curve says pays. Shorter matches keep depth k.
             None = no such drafts (the fixed semantics).
     Raises:
@@ -112,8 +113,10 @@ class CorpusDrafter:
         # Adaptive depth: a match reaching past max_n (the occurrence shares n ids of preceding context, as a
         # replay's does) drafts up to n ids at once, capped by k_max: one draft id per matched id, SuffixDecoding's
         # depth cap (arXiv 2411.04975); shorter matches keep the doubling depth. Under the policy (``deep``) such
-        # a match drafts up to ``deep`` ids, and the policy decides how many of them to verify.
-        long = (self.deep if self.deep is not None else n) if n > self.max_n else 0
+        # a match drafts up to ``deep`` ids, and the policy decides how many of them to verify; so does a match of
+        # the whole live context when that is shorter (a replayed prompt under max_n ids: it cannot match longer).
+        whole = self.deep is not None and n >= len(context)
+        long = (self.deep if self.deep is not None else n) if n > self.max_n or whole else 0
         ids = ids[:max(self.depth, long)]
         tree = TokenTree.chain(ids.tolist(), self.name)
         tree.match_length = n

@@ -14,7 +14,13 @@ The rule
         E(K) / c(|K|)        (expected tokens per plain step of verify time)
 
     and keeps nothing unless that beats a plain step's 1 / c(0) = 1. For a chain, K is the first d tokens: the
-    draft depth. A flat curve (a GPU, where a wider verify is almost free) drafts to the cap whenever acceptance is
+    draft depth. That rate is one forward's; a chain likely right well past d (a replay) would then be verified in
+    forwards of d ending in a short one, so a chain gets a wider first forward (up to all of it) when that plan's
+    expected tokens per unit of verify time beat the chunked plan's, each later chunk counted with the chance of
+    reaching it
+    (:meth:`~redraft.policy.speculation.SpeculationPolicy.plan`). Below level 1, what was learned about a source
+    scales its priors at the levels under it (a short n-gram match's rule-of-succession prior, 0.8-0.97 per deep
+    level, is followed only while outcomes agree with it). A flat curve (a GPU, where a wider verify is almost free) drafts to the cap whenever acceptance is
     above zero; a steep one drafts only as deep as acceptance pays for. No machine-specific constant is involved:
     the only machine input is the measured curve. A source whose drafts are dropped is re-tried with a short probe
     (1..4 tokens, the length the curve makes cheapest, never extended) once the probe's cost should nothing be

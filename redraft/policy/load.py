@@ -24,6 +24,8 @@ numpy only; used per request by the vLLM proposer (:mod:`redraft.integrations.pl
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from redraft.policy.costcurve import CostCurve
@@ -61,16 +63,18 @@ class LoadPricing:
     def __init__(self, curve: CostCurve, n_max: int, remember: int = 4096) -> None:
         self.curve, self.n_max, self.remember = curve, int(n_max), remember
         self._tables: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()  # requests decoding in several threads share one pricing
 
     def costs(self, carried: int) -> np.ndarray:
-        """float64 [n_max + 1]: c_B for B = ``carried`` rows (read-only; shared between callers)."""
+        """float64 [n_max + 1]: c_B for B = ``carried`` rows (read-only; shared between callers and threads)."""
         table = self._tables.get(carried)
         if table is None:
-            if len(self._tables) >= self.remember:
-                self._tables.pop(next(iter(self._tables)))
             table = load_costs(self.curve, carried, self.n_max)
             table.setflags(write=False)
-            self._tables[carried] = table
+            with self._lock:
+                if len(self._tables) >= self.remember:
+                    self._tables.pop(next(iter(self._tables)))
+                table = self._tables.setdefault(carried, table)
         return table
 
 

@@ -3,8 +3,15 @@
 Per candidate node i (source s, depth d) the policy estimates q(i) = P(i accepted | parent accepted):
 - with no prior from the source: the learned level estimate of (s, d) (:class:`AcceptanceTracker`);
 - with a prior p(i) from the source (:mod:`redraft.policy.priors`): the same Beta posterior but centred on the
-  node's prior instead of the level above, (successes_{s,d} + w * p'(i)) / (trials_{s,d} + w), so the source's
-  self-knowledge decides while evidence is thin and recent outcomes decide once there are some;
+  node's prior scaled by what was learned above it, (successes_{s,d} + w * p'(i) * r(parent)) / (trials_{s,d} + w),
+  where r(j) = min(1, q(j) / p'(j)) below level 1 (r = 1 at level 1, which says whether the lookup found the right
+  place at all, a different question from what follows a right first token): the source's self-knowledge decides while
+  evidence is thin and recent outcomes decide once there are some. Without r a deep level, tested only when every
+  level above it was accepted and so almost never on chance drafts, kept its prior: a 2-4-token n-gram match's
+  rule-of-succession prior (0.8-0.97 per level) made 32-token chance drafts look worth verifying on novel text
+  when level 1 was right 20-30% of the time and the levels below it about half the time. With r the learned
+  shortfall at the levels above carries down, as the level estimates without priors shrink toward the level
+  above (:class:`AcceptanceTracker`); a replay's learned estimates match its prior (r ~ 1) and keep it;
 - siblings split their parent's chance by stick-breaking: the r-th sibling gets its own estimate times the chance
   that every earlier sibling failed (p'(i) is the sibling's prior share of what the earlier ones left), so the
   siblings' probabilities never sum past 1.
@@ -79,16 +86,22 @@ class SpeculationPolicy:
         prior = None if priors is None else np.array([np.nan if p is None else p for p in priors], dtype=float)
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
+        scale = np.ones(len(parents))  # learned estimate / prior along the path, at most 1 (see the module notes)
         cond = np.empty(len(parents))
         for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
             lvl = min(int(depths[i]), tr.max_depth) - 1
+            above = 1.0 if p < 0 else scale[p]
             if prior is not None and not np.isnan(prior[i]):
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))
                 used[p] = used.get(p, 0.0) + max(0.0, prior[i])
                 succ, trials = tr.counts(s)
-                q = (succ[lvl] + tr.prior_weight * share) / (trials[lvl] + tr.prior_weight)
+                q = (succ[lvl] + tr.prior_weight * share * above) / (trials[lvl] + tr.prior_weight)
+                # level 1 says whether the lookup found the right place at all; what follows a right first token
+                # is another question, so only deeper levels' shortfall carries down
+                scale[i] = min(1.0, q / share) if share > 0 and p >= 0 else above
             else:
                 q = levels[s][lvl]
+                scale[i] = above
             fail = left.get(p, 1.0)
             cond[i] = q * fail
             left[p] = fail * (1.0 - q)
@@ -109,6 +122,8 @@ class SpeculationPolicy:
                 draft that is likely right (a replay's) is worth it there.
         Returns:
             :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
+            A chain is kept past the best single forward's depth (up to whole) when verifying it in forwards of that
+            depth would cost more per expected token (``_whole_chain``: a replay's tail in one forward).
             Sources with no kept node have their idle count advanced (towards a probe).
         """
         if len(parents) == 0:
@@ -119,6 +134,7 @@ class SpeculationPolicy:
         budget = self.max_nodes if budget is None else min(budget, self.max_nodes)
         prob = path_probabilities(parents, cond)
         sel = select_nodes(parents, cond, self.step_costs(fed), budget=budget, min_gain=self.min_gain)
+        sel = self._whole_chain(parents, prob, sel, fed, budget)
         chosen = {sources[i] for i in sel.nodes}
         nodes, probes = set(sel.nodes), []
         for s in dict.fromkeys(sources):
@@ -145,6 +161,45 @@ class SpeculationPolicy:
             if s in chosen or s not in kept:
                 self.probe_paid.discard(s)  # drafting on its own estimate again, or dropped: probes wait again
         return sel
+
+    def _whole_chain(self, parents: Sequence[int], prob: np.ndarray, sel: Selection, fed: int,
+                     budget: int) -> Selection:
+        """For a chain candidate: a wider first forward than the selected depth, when the chain is then verified
+        with more expected tokens per unit of verify time than in forwards of the selected depth alone.
+
+        The selected depth d maximises one forward's rate, which assumes the next forwards repeat it; a chain of L
+        nodes verified d at a time ends in a short forward (a replay of 128 tokens as 41 + 64 + 20), and a
+        forward's cost is not proportional to its width (``c(0) = 1``). Each plan covers the same L nodes: a first
+        forward of D nodes, then forwards of d; forward j happens only if the node before it (the previous
+        forward's bonus token) is reached, so its cost and tokens count with that probability. D is tried at d, at
+        the curve's measured sizes between d and L (the curve is linear in between, so the best D lies on one of
+        them or at an end) and at L. Where acceptance decays (a chance draft) the later forwards are unlikely and d
+        stays; where the chain is likely right to its end (a replay) the first forward widens when the curve says
+        that is cheaper per token. Trees are left to the selection.
+        """
+        d = len(sel.nodes)
+        n = min(len(parents), budget)
+        if d == 0 or n <= d or not np.array_equal(np.asarray(parents[:n]), np.arange(-1, n - 1)):
+            return sel
+        length = n
+        while length > d and prob[length - 1] <= 0.0:  # nodes cut by max_depth have probability 0
+            length -= 1
+        if length <= d:
+            return sel
+        first, later = self.step_costs(fed), self.costs
+        sizes = [d] + [int(s) for s in self.curve.sizes if d < s < length] + [length]
+        best, best_rate = d, -1.0
+        for width in sizes:
+            tokens, cost = 1.0 + float(prob[:width].sum()), float(first[width])
+            for start in range(width + 1, length, d + 1):
+                reach, size = float(prob[start - 1]), min(d, length - start)
+                tokens += reach + float(prob[start:start + size].sum())
+                cost += reach * float(later[size])
+            if tokens / cost > best_rate * (1 + 1e-9):
+                best, best_rate = width, tokens / cost
+        if best == d:
+            return sel
+        return Selection(list(range(best)), 1.0 + float(prob[:best].sum()), float(first[best]))
 
     def step_costs(self, fed: int = 1) -> np.ndarray:
         """float64 [max_nodes + 1]: the cost in plain steps of verifying n = 0..max_nodes draft tokens in a forward

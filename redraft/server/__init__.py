@@ -1,7 +1,8 @@
 """``redraft serve``: an OpenAI-compatible HTTP server whose corpus grows from its own answers, per tenant.
 
 Modules, one job each: ``tenants`` (API key -> tenant), ``corpora`` (each tenant's learned corpus plus the shared
-read-only one), ``scheduler`` (one model, a generation thread, a fair queue), ``generation`` (one request through
+read-only one), ``scheduler`` (one model, up to ``--max-running`` generation
+threads, a fair queue), ``admission`` (one KV budget over running requests and the prefix cache, ``Retry-After``), ``generation`` (one request through
 the engine: drafters, stop strings, text deltas, learning), ``schemas`` (OpenAI request validation), ``app``
 (FastAPI routes, streaming), ``errors`` (OpenAI error bodies for every failure), ``responses`` (response bodies:
 choices, usage, statistics), ``logprobs`` (OpenAI's log-probability objects), ``tokenize`` (prompt text -> ids,

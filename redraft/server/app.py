@@ -1,8 +1,9 @@
 """FastAPI routes of ``redraft serve``: OpenAI completions and chat completions, models, health, metrics.
 
 Each generation request is checked (auth 401, body 400/413, model 404, context 400 ``context_length_exceeded``),
-queued (503 when full), generated on the scheduler's thread and returned whole or streamed as server-sent events in
-OpenAI's chunk format, ending with ``data: [DONE]``. A request with several prompts, or ``n`` > 1, is one job per
+admitted when its KV reservation (prompt + max_tokens) fits the server's KV budget, else queued (429 with
+``Retry-After`` when the queue is full), generated on one of the scheduler's threads and returned whole or streamed
+as server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``. A request with several prompts, or ``n`` > 1, is one job per
 choice (prompt p's choice i is choice ``p * n + i``; with sampling, choice i uses seed + i). Every response carries
 the request's speculation statistics in a ``redraft`` field. Errors are OpenAI-style bodies
 ``{"error": {message, type, param, code}}`` (:mod:`redraft.server.errors`).
@@ -49,7 +50,9 @@ class Server:
     Args:
         generator: runs jobs (model, tokenizer, corpora, draft settings).
         tenants: API keys. model_id: the served model's id (``model`` in requests and responses).
-        max_queue: most waiting requests (503 beyond). max_body: most request body bytes (413 beyond).
+        max_queue: most waiting requests (429 beyond). max_body: most request body bytes (413 beyond).
+        max_running: most requests generating at once (1 = one at a time). The KV budget is the generator's
+            (``generator.budget``): a request that could never fit in it is a 400.
         options: :class:`~redraft.server.options.ServerOptions` (access log, CORS, chat's default max_tokens).
         tool_call_parser: how the model writes tool calls (a key of :data:`redraft.server.toolcalls.FORMATS`).
         aliases: more ids requests may name (``--served-model-name A B``); responses name the one asked for.
@@ -58,7 +61,7 @@ class Server:
     """
 
     def __init__(self, generator: Generator, tenants: Tenants, model_id: str, *, max_queue: int = 256,
-                 max_body: int = 8 << 20, options: ServerOptions | None = None,
+                 max_running: int = 1, max_body: int = 8 << 20, options: ServerOptions | None = None,
                  tool_call_parser: str = DEFAULT_FORMAT, aliases: tuple[str, ...] = (),
                  literal_content: bool = True) -> None:
         self.generator, self.tenants, self.model_id, self.max_body = generator, tenants, model_id, max_body
@@ -68,16 +71,17 @@ class Server:
         self.literal_content = literal_content
         self.fingerprint = fingerprint(model_id, generator)
         self.metrics = ServerMetrics(model_id)
-        self.scheduler = Scheduler(self._run, max_queue=max_queue, on_queue=self.metrics.waiting.set)
+        self.scheduler = Scheduler(self._run, max_queue=max_queue, max_running=max_running, budget=generator.budget,
+                                   on_queue=self.metrics.waiting.set)
         self.created = int(time.time())
         generator.on_learned = self._corpus_gauges
         for t in generator.corpora.learned:
             self._corpus_gauges(t)
 
-    # ---- generation thread ---------------------------------------------------------------------------------
+    # ---- generation threads --------------------------------------------------------------------------------
     def _run(self, job: Job, emit) -> Outcome:
         """The scheduler's runner: generate, then count it (here, so a client leaving cannot skip the count)."""
-        self.metrics.running.set(1)
+        self.metrics.running.inc()
         self.metrics.queue_time.observe(job.queue_seconds)
         try:
             out = self.generator(job, emit)
@@ -86,7 +90,7 @@ class Server:
             self.metrics.generation_tokens.inc(e.emitted)
             raise
         finally:
-            self.metrics.running.set(0)
+            self.metrics.running.dec()
         self.metrics.finished(out.result, out.finish_reason)
         if self.generator.prefix_cache is not None:
             self.metrics.prefix_cache(out.result, self.generator.prefix_cache)
@@ -145,6 +149,12 @@ class Server:
         ids = self._prompt_ids(req, tools)
         ctx = self.generator.context_length
         room = ctx - len(ids) if ctx else NO_CONTEXT_LIMIT
+        budget = self.generator.budget
+        if budget is not None and not budget.fits_ever(len(ids) + 1):
+            what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
+            raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this server's KV capacity is "
+                                f"{budget.capacity} tokens (prompt + max_tokens must fit, --kv-tokens)", param=what,
+                           code="context_length_exceeded")
         if ctx and room <= 0:
             what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
             raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this model's context is {ctx} tokens "
@@ -153,10 +163,17 @@ class Server:
         if max_tokens is None:
             default = DEFAULT_COMPLETION_TOKENS if req.kind == "completion" else self.options.max_tokens_default
             max_tokens = room if default is None else min(default, room)
+            if budget is not None:
+                max_tokens = min(max_tokens, budget.capacity - len(ids))
         if max_tokens > room:
             where = f"this model's context of {ctx} tokens" if ctx else f"the limit of {NO_CONTEXT_LIMIT} tokens"
             raise APIError(400, f"'max_tokens' {max_tokens} is too large: the prompt's {len(ids)} tokens plus "
                                 f"{max_tokens} exceed {where} (at most {room} here)", param="max_tokens",
+                           code="context_length_exceeded")
+        if budget is not None and not budget.fits_ever(len(ids) + max_tokens):
+            raise APIError(400, f"'max_tokens' {max_tokens} is too large: the prompt's {len(ids)} tokens plus "
+                                f"{max_tokens} exceed this server's KV capacity of {budget.capacity} tokens (at most "
+                                f"{budget.capacity - len(ids)} here)", param="max_tokens",
                            code="context_length_exceeded")
         sampling = req.sampling
         g = self.generator
@@ -214,7 +231,7 @@ class Server:
         name = self.model_name(req.model)
         works = self.works(req)
         loop = asyncio.get_running_loop()
-        jobs = [Job(tenant=tenant, payload=w, loop=loop) for w in works]
+        jobs = [Job(tenant=tenant, payload=w, loop=loop, kv_tokens=w.kv_tokens) for w in works]
         request.state.jobs, request.state.choices_per_prompt = jobs, req.n  # for the access log
         try:
             for job in jobs:
@@ -222,7 +239,7 @@ class Server:
         except (QueueFull, ShuttingDown) as e:
             for job in jobs:
                 job.cancel.set()
-            raise APIError(503, str(e), code="overloaded" if isinstance(e, QueueFull) else "shutting_down") from e
+            raise errors.refused(e) from e
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         if req.stream:
             return StreamingResponse(self._sse(jobs, req, rid, name), media_type="text/event-stream",
@@ -296,8 +313,11 @@ class Server:
 
     def health(self) -> dict:
         s = self.scheduler
-        return {"status": "ok", "model": self.model_id, "running": s.current is not None, "queue": s.waiting,
-                "oldest_wait_seconds": round(s.oldest_wait(), 3)}
+        budget = self.generator.budget
+        return {"status": "ok", "model": self.model_id, "running": s.running, "queue": s.waiting,
+                "oldest_wait_seconds": round(s.oldest_wait(), 3),
+                "kv_tokens_used": budget.used if budget is not None else None,
+                "kv_tokens_capacity": budget.capacity if budget is not None else None}
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": m, "object": "model", "created": self.created,
@@ -307,14 +327,20 @@ class Server:
 
     # ---- application ----------------------------------------------------------------------------------------
     def app(self) -> FastAPI:
-        """The ASGI application (starts the generation thread at startup, stops it and closes corpora at exit)."""
+        """The ASGI application (starts the step batcher and the generation threads at startup, stops them and closes
+        corpora at exit)."""
         @asynccontextmanager
         async def lifespan(_app):
+            batcher = self.generator.batcher
+            if batcher is not None:
+                batcher.start()
             self.scheduler.start()
             try:
                 yield
             finally:
                 await asyncio.to_thread(self.scheduler.stop)
+                if batcher is not None:
+                    await asyncio.to_thread(batcher.stop)
                 self.generator.corpora.close()
 
         app = FastAPI(title="redraft", summary="OpenAI-compatible server whose corpus grows from its own answers",
@@ -349,6 +375,7 @@ class Server:
         async def metrics():
             for t in self.generator.corpora.learned:  # evictions happen in the background: read sizes now
                 self._corpus_gauges(t)
+            self.metrics.kv(self.generator.budget, self.generator.batcher)
             return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         tokenize.add_routes(app, self)

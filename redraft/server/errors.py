@@ -1,6 +1,7 @@
 """OpenAI-style error responses for every failure of the FastAPI application.
 
-Every error body is ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape). Request problems are
+Every error body is ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape). A full queue is a 429
+with ``Retry-After``. Request problems are
 400 ``invalid_request_error``: FastAPI's own body validation (``RequestValidationError``, a 422 by default) is
 answered as a 400 naming the first offending field in ``param``. A 404/405 names the method and path; a 405
 carries ``Allow`` (RFC 9110 15.5.6). Anything unexpected is a 500 ``server_error``.
@@ -14,7 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from .scheduler import ShuttingDown
+from .scheduler import QueueFull, ShuttingDown
 from .schemas import APIError
 
 
@@ -25,6 +26,15 @@ def as_api_error(e: BaseException) -> APIError:
     if isinstance(e, ShuttingDown):
         return APIError(503, str(e), code="shutting_down")
     return APIError(500, f"internal error ({type(e).__name__}: {e})")
+
+
+def refused(e: QueueFull | ShuttingDown) -> APIError:
+    """The answer to a job the scheduler refused: 429 ``rate_limit_exceeded`` with ``Retry-After`` (seconds) for a
+    full queue, with OpenAI's body for a 429 (``type: "requests"``); 503 ``shutting_down`` for a server stopping."""
+    if isinstance(e, QueueFull):
+        return APIError(429, f"{e} (in about {e.retry_after} s)", type="requests", code="rate_limit_exceeded",
+                        headers={"Retry-After": str(e.retry_after)})
+    return APIError(503, str(e), code="shutting_down")
 
 
 def validation_error(e: RequestValidationError) -> APIError:
@@ -44,7 +54,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(_request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request, e: RequestValidationError):

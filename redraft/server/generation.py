@@ -1,23 +1,30 @@
 """One request through the engine: the tenant's drafters, stop strings, text deltas, then learning the answer.
 
-Runs on the scheduler's generation thread. The engine is built per request (it is a thin object) by
-:func:`redraft.compose.build_engine` around one shared :class:`~redraft.decoding.target.HFTarget`, so the model and
-its KV cache buffers exist once. Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as
-``redraft run``: the cost-aware policy by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or
-``--minacc``. The cost curve is measured once per server (cached on disk as the CLI caches it); what the policy
-learns (acceptance per draft source) is kept per tenant, in memory only, so one tenant's traffic never changes
-another tenant's draft depths (timing would show them).
+Runs on one of the scheduler's generation threads, several requests at once. Each request gets a target of its own
+(:meth:`Generator.new_target`: a sequence of the server's step batcher, whose forwards are packed with the other
+running requests' into one forward per step, or a plain :class:`~redraft.decoding.target.HFTarget` without one) and
+an engine built per request (a thin object) by :func:`redraft.compose.build_engine`; the model's weights exist once.
+Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as ``redraft run``: the cost-aware policy
+by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or ``--minacc``. The cost curve is
+measured once per server (cached on disk as the CLI caches it). What the policy learns (acceptance per draft
+source) is kept per tenant, in memory only, in the tenant's :class:`~redraft.policy.SpeculationPolicy`; under the
+step batcher each request drafts with its own :class:`~redraft.policy.load.LoadAwarePolicy` (the draft priced at
+the rows the step carries for other requests, its own probe bookkeeping) that learns into the tenant's acceptance
+tracker (:func:`redraft.compose.build.batched_policy`). One tenant's traffic never changes another tenant's draft
+depths (timing would show them).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
-from redraft.compose.build import grammar_drafters
+from redraft.compose.build import batched_policy, grammar_drafters
 from redraft.corpus import CorpusError
+from redraft.decoding.batching import SequenceCancelled
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
 from redraft.decoding.sampling import SamplingParams
@@ -25,6 +32,7 @@ from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
 
+from .admission import KVBudget
 from .corpora import TenantCorpora
 from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
@@ -56,6 +64,11 @@ class Work:
     def scoring(self) -> bool:
         return self.echo and self.logprobs is not None
 
+    @property
+    def kv_tokens(self) -> int:
+        """The KV tokens the job reserves while it runs: its prompt plus its cap on new tokens."""
+        return len(self.prompt_ids) + self.max_tokens
+
 
 @dataclass
 class Outcome:
@@ -75,7 +88,7 @@ class Outcome:
 
 
 class Generator:
-    """Generates jobs for the scheduler.
+    """Generates jobs for the scheduler, from several threads at once.
 
     Args:
         loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids).
@@ -87,28 +100,46 @@ class Generator:
             construction when missing (a few seconds on a CPU, once per model, dtype, thread count and machine).
         prefix_cache: a :class:`~redraft.server.prefix_cache.PrefixCache` (each request starts from its tenant's
             longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.
+        budget: the server's :class:`~redraft.server.admission.KVBudget` (the prefix cache keeps only what the
+            running requests' reservations leave), or None.
+        batcher: a started step batcher (:class:`redraft.decoding.batching.StepBatcher`) whose sequences the
+            requests run on, or None: each request forwards on a plain target of its own (unbatched).
+
+    Attributes:
+        model, tokenizer, eos: the loaded model's. policies: tenant -> the tenant's policy (what it learned).
     """
 
     def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
                  on_learned: Callable[[str], None] | None = None, curve=None,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, budget: KVBudget | None = None,
+                 batcher=None) -> None:
+        self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
-        self.target = HFTarget(loaded.model)
+        self.facts = HFTarget(loaded.model)  # vocabulary, context, dtype: never forwards (requests own targets)
         self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
-        self.prefix_cache = prefix_cache
+        self.prefix_cache, self.budget, self.batcher = prefix_cache, budget, batcher
         self.curve = None
         if self.config.policy_on:  # measured once per server, before the first request (not inside one)
             self.curve = curve if curve is not None else build_policy(loaded.model).curve
         self.policies: dict = {}  # tenant -> SpeculationPolicy: learned acceptance, never shared across tenants
+        self._lock = threading.Lock()
 
     @property
     def context_length(self) -> int | None:
-        return self.target.max_length
+        return self.facts.max_length
 
     @property
     def vocab_size(self) -> int:
-        return self.target.vocab_size
+        return self.facts.vocab_size
+
+    def new_target(self, cancel: threading.Event | None = None) -> HFTarget:
+        """A target for one request: a sequence of the step batcher (whose forward raises once ``cancel`` is set),
+        or a plain :class:`~redraft.decoding.target.HFTarget` without a batcher. Close it with
+        :func:`close_target`."""
+        if self.batcher is not None:
+            return self.batcher.sequence(cancel)
+        return HFTarget(self.model)
 
     def drafters(self, tenant: str, constraint=None) -> list:
         """Draft sources in priority order: the request's output grammar (``constraint``, see
@@ -127,25 +158,45 @@ class Generator:
         on the server's one cost curve."""
         if self.curve is None:
             return None
-        if tenant not in self.policies:
-            self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
-        return self.policies[tenant]
+        with self._lock:
+            if tenant not in self.policies:
+                self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
+            return self.policies[tenant]
 
-    def engine(self, tenant: str, constraint=None):
-        """The engine for one request of ``tenant``: its drafters and its policy."""
-        return build_engine(self.target, self.config, eos_token_ids=self.eos,
-                            drafters=self.drafters(tenant, constraint), policy=self.policy(tenant))
+    def request_policy(self, tenant: str):
+        """The policy one request of ``tenant`` drafts with: under the step batcher a load-aware policy of its own
+        learning into the tenant's tracker (:func:`redraft.compose.build.batched_policy`); without it (requests
+        one at a time) the tenant's policy itself. None without the policy."""
+        policy = self.policy(tenant)
+        if policy is None or self.batcher is None:
+            return policy
+        return batched_policy(policy)
+
+    def engine(self, tenant: str, target: HFTarget, constraint=None):
+        """The engine for one request of ``tenant`` on ``target``: its drafters and its policy."""
+        return build_engine(target, self.config, eos_token_ids=self.eos,
+                            drafters=self.drafters(tenant, constraint), policy=self.request_policy(tenant))
 
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
+        target = self.new_target(job.cancel)
+        emitted = [0]  # tokens generated so far (the count an aborted request reports)
+        try:
+            return self._generate(job, emit, target, emitted)
+        except SequenceCancelled as e:  # the step batcher took the sequence out of its batch: the client left
+            raise Cancelled(emitted[0]) from e
+        finally:
+            close_target(target)  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
+
+    def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget, emitted: list[int]) -> Outcome:
         work: Work = job.payload
-        scored = score_prompt(self.target, work.prompt_ids, work.logprobs) if work.scoring else None
+        scored = score_prompt(target, work.prompt_ids, work.logprobs) if work.scoring else None
         if work.max_tokens == 0:
             forwards = -(-len(work.prompt_ids) // SCORE_CHUNK) if scored else 0
             res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=forwards,
                                    logprobs=None if work.logprobs is None else [])
             return Outcome(result=res, text="", finish_reason="length", learned=False, content="",
                            prompt_logprobs=scored)
-        engine = self.engine(job.tenant, work.sampling.constraint)
+        engine = self.engine(job.tenant, target, work.sampling.constraint)
         stop = StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
         content = ContentFilter(work.tool_calls) if work.tool_calls is not None else None
@@ -158,8 +209,9 @@ class Generator:
                     emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
+            emitted[0] = len(stream.ids) + len(new)
             if job.cancel.is_set():
-                raise Cancelled(len(stream.ids) + len(new))
+                raise Cancelled(emitted[0])
             delta = stream.feed(new)
             if delta:
                 emit(delta)
@@ -170,7 +222,8 @@ class Generator:
                               stop=stop if stop else None, prefix=hit,
                               logprobs=work.logprobs)
         if cache is not None:
-            remember(cache, job.tenant, self.target, res)
+            room = self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
+            remember(cache, job.tenant, target, res, room)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
         calls, answer = None, text
@@ -204,4 +257,16 @@ class Generator:
             reason = "tool_calls"
         return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
                        prompt_logprobs=scored)
+
+
+
+def close_target(target) -> None:
+    """Close a request's target when it has a ``close`` (a step batcher's sequence: frees its KV entries and its
+    place in the batch); a plain HFTarget just drops its cache."""
+    close = getattr(target, "close", None)
+    if close is not None:
+        close()
+    else:
+        target.cache = None
+        target.length = 0
 

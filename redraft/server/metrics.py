@@ -9,7 +9,10 @@ rate (accepted / draft tokens) and mean acceptance length (1 + accepted / drafts
 ``source`` label to the spec-decode counters (corpus, shared, ngram, ...) and its own ``redraft:`` metrics where vLLM
 has none: HTTP requests by status, target forwards, tokens per forward, learned corpus size per tenant. The prefix
 cache counts as vLLM's does (``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``, in prompt tokens), plus
-``redraft:prefix_cache_evictions``, ``redraft:prefix_cache_tokens`` and ``redraft:prefix_cache_entries``.
+``redraft:prefix_cache_evictions``, ``redraft:prefix_cache_tokens`` and ``redraft:prefix_cache_entries``. The KV
+budget (:mod:`redraft.server.admission`): ``redraft:kv_tokens_used`` (running requests' reservations plus the prefix
+cache), ``redraft:kv_tokens_capacity`` and vLLM's ``vllm:kv_cache_usage_perc`` (their ratio, 0..1); the step
+batcher: ``redraft:batch_steps`` and ``redraft:batch_rows`` (their rate ratio is rows per batched forward).
 Counters are exposed with prometheus_client's ``_total`` suffix, as vLLM's are.
 """
 
@@ -35,7 +38,7 @@ class ServerMetrics:
         self.registry = r = CollectorRegistry()
         m = ["model_name"]
         self.model_name = model_name
-        self.running = Gauge("vllm:num_requests_running", "Requests generating now (one model instance: 0 or 1).",
+        self.running = Gauge("vllm:num_requests_running", "Requests generating now (up to --max-running).",
                              m, registry=r).labels(model_name)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting in the queue.", m,
                              registry=r).labels(model_name)
@@ -78,6 +81,17 @@ class ServerMetrics:
         self.prefix_entries = Gauge("redraft:prefix_cache_entries", "Entries in the prefix cache, all tenants.", m,
                                     registry=r).labels(model_name)
         self._prefix_evicted = 0
+        self.kv_used = Gauge("redraft:kv_tokens_used", "KV tokens in use: running requests' reservations (prompt + "
+                             "max_tokens) plus the prefix cache.", m, registry=r).labels(model_name)
+        self.kv_capacity = Gauge("redraft:kv_tokens_capacity", "The KV budget in tokens (--kv-tokens).", m,
+                                 registry=r).labels(model_name)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV budget in use, 0..1 (kv_tokens_used / capacity).", m,
+                              registry=r).labels(model_name)
+        self.batch_steps = Counter("redraft:batch_steps", "Batched target forwards (steps of the step batcher).", m,
+                                   registry=r).labels(model_name)
+        self.batch_rows = Counter("redraft:batch_rows", "Rows (tokens) carried by batched target forwards, all "
+                                  "requests.", m, registry=r).labels(model_name)
+        self._batch_seen = (0, 0)
         self.corpus_evicted = Gauge("redraft:corpus_evicted_spans", "Spans evicted by the per-tenant cap since "
                                     "start.", m + ["tenant"], registry=r)
 
@@ -113,6 +127,20 @@ class ServerMetrics:
         self.corpus_tokens.labels(self.model_name, tenant).set(n_tokens)
         self.corpus_spans.labels(self.model_name, tenant).set(n_spans)
         self.corpus_evicted.labels(self.model_name, tenant).set(evicted)
+
+    def kv(self, budget, batcher=None) -> None:
+        """Read the KV budget (a :class:`~redraft.server.admission.KVBudget` or None) and the step batcher's counts
+        (``steps``, ``rows``; None without one) into their metrics (at each scrape)."""
+        if budget is not None:
+            used = budget.used
+            self.kv_used.set(used)
+            self.kv_capacity.set(budget.capacity)
+            self.kv_usage.set(used / budget.capacity)
+        if batcher is not None:
+            steps, rows = int(batcher.steps), int(batcher.rows)
+            self.batch_steps.inc(max(0, steps - self._batch_seen[0]))
+            self.batch_rows.inc(max(0, rows - self._batch_seen[1]))
+            self._batch_seen = (steps, rows)
 
     def render(self) -> bytes:
         """The text exposition format (``GET /metrics``)."""

@@ -111,16 +111,19 @@ class ModelList(_Open):
 class Health(_Open):
     status: str
     model: str
-    running: bool
+    running: int
     queue: int
     oldest_wait_seconds: float
+    kv_tokens_used: int | None = None
+    kv_tokens_capacity: int | None = None
 
 
 _ERRORS = {400: {"model": ErrorResponse, "description": "invalid request (``param`` names the field)"},
            401: {"model": ErrorResponse, "description": "missing or unknown API key"}}
 _GEN_ERRORS = {**_ERRORS, 404: {"model": ErrorResponse, "description": "unknown model"},
                413: {"model": ErrorResponse, "description": "request body too large"},
-               503: {"model": ErrorResponse, "description": "queue full or shutting down"}}
+               429: {"model": ErrorResponse, "description": "queue full (``Retry-After``: seconds)"},
+               503: {"model": ErrorResponse, "description": "shutting down"}}
 
 
 def request_body(model_cls: type[BaseModel]) -> dict:

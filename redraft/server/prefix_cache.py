@@ -7,10 +7,11 @@ does that for ``redraft serve``:
 
 - **One store** for the whole server, keyed by (tenant, token ids): a request starts from the longest cached
   prefix of its prompt among its own tenant's entries. One tenant's entries never serve another's (a shared
-  prefix cache leaks prompts through timing: PromptPeek). The store holds no per-request state, so a batching
-  scheduler can later read and fill the same store from several sequences (methods take a lock).
-- **Bounded** by a token budget over all tenants (``--prefix-cache-tokens``): least recently used entries are
-  evicted first. An entry that a new one extends (its ids are a prefix of the new ids) is replaced by it, so a
+  prefix cache leaks prompts through timing: PromptPeek). The store holds no per-request state, so concurrent
+  requests read and fill the same store (methods take a lock).
+- **Bounded** by a token budget over all tenants (``--prefix-cache-tokens``), and by what running requests leave
+  of the server's KV budget (:mod:`redraft.server.admission`): least recently used entries are evicted first. An
+  entry that a new one extends (its ids are a prefix of the new ids) is replaced by it, so a
   conversation holds one entry, its latest turn.
 - **Exact**: the entries were computed by other forward shapes than plain decoding of the new prompt would use,
   so the engine judges rows computed on them like verify rows (see ``Engine.generate(prefix=...)``).
@@ -89,11 +90,13 @@ class PrefixCache:
             return entry
         return PrefixKV(entry.ids[:best_n], tuple((k[:, :, :best_n], v[:, :, :best_n]) for k, v in entry.kv))
 
-    def store(self, tenant: str, entry: PrefixKV) -> None:
+    def store(self, tenant: str, entry: PrefixKV, room: int | None = None) -> None:
         """Keep ``entry`` for ``tenant`` as the most recently used; drop the tenant's entries it extends, then the
         least recently used entries of any tenant until the budget holds. An entry longer than the whole budget
-        is not kept."""
-        if entry.length == 0 or entry.length > self.max_tokens:
+        is not kept. ``room``: a tighter budget for now (the tokens a shared KV budget leaves the cache, see
+        :class:`~redraft.server.admission.KVBudget`); None = ``max_tokens``."""
+        limit = self.max_tokens if room is None else min(self.max_tokens, max(0, int(room)))
+        if entry.length == 0 or entry.length > limit:
             return
         with self.lock:
             for key in [k for k in self.entries if k[0] == tenant and len(k[1]) <= entry.length
@@ -103,10 +106,18 @@ class PrefixCache:
                 self.stats.replaced += 1
             self.entries[(tenant, entry.ids)] = entry
             self.tokens += entry.length
-            while self.tokens > self.max_tokens:
-                (_, ids), _ = self.entries.popitem(last=False)
-                self.tokens -= len(ids)
-                self.stats.evictions += 1
+            self._evict(limit)
+
+    def evict_to(self, limit: int) -> None:
+        """Evict least recently used entries (any tenant) until at most ``limit`` tokens are held."""
+        with self.lock:
+            self._evict(max(0, int(limit)))
+
+    def _evict(self, limit: int) -> None:
+        while self.tokens > limit and self.entries:
+            (_, ids), _ = self.entries.popitem(last=False)
+            self.tokens -= len(ids)
+            self.stats.evictions += 1
 
     def tenant_tokens(self, tenant: str) -> int:
         """Tokens held for ``tenant``."""
@@ -123,16 +134,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) 
     return int(diff[0]) if len(diff) else n
 
 
-def remember(cache: PrefixCache, tenant: str, target: HFTarget, result: GenerationResult) -> int:
+def remember(cache: PrefixCache, tenant: str, target: HFTarget, result: GenerationResult,
+             room: int | None = None) -> int:
     """Store the target's KV entries of ``result``'s prompt + output after a generation; returns the tokens kept.
 
     After ``Engine.generate`` the target's cache holds the committed sequence, except the last emitted token
     (no forward has read it yet) and perhaps accepted tokens that a stop cut from the output: the entry is the
-    cached positions that belong to prompt + output.
+    cached positions that belong to prompt + output. ``room``: as :meth:`PrefixCache.store`.
     """
     ids = list(result.prompt_ids) + list(result.output_ids)
     n = min(target.length, len(ids))
     if n <= 0 or cache.max_tokens <= 0:
         return 0
-    cache.store(tenant, target.snapshot(ids[:n]))
+    cache.store(tenant, target.snapshot(ids[:n]), room)
     return n

@@ -25,7 +25,7 @@ def fingerprint(model_id: str, generator) -> str:
 
     from redraft import __version__
 
-    target = generator.target
+    target = generator.facts
     key = f"{__version__}|{model_id}|{target.dtype}|{target.vocab_size}|{target.max_length}|" \
           f"{transformers.__version__}|{torch.__version__}"
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:12]

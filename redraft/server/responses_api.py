@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import as_api_error
+from .errors import as_api_error, refused
 from .generation import Outcome
 from .openapi import request_body
 from .responses import stats
@@ -179,12 +179,12 @@ def add_routes(app: FastAPI, server) -> None:
             elif e.param == "messages":  # the conversation: instructions, previous responses and input
                 e.param, e.message = "input", e.message.replace("the messages encode", "the input encodes")
             raise
-        job = Job(tenant=tenant, payload=work, loop=asyncio.get_running_loop())
+        job = Job(tenant=tenant, payload=work, loop=asyncio.get_running_loop(), kv_tokens=work.kv_tokens)
         request.state.job = job  # for the access log
         try:
             server.scheduler.submit(job)
         except (QueueFull, ShuttingDown) as e:
-            raise APIError(503, str(e), code="overloaded" if isinstance(e, QueueFull) else "shutting_down") from e
+            raise refused(e) from e
         rid, msg_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         conversation = [m for m in messages if not (req.instructions and m is messages[0])]
 

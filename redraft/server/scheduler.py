@@ -1,11 +1,17 @@
-"""One model instance, one generation thread, a fair queue, and events from that thread to the event loop.
+"""One model instance, up to ``max_running`` generation threads, a fair queue, and events from them to the event loop.
 
-Requests are served one at a time (the engine decodes one sequence; its speed comes from drafts, not batching).
-The queue is round-robin across tenants and first-in first-out within a tenant, so one tenant's burst cannot
-starve another. Each job carries an asyncio queue: the generation thread posts ``("delta", text)`` as tokens are
-accepted and then ``("done", outcome)``, ``("aborted", None)`` or ``("error", exception)`` with
-``loop.call_soon_threadsafe``. A job whose ``cancel`` event is set (its client left) stops at its next step: the
-runner checks it in the engine's per-step token callback and raises :class:`Cancelled`.
+Each running request decodes on a thread of its own (the step batcher packs their forwards into one per step, see
+:mod:`redraft.decoding.batching`); ``max_running=1`` serves requests one at a time. The queue is round-robin across
+tenants and first-in first-out within a tenant, so one tenant's burst cannot starve another. A job is admitted when
+a thread is free and its KV reservation (``Job.kv_tokens``: prompt + max_tokens) fits in the server's
+:class:`~redraft.server.admission.KVBudget`; the job at the head of the round-robin waits until it does (no job
+jumps ahead of it, so a long request is never starved by short ones).
+
+Each job carries an asyncio queue: its generation thread posts ``("delta", text)`` as tokens are accepted and then
+``("done", outcome)``, ``("aborted", None)`` or ``("error", exception)`` with ``loop.call_soon_threadsafe``. A job
+whose ``cancel`` event is set (its client left) stops at its next step: the runner checks it in the engine's
+per-step token callback (and the step batcher before each forward) and raises :class:`Cancelled`; its thread then
+releases the job's KV reservation at once.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .admission import KVBudget, retry_after
 
 
 class Cancelled(Exception):
@@ -31,7 +39,12 @@ class Cancelled(Exception):
 
 
 class QueueFull(Exception):
-    """The queue holds ``max_queue`` jobs already (HTTP 503)."""
+    """The queue holds ``max_queue`` jobs already (HTTP 429). ``retry_after``: seconds until a place is expected to
+    free (>= 1)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ShuttingDown(Exception):
@@ -49,6 +62,7 @@ class Job:
         cancel: set by the handler when the client leaves; the generation stops at its next step.
         arrived, started, first_token: ``time.perf_counter()`` stamps (started/first_token None until then).
         outcome: what the runner returned, once it finished (None until then, or when it failed).
+        kv_tokens: the KV tokens the job reserves while it runs (prompt + max_tokens; 0 = no reservation).
     """
 
     tenant: str
@@ -60,6 +74,7 @@ class Job:
     started: float | None = None
     first_token: float | None = None
     outcome: Any = None
+    kv_tokens: int = 0
 
     @property
     def queue_seconds(self) -> float:
@@ -74,33 +89,58 @@ class Job:
 
 
 class Scheduler:
-    """Runs jobs one at a time on a worker thread.
+    """Runs up to ``max_running`` jobs at once, each on a worker thread of its own.
 
     Args:
         runner: ``runner(job, emit)`` generates ``job`` and returns its outcome; it calls ``emit(text)`` for each
             text delta and raises :class:`Cancelled` when ``job.cancel`` is set. Any other exception becomes an
-            ``error`` event; the worker never dies of one.
+            ``error`` event; a worker never dies of one. Called from several threads at once when max_running > 1.
         max_queue: most waiting jobs; beyond it :meth:`submit` raises :class:`QueueFull`.
+        max_running: most jobs running at once (worker threads, >= 1).
+        budget: the server's :class:`~redraft.server.admission.KVBudget` (None: no KV admission); a job starts only
+            once its ``kv_tokens`` are reserved there, and releases them when it ends.
         on_queue: called with the number of waiting jobs whenever it changes (metrics).
+    Raises:
+        ValueError: max_running < 1.
     """
 
+    SERVICE_DECAY = 0.8  # weight of the previous mean in the running mean of service times (Retry-After)
+
     def __init__(self, runner: Callable[[Job, Callable[[str], None]], Any], *, max_queue: int = 256,
+                 max_running: int = 1, budget: KVBudget | None = None,
                  on_queue: Callable[[int], None] | None = None) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.runner, self.max_queue, self.on_queue = runner, max_queue, on_queue
+        self.max_running, self.budget = max_running, budget
         self._queues: dict[str, deque[Job]] = {}
         self._turns: deque[str] = deque()  # tenants with waiting jobs, in round-robin order
         self._cond = threading.Condition()
         self._stopping = False
         self._waiting = 0
-        self.current: Job | None = None
-        self._thread = threading.Thread(target=self._work, name="redraft-generation", daemon=True)
+        self._running: list[Job] = []  # in the order they started
+        self._service_s: float | None = None  # running mean of seconds from start to end
+        self._threads = [threading.Thread(target=self._work, name=f"redraft-generation-{i}", daemon=True)
+                         for i in range(max_running)]
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     @property
     def waiting(self) -> int:
         return self._waiting
+
+    @property
+    def running(self) -> int:
+        """Jobs running now."""
+        return len(self._running)
+
+    @property
+    def current(self) -> Job | None:
+        """The running job that started first, or None."""
+        with self._cond:
+            return self._running[0] if self._running else None
 
     def oldest_wait(self) -> float:
         """Seconds the longest-waiting job has waited (0 when none waits)."""
@@ -108,59 +148,92 @@ class Scheduler:
             heads = [q[0].arrived for q in self._queues.values() if q]
         return time.perf_counter() - min(heads) if heads else 0.0
 
+    def retry_after(self) -> int:
+        """Seconds until a queue place is expected to free (``Retry-After``, >= 1): the running job expected to end
+        first, from the recent mean service time (:func:`~redraft.server.admission.retry_after`)."""
+        now = time.perf_counter()
+        with self._cond:
+            elapsed = [now - j.started for j in self._running if j.started is not None]
+        return retry_after(self._service_s, elapsed)
+
     def submit(self, job: Job) -> None:
         """Queue a job. Raises QueueFull or ShuttingDown."""
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            if self._waiting >= self.max_queue:
-                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting); retry later")
-            q = self._queues.setdefault(job.tenant, deque())
-            if not q:
-                self._turns.append(job.tenant)
-            q.append(job)
-            self._waiting += 1
-            self._cond.notify()
+            full = self._waiting >= self.max_queue
+            if not full:
+                q = self._queues.setdefault(job.tenant, deque())
+                if not q:
+                    self._turns.append(job.tenant)
+                q.append(job)
+                self._waiting += 1
+                self._cond.notify_all()
+        if full:
+            raise QueueFull(f"the queue is full ({self.max_queue} requests waiting); retry later",
+                            self.retry_after())
         self._queue_changed()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new jobs, fail the waiting ones, stop the running one at its next step, join the thread."""
+        """Refuse new jobs, fail the waiting ones, stop the running ones at their next step, join the threads."""
         with self._cond:
             self._stopping = True
             left = [j for q in self._queues.values() for j in q]
             self._queues.clear()
             self._turns.clear()
             self._waiting = 0
-            if self.current is not None:
-                self.current.cancel.set()
+            for j in self._running:
+                j.cancel.set()
             self._cond.notify_all()
         for j in left:
             j.post("error", ShuttingDown("the server is shutting down"))
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def _next(self) -> Job | None:
+        """The next job to run, its KV reserved (a cancelled job is handed out unreserved, to be aborted); None
+        when stopping."""
         with self._cond:
-            while not self._turns and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return None
+            while True:
+                if self._stopping:
+                    return None
+                job = self._admissible()
+                if job is not None:
+                    break
+                self._cond.wait(0.25)  # also wakes to drop cancelled jobs from the head
             tenant = self._turns.popleft()
             q = self._queues[tenant]
-            job = q.popleft()
+            q.popleft()
             if q:
                 self._turns.append(tenant)
+            else:
+                del self._queues[tenant]
             self._waiting -= 1
-            self.current = job
+            job.started = time.perf_counter()
+            self._running.append(job)
         self._queue_changed()
         return job
+
+    def _admissible(self) -> Job | None:
+        """The job at the head of the round-robin when it may start now (cancelled, or its KV reserved)."""
+        if not self._turns:
+            return None
+        job = self._queues[self._turns[0]][0]
+        if job.cancel.is_set():
+            job.kv_tokens = 0  # nothing to reserve: it is aborted at once
+            return job
+        if self.budget is None:
+            return job
+        job.kv_tokens = min(job.kv_tokens, self.budget.capacity)  # callers refuse larger ones; never wait forever
+        return job if self.budget.try_reserve(job.kv_tokens) else None
 
     def _work(self) -> None:
         while True:
             job = self._next()
             if job is None:
                 return
-            job.started = time.perf_counter()
             try:
                 if job.cancel.is_set():
                     raise Cancelled()
@@ -171,8 +244,17 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - reported to the request; the worker must live on
                 job.post("error", e)
             finally:
-                with self._cond:
-                    self.current = None
+                self._finished(job)
+
+    def _finished(self, job: Job) -> None:
+        if self.budget is not None and job.kv_tokens:
+            self.budget.release(job.kv_tokens)
+        took = time.perf_counter() - (job.started or time.perf_counter())
+        with self._cond:
+            self._running.remove(job)
+            m = self._service_s
+            self._service_s = took if m is None else self.SERVICE_DECAY * m + (1 - self.SERVICE_DECAY) * took
+            self._cond.notify_all()
 
     @staticmethod
     def _emit(job: Job, text: str) -> None:

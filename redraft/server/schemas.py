@@ -27,12 +27,14 @@ from redraft.decoding.sampling import SamplingParams
 
 
 class APIError(Exception):
-    """An OpenAI-style error: HTTP ``status``, ``message``, ``type`` and the offending ``param`` (or None)."""
+    """An OpenAI-style error: HTTP ``status``, ``message``, ``type`` and the offending ``param`` (or None);
+    ``headers``: extra response headers (``Retry-After`` on a 429), or None."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, type: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
         self.type = type or ("invalid_request_error" if status < 500 else "server_error")
 
     def body(self) -> dict:

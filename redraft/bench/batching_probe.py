@@ -1,0 +1,211 @@
+"""Continuous batching on the real model, in one process: concurrent sequences through a StepBatcher against the
+same sequences one at a time (ids, aggregate tokens/s), and the share of a packed step spent concatenating the
+sequences' KV caches (docs/architecture.md, "Continuous batching").
+
+    python -m redraft.bench.batching_probe concurrent --sequences 4 --max-tokens 64
+    python -m redraft.bench.batching_probe copy --sequences 4 16 --tokens 500
+    python -m redraft.bench.batching_probe noise --sequences 4 --max-tokens 32
+
+Figures are ratios measured side by side in one run (the machine is noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+
+def _questions(n: int, tokenizer) -> list[list[int]]:
+    """The first turn of ``n`` Spec-Bench questions spread over the file (different categories), chat-templated."""
+    from redraft.io.prompts import encode_prompt
+    from redraft.io.questions import load_questions
+
+    qs = load_questions()
+    step = max(1, len(qs) // n)
+    return [encode_prompt(tokenizer, qs[i * step]["turns"][0]) for i in range(n)]
+
+
+def _one_at_a_time(make_engine, prompts, max_tokens) -> tuple[list[list[int]], float]:
+    t0 = time.perf_counter()
+    ids = [make_engine().generate(p, max_tokens).output_ids for p in prompts]
+    return ids, time.perf_counter() - t0
+
+
+def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]], float]:
+    out: list = [None] * len(prompts)
+    targets = [batcher.sequence() for _ in prompts]
+
+    def body(i):
+        try:
+            out[i] = make_engine(targets[i]).generate(prompts[i], max_tokens).output_ids
+        finally:
+            targets[i].close()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return out, time.perf_counter() - t0
+
+
+def concurrent(n: int, max_tokens: int) -> dict:
+    """Plain decoding and the default speculation (n-gram drafts under the policy, exact mode), each one request at
+    a time and ``n`` at once through a StepBatcher; ids compared with plain decoding one at a time."""
+    from redraft.compose import SpeculationConfig, build_engine, build_policy, plain_engine
+    from redraft.compose.build import batched_policy
+    from redraft.decoding.batching import StepBatcher
+    from redraft.io.loading import load_model
+
+    loaded = load_model(None, quiet=True)
+    model, eos = loaded.model, sorted(loaded.eos_token_ids)
+    prompts = _questions(n, loaded.tokenizer)
+    config = SpeculationConfig()
+    tenant = build_policy(model, max_nodes=config.policy_nodes)
+    batcher = StepBatcher(model)
+    batcher.start()
+    runs = {}
+    try:
+        runs["plain, one at a time"] = _one_at_a_time(lambda: plain_engine(model, eos_token_ids=eos), prompts,
+                                                      max_tokens)
+        runs["plain, batched"] = _batched(batcher, lambda t: plain_engine(t, eos_token_ids=eos), prompts, max_tokens)
+        runs["speculative, one at a time"] = _one_at_a_time(
+            lambda: build_engine(model, config, eos_token_ids=eos, policy=tenant), prompts, max_tokens)
+        runs["speculative, batched"] = _batched(
+            batcher, lambda t: build_engine(t, config, eos_token_ids=eos, policy=batched_policy(tenant)), prompts,
+            max_tokens)
+    finally:
+        batcher.stop()
+    ref = runs["plain, one at a time"][0]
+    base = sum(map(len, ref)) / runs["plain, one at a time"][1]
+    out = {"sequences": n, "max_tokens": max_tokens, "steps": batcher.steps, "rows": batcher.rows}
+    for name, (ids, secs) in runs.items():
+        tps = sum(map(len, ids)) / secs
+        out[name] = {"seconds": round(secs, 3), "tokens_per_s": round(tps, 2), "vs_plain_one_at_a_time":
+                     round(tps / base, 2), "identical": sum(a == b for a, b in zip(ids, ref, strict=True))}
+    return out
+
+
+def copy_share(sequences: list[int], tokens: int, repeats: int = 5) -> dict:
+    """Per S in ``sequences``: S sequences holding ``tokens`` cached tokens each, one decode row each; median time
+    of building the combined cache (the copy) and of the whole packed step (copy, forward, split), and the share."""
+    import torch
+
+    from redraft.decoding.packing import Block, causal_positions, combined_cache, packed_forward
+    from redraft.decoding.target import HFTarget
+    from redraft.io.loading import load_model
+
+    model = load_model(None, quiet=True).model
+    gen = torch.Generator().manual_seed(0)
+    out = {"tokens": tokens, "threads": torch.get_num_threads()}
+    for s in sequences:
+        targets = []
+        for _ in range(s):
+            t = HFTarget(model)
+            t.reset()
+            t.forward(torch.randint(100, 40000, (tokens,), generator=gen).tolist())
+            targets.append(t)
+        copies, steps = [], []
+        for _ in range(repeats):
+            blocks = [Block(t.length, causal_positions(t.length, 1)) for t in targets]
+            t0 = time.perf_counter()
+            combined_cache([t.cache for t in targets], [t.length for t in targets], room=s)
+            t1 = time.perf_counter()
+            packed_forward(model, [t.cache for t in targets], blocks, [[42]] * s, [range(1)] * s,
+                           cache_kwarg=targets[0].cache_kwarg)
+            t2 = time.perf_counter()
+            for t in targets:
+                t.length += 1
+                t.crop(tokens)  # the appended row goes again: every repeat sees the same cache
+            copies.append(t1 - t0)
+            steps.append(t2 - t1)
+        solos = []
+        for _ in range(repeats):  # plain decoding's step for one of them, alone
+            t = targets[0]
+            t0 = time.perf_counter()
+            t.forward([42])
+            solos.append(time.perf_counter() - t0)
+            t.crop(tokens)
+        c, st, so = statistics.median(copies), statistics.median(steps), statistics.median(solos)
+        out[str(s)] = {"copy_ms": round(1e3 * c, 1), "step_ms": round(1e3 * st, 1), "copy_share": round(c / st, 3),
+                       "one_sequence_alone_ms": round(1e3 * so, 1), "step_vs_alone_x_s": round(st / (s * so), 3),
+                       "kv_mb": round(sum(2 * layer.keys.numel() * layer.keys.element_size()
+                                          for t in targets for layer in t.cache.layers) / 2**20, 1)}
+    return out
+
+
+def row_noise(n: int, max_tokens: int) -> dict:
+    """How far packed rows are from plain decoding's rows: ``n`` questions decoded plain (prompt in one forward, then
+    one token per forward), and the same tokens fed packed (prompts in one packed forward, then one row per
+    sequence per step, every cache written by packed forwards). Returns the largest |packed - plain| over the rows,
+    relative to the plain row's largest |logit| (exact mode's bound for verify rows: ``EXACT_ROW_NOISE``)."""
+    import torch
+
+    from redraft.decoding.packing import Block, causal_positions, packed_forward
+    from redraft.decoding.target import HFTarget
+    from redraft.defaults import EXACT_ROW_NOISE
+    from redraft.io.loading import load_model
+
+    loaded = load_model(None, quiet=True)
+    model = loaded.model
+    prompts = _questions(n, loaded.tokenizer)
+    plain_rows, tokens = [], []
+    for p in prompts:
+        t = HFTarget(model)
+        t.reset()
+        rows, ids, nxt = [], [], p
+        for _ in range(max_tokens):
+            row = t.forward(nxt)[0].float()
+            rows.append(row)
+            ids.append(int(row.argmax()))
+            nxt = [ids[-1]]
+        plain_rows.append(torch.stack(rows))
+        tokens.append(ids)
+    targets = [HFTarget(model) for _ in prompts]
+    for t in targets:
+        t.reset()
+    worst = 0.0
+    feeds = [list(p) for p in prompts]
+    for step in range(max_tokens):
+        blocks = [Block(t.length, causal_positions(t.length, len(f))) for t, f in zip(targets, feeds, strict=True)]
+        got = packed_forward(model, [t.cache for t in targets], blocks, feeds, [range(len(f) - 1, len(f)) for f in feeds],
+                             cache_kwarg=targets[0].cache_kwarg)
+        for i, (t, f) in enumerate(zip(targets, feeds, strict=True)):
+            t.length += len(f)
+            plain = plain_rows[i][step]
+            worst = max(worst, float((got[i][0].float() - plain).abs().max() / plain.abs().max()))
+        feeds = [[ids[step]] for ids in tokens]
+    return {"sequences": n, "rows_each": max_tokens, "max_relative_difference": worst,
+            "exact_mode_bound_float32": EXACT_ROW_NOISE["float32"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m redraft.bench.batching_probe", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("concurrent", help="N questions at once through a StepBatcher vs one at a time")
+    c.add_argument("--sequences", type=int, default=4)
+    c.add_argument("--max-tokens", type=int, default=64)
+    k = sub.add_parser("copy", help="the combined cache's copy as a share of a packed step")
+    k.add_argument("--sequences", type=int, nargs="+", default=[4, 16])
+    k.add_argument("--tokens", type=int, default=500)
+    k.add_argument("--repeats", type=int, default=5)
+    r = sub.add_parser("noise", help="packed rows against plain decoding's rows")
+    r.add_argument("--sequences", type=int, default=4)
+    r.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+    if args.what == "concurrent":
+        res = concurrent(args.sequences, args.max_tokens)
+    elif args.what == "noise":
+        res = row_noise(args.sequences, args.max_tokens)
+    else:
+        res = copy_share(args.sequences, args.tokens, args.repeats)
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

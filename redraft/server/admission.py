@@ -1,0 +1,104 @@
+"""One KV budget in tokens for the running requests and the prefix cache, and how long a refused client should wait.
+
+A running request holds KV entries for its prompt and answer; the prefix cache holds the entries of finished ones.
+Both live in the same memory, so :class:`KVBudget` bounds their sum (``--kv-tokens``). A request is admitted
+with a **reservation** of its worst case, ``prompt + max_tokens`` tokens, taken only while it fits beside the
+reservations already running; it is never preempted afterwards (what vLLM does when its paged KV runs out, at the
+price of recomputing the preempted request). Reservations come before cached prefixes: each admission evicts the
+least recently used prefix entries until the cache fits in what the reservations leave. The prefix cache keeps its
+own cap too (``--prefix-cache-tokens``); the smaller bound wins.
+
+Memory: one token of KV costs ``2 x layers x KV heads x head dim x dtype bytes`` (:func:`kv_bytes_per_token`):
+46,080 bytes in float32 for the default SmolLM2-135M (30 layers, 3 KV heads of 64), so the default budget of
+32,768 tokens is ~1.5 GB at most.
+"""
+
+from __future__ import annotations
+
+import threading
+
+DEFAULT_KV_TOKENS = 32_768
+
+
+def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
+    """Bytes of KV cache one token takes in ``config``'s model (a transformers config): 2 (keys and values) x
+    ``num_hidden_layers`` x ``num_key_value_heads`` (default: attention heads) x head dim x ``dtype_bytes``."""
+    layers = int(getattr(config, "num_hidden_layers", 1))
+    heads = int(getattr(config, "num_attention_heads", 1))
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = getattr(config, "head_dim", None) or int(getattr(config, "hidden_size", heads)) // max(1, heads)
+    return 2 * layers * kv_heads * int(head_dim) * int(dtype_bytes)
+
+
+def default_kv_tokens(context_length: int | None) -> int:
+    """The default ``--kv-tokens``: :data:`DEFAULT_KV_TOKENS`, raised to the model's context length so that any
+    request the context allows can run."""
+    return max(DEFAULT_KV_TOKENS, int(context_length or 0))
+
+
+class KVBudget:
+    """Tokens of KV held by running requests (their reservations) plus the prefix cache, at most ``capacity``.
+
+    Args:
+        capacity: the budget in tokens (>= 1).
+        prefix_cache: a :class:`~redraft.server.prefix_cache.PrefixCache` sharing the budget, or None.
+    Raises:
+        ValueError: capacity < 1.
+
+    Attributes:
+        reserved: tokens reserved by running requests now.
+    Thread-safe: the scheduler reserves and releases from its worker threads.
+    """
+
+    def __init__(self, capacity: int, prefix_cache=None) -> None:
+        if capacity < 1:
+            raise ValueError(f"the KV budget must be >= 1 token, got {capacity}")
+        self.capacity, self.prefix_cache = int(capacity), prefix_cache
+        self.reserved = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        """Tokens in use: the running requests' reservations plus the prefix cache's entries."""
+        return self.reserved + (self.prefix_cache.tokens if self.prefix_cache is not None else 0)
+
+    def fits_ever(self, tokens: int) -> bool:
+        """Whether a request needing ``tokens`` could run on an otherwise idle server."""
+        return tokens <= self.capacity
+
+    def try_reserve(self, tokens: int) -> bool:
+        """Reserve ``tokens`` when they fit beside the running reservations, evicting prefix entries (least
+        recently used first) so the cache fits in what is left. Returns False, changing nothing, when they do not."""
+        with self._lock:
+            if self.reserved + tokens > self.capacity:
+                return False
+            self.reserved += tokens
+            room = self.capacity - self.reserved
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict_to(room)
+        return True
+
+    def release(self, tokens: int) -> None:
+        """Give back a reservation (the request ended, finished or cancelled)."""
+        with self._lock:
+            self.reserved = max(0, self.reserved - tokens)
+
+    def prefix_room(self, own: int = 0) -> int:
+        """Tokens the prefix cache may hold now: what the reservations leave, counting ``own`` (the reservation of
+        the request handing its KV entries to the cache: they are the same memory) as free."""
+        with self._lock:
+            return max(0, self.capacity - self.reserved + own)
+
+
+def retry_after(mean_service_s: float | None, elapsed_s: list[float]) -> int:
+    """Seconds a refused client should wait (``Retry-After``): until the running request expected to finish first
+    is done, which frees a queue place; at least 1.
+
+    Args:
+        mean_service_s: recent mean seconds from a request's start to its end (None: none finished yet, answer 1).
+        elapsed_s: seconds each running request has run so far.
+    """
+    if mean_service_s is None or not elapsed_s:
+        return 1
+    left = min(max(0.0, mean_service_s - e) for e in elapsed_s)
+    return max(1, int(-(-left // 1)))

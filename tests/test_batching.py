@@ -1,0 +1,600 @@
+"""Continuous batching (redraft.decoding.batching, redraft.decoding.packing): several sequences' rows in one forward.
+
+Checked: the block mask keeps sequences apart (a change to one sequence's cache never reaches another's logits), a
+lone sequence runs HFTarget's own forward, N sequences decoded concurrently (drafters, trees, planted near-ties,
+random arrival orders, prompts longer than a chunk) give exactly plain greedy decoding's ids, a long prompt is
+chunked so running sequences wait at most one chunk's forward, a cancel frees the sequence at once, and the
+policy's draft depth follows the rows a step carries for other sequences.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from conftest import VOCAB, ConstantDrafter, SequenceDrafter, build_tiny, draw_planted_case, plain_greedy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from redraft.compose import build_policy
+from redraft.compose.build import batched_policy
+from redraft.corpus import Corpus
+from redraft.decoding.batching import BatchedTarget, SequenceCancelled, StepBatcher
+from redraft.decoding.engine import Engine
+from redraft.decoding.packing import Block, block_mask, causal_positions, packed_forward
+from redraft.decoding.sampling import GREEDY, TokenChooser
+from redraft.decoding.settling import ExactMode
+from redraft.decoding.step import Draft, Step
+from redraft.decoding.target import HFTarget
+from redraft.decoding.verify import tree_attention_mask, tree_positions
+from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
+from redraft.policy import CostCurve
+from redraft.tree import TokenTree
+
+JOIN_S = 120  # a sequence thread that has not finished by then failed (a lost wake-up would hang here)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny("llama", "sdpa", seed=0)
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return build_tiny("llama", "eager", seed=0)
+
+
+def _settings(n: int):
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def run_concurrently(batcher: StepBatcher, jobs, starts=None) -> list:
+    """Run ``jobs[i](target)`` each in its own thread on its own BatchedTarget; job i starts once the batcher has run
+    ``starts[i]`` steps (or 2 s passed). Returns the results; re-raises the first job error."""
+    results, errors = [None] * len(jobs), []
+
+    def body(i):
+        deadline = time.monotonic() + 2.0
+        while starts and batcher.steps < starts[i] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        t = batcher.sequence()
+        try:
+            results[i] = jobs[i](t)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+        finally:
+            t.close()
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(jobs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(JOIN_S)
+        assert not th.is_alive(), "a sequence thread never finished"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def started(model, **kw) -> StepBatcher:
+    b = StepBatcher(model, **kw)
+    b.start()
+    return b
+
+
+# ---- the mask and the packed forward ------------------------------------------------------------------------------
+
+def test_block_mask_blocks_are_disjoint_and_keep_each_sequence_own_mask():
+    tree = TokenTree()
+    a = tree.add_node(-1, 5, "t")
+    tree.add_node(-1, 6, "t")
+    tree.add_node(a, 7, "t")
+    own = tree_attention_mask(tree, 3, 1, torch.float32)  # [1, 1, 4, 7]: 3 cached, root + 3 nodes
+    blocks = [Block(3, tree_positions(tree, 3, 1)[0], own), Block(0, causal_positions(0, 2)), Block(2, causal_positions(2, 1))]
+    m = block_mask(blocks, torch.float32)[0, 0]
+    assert m.shape == (7, 5 + 7)
+    open_ = m == 0
+    # block 0: rows 0..3 see cached cols 0..2 and new cols 5..8 exactly as its own tree mask says
+    assert torch.equal(open_[0:4, 0:3], own[0, 0, :, :3] == 0)
+    assert torch.equal(open_[0:4, 5:9], own[0, 0, :, 3:] == 0)
+    # block 1 (no cache, causal): rows 4..5 see new cols 9..10 causally
+    assert torch.equal(open_[4:6, 9:11], torch.ones(2, 2, dtype=torch.bool).tril())
+    # block 2: row 6 sees cached cols 3..4 and its own new col 11
+    assert open_[6, 3:5].all() and open_[6, 11]
+    # nothing else is open: no row sees another block's columns
+    owner_rows = [0] * 4 + [1] * 2 + [2]
+    owner_cols = [0] * 3 + [2] * 2 + [0] * 4 + [1] * 2 + [2]
+    for r in range(7):
+        for c in range(12):
+            if owner_rows[r] != owner_cols[c]:
+                assert not open_[r, c], (r, c)
+
+
+def _cached(model, ids) -> HFTarget:
+    t = HFTarget(model)
+    t.reset()
+    t.forward(list(ids))
+    return t
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_rows_of_other_sequences_never_attend_to_each_other(model, eager, attn):
+    """Change one sequence's cached values: the other sequence's packed logits stay the same bit for bit."""
+    m = model if attn == "sdpa" else eager
+    prompts = [[3, 9, 27, 81 % VOCAB, 50], [11, 12, 13]]
+
+    def packed(perturb: bool):
+        ts = [_cached(m, p) for p in prompts]
+        if perturb:
+            for layer in ts[1].cache.layers:
+                layer.values = layer.values + torch.randn_like(layer.values)
+                layer.keys = layer.keys + torch.randn_like(layer.keys)
+        blocks = [Block(t.length, causal_positions(t.length, 2)) for t in ts]
+        out = packed_forward(m, [t.cache for t in ts], blocks, [[4, 5], [6, 7]], [range(2), range(2)],
+                             cache_kwarg=ts[0].cache_kwarg)
+        return out, ts
+
+    (a0, b0), _ = packed(False)
+    (a1, b1), ts = packed(True)
+    assert torch.equal(a0, a1)
+    assert not torch.allclose(b0, b1)
+    assert [t.cache.layers[0].keys.shape[-2] for t in ts] == [7, 5]  # the new rows went to each own cache
+    # and the packed rows are each sequence's own rows, up to rounding
+    solo = _cached(m, prompts[0]).forward([4, 5], n_logits=2)
+    torch.testing.assert_close(a0, solo, atol=1e-4, rtol=0)
+
+
+def test_a_lone_sequence_runs_hftarget_forward_bit_for_bit(model):
+    b = started(model)
+    try:
+        t = b.sequence()
+        ref = HFTarget(model)
+        ref.reset()
+        for ids in ([4, 8, 15, 16, 23, 42], [7], [1, 2, 3]):
+            assert torch.equal(t.forward(ids, n_logits=len(ids)), ref.forward(ids, n_logits=len(ids)))
+            assert t.last_forward_plain and t.carried_rows == 1 and t.length == ref.length
+        assert b.kv_tokens == 10 and b.running == 1
+        t.close()
+        assert b.kv_tokens == 0 and b.running == 0
+    finally:
+        b.stop()
+
+
+def test_a_lone_engine_is_unchanged_with_drafts(model):
+    prompt = [7, 21, 3, 88, 40, 12, 7, 21, 3]
+    want = plain_greedy(model, prompt, 40)
+    ref = Engine(model, [SequenceDrafter(prompt + want)], max_depth=8).generate(prompt, 40)
+    b = started(model)
+    try:
+        [got] = run_concurrently(b, [lambda t: Engine(t, [SequenceDrafter(prompt + want)], max_depth=8)
+                                     .generate(prompt, 40)])
+    finally:
+        b.stop()
+    assert got.output_ids == ref.output_ids == want
+    assert got.forwards == ref.forwards and got.accepted_per_forward == ref.accepted_per_forward
+
+
+def test_a_chunked_tree_forward_gives_its_rows_across_chunks(model):
+    """A verify forward (tree mask, tree positions) longer than a chunk: its logits rows span several chunks and come
+    back in order, each within rounding of the unchunked forward; the cache holds the same entries."""
+    tree = TokenTree()
+    parent = -1
+    for i, tok in enumerate([5, 9, 13, 17, 21]):
+        node = tree.add_node(parent, tok, "t")
+        tree.add_node(parent, (tok + 1) % VOCAB, "t")  # a sibling at every depth
+        parent = node if i % 2 == 0 else parent
+    prompt = [3, 1, 4, 1, 5]
+    ref = HFTarget(model)
+    ref.reset()
+    ref.forward(prompt)
+    pos, mask = tree_positions(tree, ref.length, 1), tree_attention_mask(tree, ref.length, 1, ref.dtype)
+    want = ref.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
+    b = started(model, max_batch_tokens=3, min_chunk=2, gather_s=0.0)
+    try:
+        t = b.sequence()
+        t.forward(prompt)
+        assert t.last_forward_plain  # 5 rows > 3, but the only sequence: whole, HFTarget's path
+        idle = b.sequence()  # another registered sequence (not asking): long forwards are chunked now
+        got = t.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
+        assert not t.last_forward_plain and got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        assert [r for s in list(b.step_log)[1:] for _, r in s] == [3, 3, 3, 2]  # 11 rows in chunks of at most 3
+        for mine, theirs in zip(t.cache.layers, ref.cache.layers, strict=True):
+            torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-4, rtol=0)
+        t.close()
+        idle.close()
+    finally:
+        b.stop()
+
+
+def test_bad_arguments_and_an_unstarted_batcher(model):
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        StepBatcher(model, max_batch_tokens=0)
+    b = StepBatcher(model)
+    t = b.sequence()
+    with pytest.raises(RuntimeError, match="start"):
+        t.forward([1, 2])
+    t.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        t.forward([1])
+
+
+# ---- exactness under batching ------------------------------------------------------------------------------------
+
+def _drafters(kind: str, prompt, want):
+    full = list(prompt) + list(want)
+    if kind == "oracle":
+        return [SequenceDrafter(full)], False
+    if kind == "garbage":
+        return [ConstantDrafter([1, 2, 3, 4, 5, 6])], False
+    if kind == "tree":  # the right chain merged with a wrong one: a token tree with siblings
+        return [SequenceDrafter(full, "wrong", shift=1), SequenceDrafter(full)], True
+    if kind == "ngram":
+        return [NgramDrafter(k=6, min_n=1)], False
+    return [], False
+
+
+def _job(prompt, n, kind, want, margin=None, eos=()):
+    def job(t):
+        drafters, merge = _drafters(kind, prompt, want)
+        return Engine(t, drafters, max_depth=8, merge=merge, exact=True, exact_margin=margin,
+                      eos_token_ids=eos).generate(prompt, n)
+    return job
+
+
+@pytest.mark.parametrize("margin", [None, 1.0])
+def test_concurrent_sequences_decode_exactly_as_plain_greedy_alone(model, margin):
+    """margin 1.0 makes many rows near-ties: their recomputes and cache rebuilds run as solo forwards."""
+    prompts = [[5, 17, 33, 2], [9, 9, 9, 40, 41, 42, 9, 9, 9], list(range(20, 50)), [61], [3, 1, 4, 1, 5, 9, 2, 6]]
+    kinds = ["oracle", "garbage", "tree", "ngram", "plain"]
+    n = 36
+    wants = [plain_greedy(model, p, n) for p in prompts]
+    b = started(model, max_batch_tokens=24, min_chunk=4, gather_s=0.05)
+    try:
+        got = run_concurrently(b, [_job(p, n, k, w, margin) for p, k, w in zip(prompts, kinds, wants, strict=True)])
+    finally:
+        b.stop()
+    for p, r, w in zip(prompts, got, wants, strict=True):
+        assert r.output_ids == w, p
+    assert max(len(s) for s in b.step_log) >= 3, "the sequences were never batched together"
+    # a packed step carries at most max_batch_tokens rows, plus at most one min_chunk (a chunk is never smaller);
+    # only solo forwards (exact mode's rebuild of a whole prompt) run unchunked
+    assert all(sum(r for _, r in s) <= 24 + 4 for s in b.step_log if len(s) > 1)
+    if margin is not None:
+        assert sum(r.settle_forwards for r in got) > 0
+
+
+@_settings(12)
+@given(data=st.data())
+def test_random_arrival_orders_prompt_lengths_and_budgets_decode_exactly(model, data):
+    k = data.draw(st.integers(2, 4), label="sequences")
+    prompts, ns, kinds, starts = [], [], [], []
+    for i in range(k):
+        size = data.draw(st.integers(1, 30), label=f"prompt {i} length")  # up to 30 > the 12-row chunk
+        prompts.append(data.draw(st.lists(st.integers(0, VOCAB - 1), min_size=size, max_size=size), label="prompt"))
+        ns.append(data.draw(st.integers(1, 24), label="max_new_tokens"))
+        kinds.append(data.draw(st.sampled_from(["oracle", "garbage", "tree", "ngram", "plain"]), label="drafter"))
+        starts.append(data.draw(st.integers(0, 6), label="start step"))
+    margin = data.draw(st.sampled_from([None, 1e-3, 1.0]), label="exact margin")
+    wants = [plain_greedy(model, p, n) for p, n in zip(prompts, ns, strict=True)]
+    b = started(model, max_batch_tokens=12, min_chunk=4, gather_s=0.01)
+    try:
+        got = run_concurrently(b, [_job(p, n, kd, w, margin)
+                                   for p, n, kd, w in zip(prompts, ns, kinds, wants, strict=True)], starts)
+    finally:
+        b.stop()
+    for r, w in zip(got, wants, strict=True):
+        assert r.output_ids == w
+    assert b.running == 0 and b.kv_tokens == 0
+
+
+@_settings(10)
+@given(data=st.data())
+def test_planted_near_ties_under_batching(model, data):
+    cases = [draw_planted_case(data, model, 24) for _ in range(3)]
+    margin = data.draw(st.sampled_from([None, 1e-3, 1.0]), label="exact margin")
+    k = data.draw(st.sampled_from([2, 8, 16]), label="K")
+
+    def job(case):
+        prompt, n, eos, _, span = case
+
+        def run(t):
+            corpus = Corpus.from_spans([span], vocab_size=VOCAB)
+            return Engine(t, [CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(0.0)), NgramDrafter(k=k, min_n=1)],
+                          eos_token_ids=eos, max_depth=k, exact=True, exact_margin=margin).generate(prompt, n)
+        return run
+
+    b = started(model, max_batch_tokens=16, min_chunk=4, gather_s=0.01)
+    try:
+        got = run_concurrently(b, [job(c) for c in cases])
+    finally:
+        b.stop()
+    for (_, _, _, want, _), r in zip(cases, got, strict=True):
+        assert r.output_ids == want
+
+
+def test_a_packed_draft_free_row_is_judged_like_a_verify_row():
+    """A row computed beside other sequences is not plain decoding's: judged by the verify threshold, it never
+    advances plain_len, and a near-tie on it is recomputed (solo) rather than rebuilt when its gap allows."""
+
+    class Packed:
+        dtype = torch.float32
+        last_forward_plain = False
+
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 0], logits[0, 1] = 10.0, 9.5
+    step = Step(Draft(), [1, 2, 3], 0, logits, [3], None, [0], torch.tensor([0.5]), [], [0], [0])
+    ex = ExactMode(Packed(), margin=1.0)
+    assert ex.judge(step, TokenChooser(GREEDY, VOCAB)) == 0 and ex.settling and ex.plain_len == 0
+    ex = ExactMode(Packed(), margin=0.1)
+    assert ex.judge(step, TokenChooser(GREEDY, VOCAB)) == 1 and ex.plain_len == 0
+    Packed.last_forward_plain = True
+    ex = ExactMode(Packed(), margin=1.0)
+    assert ex.judge(step, TokenChooser(GREEDY, VOCAB)) == 1 and ex.plain_len == 3  # plain rows: ties trusted
+
+
+# ---- chunked prefill and cancellation ------------------------------------------------------------------------------
+
+def test_a_long_prompt_is_chunked_beside_running_sequences(model):
+    budget, chunk = 16, 4
+    short = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    long_prompt = [(7 * i + 3) % VOCAB for i in range(100)]
+    n_short, n_long = 60, 8
+    wants = [plain_greedy(model, p, n_short) for p in short] + [plain_greedy(model, long_prompt, n_long)]
+    jobs = [_job(p, n_short, "plain", w) for p, w in zip(short, wants[:3], strict=True)]
+    jobs.append(_job(long_prompt, n_long, "plain", wants[-1]))
+    b = started(model, max_batch_tokens=budget, min_chunk=chunk, gather_s=2.0)  # every thread makes each step
+    try:
+        got = run_concurrently(b, jobs, starts=[0, 0, 0, 4])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got] == wants
+    log = list(b.step_log)
+    long_no = max(n for s in log for n, _ in s)  # the last sequence registered
+    chunked = [s for s in log if any(n == long_no and r > 1 for n, r in s)]
+    assert len(chunked) >= 100 // budget
+    for s in chunked:
+        assert sum(r for _, r in s) <= budget  # one bounded chunk beside the decode rows
+        assert sum(1 for n, _ in s if n != long_no) == 3  # the running sequences went on in every chunk's step
+    assert sum(r for s in chunked for n, r in s if n == long_no) == len(long_prompt)
+
+
+class SlowDrafter:
+    """Proposes nothing, after ``seconds`` of work (a drafter's time between two forwards of its sequence)."""
+
+    name, guard = "slow", None
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def bind(self, target) -> None:
+        pass
+
+    def begin(self, prompt) -> None:
+        pass
+
+    def propose(self, context, max_depth):
+        time.sleep(self.seconds)
+        return None
+
+    def observe(self, proposed, accepted, emitted) -> None:
+        pass
+
+
+def test_running_sequences_join_every_chunk_step_of_a_long_prefill(model):
+    """A chunked forward does not make the step loop skip the gather wait: running sequences that draft between their
+    forwards still join each of the long prompt's chunk steps (each stalls them by at most one chunk)."""
+    budget = 8  # 3 decode rows + a chunk of 5
+    short = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    long_prompt = [(7 * i + 3) % VOCAB for i in range(110)]
+    n_short = 60
+    b = started(model, max_batch_tokens=budget, min_chunk=4, gather_s=0.05)
+
+    def stream(p):
+        return lambda t: Engine(t, [SlowDrafter(0.002)]).generate(p, n_short)
+
+    jobs = [stream(p) for p in short] + [lambda t: Engine(t, []).generate(long_prompt, 2)]
+    try:
+        got = run_concurrently(b, jobs, starts=[0, 0, 0, 6])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got[:3]] == [plain_greedy(model, p, n_short) for p in short]
+    log = list(b.step_log)
+    long_no = max(n for s in log for n, _ in s)
+    chunked = [s for s in log if any(n == long_no and r > 1 for n, r in s)]
+    assert len(chunked) >= len(long_prompt) // budget
+    with_all = [s for s in chunked if sum(1 for n, _ in s if n != long_no) == 3]
+    # a thread the OS does not run within the gather deadline may miss a step on a loaded machine; without the
+    # wait about every other chunk step ran alone
+    assert len(with_all) >= 0.9 * len(chunked), (len(with_all), len(chunked))
+
+
+def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
+    gather = 1.0
+    b = started(model, max_batch_tokens=8, min_chunk=4, gather_s=gather)
+    idle = b.sequence()  # registered, never asks: every step waits the gather deadline
+    cancel = threading.Event()
+    t = b.sequence(cancel)
+    caught = []
+
+    def body():
+        try:
+            Engine(t, []).generate([(3 * i) % VOCAB for i in range(80)], 4)
+        except SequenceCancelled as e:
+            caught.append((e, time.monotonic()))
+
+    th = threading.Thread(target=body, daemon=True)
+    try:
+        th.start()
+        deadline = time.monotonic() + 30
+        while t.length < 8 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert 8 <= t.length < 80 and b.running == 2 and b.kv_tokens == t.length
+        at = time.monotonic()
+        cancel.set()
+        th.join(10)
+        assert caught and caught[0][1] - at < gather / 2  # long before the next step could have run
+        assert b.running == 1 and b.kv_tokens == 0 and t.cache is None
+        steps = b.steps
+        time.sleep(gather * 1.3)
+        assert b.steps == steps  # its rows left the batch: nothing waits
+    finally:
+        idle.close()
+        b.stop()
+
+
+def test_a_cancel_between_decode_steps_stops_the_sequence(model):
+    """Cancelled while it decodes alone (each step runs at once): its next forward raises, its KV is freed."""
+    b = started(model, gather_s=0.0)
+    cancel = threading.Event()
+    t = b.sequence(cancel)
+    emitted = []
+
+    def on_tokens(new):
+        emitted.extend(new)
+        if len(emitted) >= 5:
+            cancel.set()
+
+    try:
+        with pytest.raises(SequenceCancelled):
+            Engine(t, []).generate([1, 2, 3], 50, on_tokens)
+        assert len(emitted) == 5 and b.running == 0 and b.kv_tokens == 0 and t.cache is None
+        t.close()  # idempotent
+    finally:
+        b.stop()
+
+
+# ---- speculation priced at the step's load --------------------------------------------------------------------------
+
+# cheap up to 8 rows, then steep (the vLLM proposer's test curve)
+KNEE = CostCurve((0, 7, 15, 63), (1.0, 1.1, 3.0, 20.0))
+
+
+class LoadedTarget(HFTarget):
+    """An HFTarget reporting a synthetic load: ``carried_rows`` = loads(tokens cached)."""
+
+    def __init__(self, model, loads) -> None:
+        super().__init__(model)
+        self.loads = loads
+
+    @property
+    def carried_rows(self) -> int:
+        return self.loads(self.length)
+
+
+def test_draft_depth_shrinks_as_the_batch_fills_and_grows_back(model):
+    prompt = [7, 21, 3, 88, 40, 12, 7, 21, 3]
+    n = 110
+    want = plain_greedy(model, prompt, n)
+    tenant = build_policy(curve=KNEE, max_nodes=16)
+    policy = batched_policy(tenant)
+    assert policy.tracker is tenant.tracker and batched_policy(tenant).pricing is policy.pricing
+
+    def loads(length):
+        return 64 if 45 <= length < 85 else 1
+
+    target = LoadedTarget(model, loads)
+    seen: list[int] = []
+    orig = policy.at_load
+    policy.at_load = lambda carried: seen.append(carried) or orig(carried)
+    res = Engine(target, [SequenceDrafter(prompt + want)], max_depth=16, policy=policy).generate(prompt, n)
+    assert res.output_ids == want
+    ctx, by_region = len(prompt), {"before": [], "loaded": [], "after": []}
+    for depth, acc in zip(res.draft_depth_per_forward, res.accepted_per_forward, strict=True):
+        region = "before" if ctx < 45 else "loaded" if ctx < 85 else "after"
+        by_region[region].append(depth)
+        ctx += acc + 1
+    assert 64 in seen and 1 in seen
+    assert by_region["loaded"] and by_region["after"]
+    assert max(by_region["loaded"]) <= 2 < min(max(by_region["before"]), max(by_region["after"]))
+
+
+def test_carried_rows_count_the_other_sequences_rows(model):
+    """Three sequences decoding one row each per step: each sees 2 other rows + its own root row."""
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    b = started(model, gather_s=0.5)
+    loads: list[int] = []
+
+    def job(p):
+        def run(t):
+            out = []
+            for _ in range(6):
+                t.forward(p if t.length == 0 else [out[-1]])
+                out.append(1)
+                loads.append(t.carried_rows)
+            return out
+        return run
+
+    try:
+        run_concurrently(b, [job(p) for p in prompts])
+    finally:
+        b.stop()
+    assert loads.count(3) >= 6 and min(loads) >= 1  # the decode steps that carried all three
+
+
+def test_tenant_isolation_of_batched_policies():
+    """A request's policy learns into its own tenant's tracker only."""
+    a, b = build_policy(curve=KNEE, max_nodes=16), build_policy(curve=KNEE, max_nodes=16)
+    pa, pb = batched_policy(a), batched_policy(b)
+    assert pa.tracker is a.tracker and pb.tracker is b.tracker and pa.tracker is not pb.tracker
+    before = [x.copy() for x in b.tracker.counts("s")]
+    pa.observe("s", 4, 4)
+    assert not all((x == y).all() for x, y in zip(a.tracker.counts("s"), before, strict=True))
+    assert all((x == y).all() for x, y in zip(b.tracker.counts("s"), before, strict=True))
+
+
+def test_batched_target_is_an_hftarget(model):
+    b = StepBatcher(model)
+    t = b.sequence()
+    assert isinstance(t, HFTarget) and isinstance(t, BatchedTarget)
+    t.close()
+
+
+@pytest.mark.parametrize("kind,seed", [("mixtral", 1), ("qwen2", 2)])
+def test_other_architectures_and_a_seeded_prefix_decode_exactly_batched(kind, seed):
+    """MoE routing and q/k/v biases packed beside other sequences; one sequence starts from reused KV entries."""
+    m = build_tiny(kind, "sdpa", seed=seed)
+    shared = [4, 8, 15, 16, 23, 42, 4, 8]
+    prompts = [shared + [1, 2], [30, 31, 32], shared + [77], [9] * 12]
+    n = 24
+    wants = [plain_greedy(m, p, n) for p in prompts]
+    donor = HFTarget(m)
+    donor.reset()
+    donor.forward(shared)
+    prefix = donor.snapshot(shared)
+
+    def job(i):
+        def run(t):
+            drafters, merge = _drafters(["tree", "oracle", "ngram", "garbage"][i], prompts[i], wants[i])
+            return Engine(t, drafters, max_depth=6, merge=merge).generate(
+                prompts[i], n, prefix=prefix if i == 2 else None)
+        return run
+
+    b = started(m, max_batch_tokens=10, min_chunk=4, gather_s=0.05)
+    try:
+        got = run_concurrently(b, [job(i) for i in range(4)])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got] == wants
+    assert got[2].prefix_hit_tokens == len(shared)
+
+
+def test_build_engine_on_batched_targets_with_the_default_config(model):
+    """What a server builds per request: the composition point's default engine (n-gram drafts, the policy, exact
+    mode) on a BatchedTarget, under the tenant's batched policy; ids == plain greedy."""
+    from redraft.compose import SpeculationConfig, build_engine
+
+    config = SpeculationConfig()
+    tenant = build_policy(curve=KNEE, max_nodes=config.policy_nodes)
+    prompts = [[9, 9, 9, 40, 41, 42, 9, 9, 9, 40], [1, 2, 3, 1, 2, 3, 1, 2], [50, 60]]
+    wants = [plain_greedy(model, p, 30) for p in prompts]
+    b = started(model, gather_s=0.05)
+    try:
+        got = run_concurrently(b, [lambda t, p=p: build_engine(t, config, policy=batched_policy(tenant))
+                                   .generate(p, 30) for p in prompts])
+    finally:
+        b.stop()
+    assert [r.output_ids for r in got] == wants
