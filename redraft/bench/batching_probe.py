@@ -142,12 +142,15 @@ def row_noise(n: int, max_tokens: int) -> dict:
     """How far packed rows are from plain decoding's rows: ``n`` questions decoded plain (prompt in one forward, then
     one token per forward), and the same tokens fed packed (prompts in one packed forward, then one row per
     sequence per step, every cache written by packed forwards). Returns the largest |packed - plain| over the rows,
-    relative to the plain row's largest |logit| (exact mode's bound for verify rows: ``EXACT_ROW_NOISE``)."""
+    relative to the plain row's largest |logit| (exact mode's bound for verify rows: ``EXACT_ROW_NOISE``), and the
+    largest change of the gap between plain decoding's choice and its 8 closest rivals (what exact mode bounds on
+    float32 rows: ``EXACT_GAP_NOISE``, see :func:`redraft.decoding.exactness.measure_gap_noise`) for the packed rows
+    and for draft-free rows computed alone on the caches packed forwards wrote (exact mode's recomputes)."""
     import torch
 
     from redraft.decoding.packing import Block, causal_positions, packed_forward
     from redraft.decoding.target import HFTarget
-    from redraft.defaults import EXACT_ROW_NOISE
+    from redraft.defaults import EXACT_GAP_NOISE, EXACT_ROW_NOISE
     from redraft.io.loading import load_model
 
     loaded = load_model(None, quiet=True)
@@ -168,7 +171,12 @@ def row_noise(n: int, max_tokens: int) -> dict:
     targets = [HFTarget(model) for _ in prompts]
     for t in targets:
         t.reset()
-    worst = 0.0
+    worst = gap_packed = gap_alone = 0.0
+
+    def gap_change(row, plain) -> float:
+        top = plain.topk(9).indices
+        return float(((row[top[0]] - row[top[1:]]) - (plain[top[0]] - plain[top[1:]])).abs().max() / plain.abs().max())
+
     feeds = [list(p) for p in prompts]
     for step in range(max_tokens):
         blocks = [Block(t.length, causal_positions(t.length, len(f))) for t, f in zip(targets, feeds, strict=True)]
@@ -178,9 +186,16 @@ def row_noise(n: int, max_tokens: int) -> dict:
             t.length += len(f)
             plain = plain_rows[i][step]
             worst = max(worst, float((got[i][0].float() - plain).abs().max() / plain.abs().max()))
+            gap_packed = max(gap_packed, gap_change(got[i][0].float(), plain))
         feeds = [[ids[step]] for ids in tokens]
+    for t, p, ids, rows in zip(targets, prompts, tokens, plain_rows, strict=True):  # recomputes on packed caches
+        for j in reversed(range(max_tokens - 1)):
+            t.crop(len(p) + j)
+            gap_alone = max(gap_alone, gap_change(t.forward([ids[j]])[0].float(), rows[j + 1]))
     return {"sequences": n, "rows_each": max_tokens, "max_relative_difference": worst,
-            "exact_mode_bound_float32": EXACT_ROW_NOISE["float32"]}
+            "exact_mode_bound_float32": EXACT_ROW_NOISE["float32"], "max_gap_change_packed": gap_packed,
+            "max_gap_change_alone_on_packed_cache": gap_alone,
+            "exact_mode_gap_bound_float32": EXACT_GAP_NOISE["float32"]}
 
 
 def main(argv: list[str] | None = None) -> int:
