@@ -18,7 +18,13 @@ from conftest import plain_greedy
 from serverkit import EOS, live_server, serve_args
 
 from redraft.bench.serve_bench import metric_value
-from redraft.server.admission import KVBudget, default_kv_tokens, kv_bytes_per_token, retry_after
+from redraft.server.admission import (
+    MIN_RETRY_AFTER_S,
+    KVBudget,
+    default_kv_tokens,
+    kv_bytes_per_token,
+    retry_after,
+)
 from redraft.server.prefix_cache import PrefixCache
 from redraft.server.scheduler import Job, Scheduler
 
@@ -318,9 +324,10 @@ def test_scheduler_admits_in_order_within_the_budget_and_threads():
 
 
 def test_retry_after_is_the_first_expected_end():
-    assert retry_after(None, [1.0]) == 1 and retry_after(5.0, []) == 1
+    assert retry_after(None, [1.0]) == MIN_RETRY_AFTER_S and retry_after(5.0, []) == MIN_RETRY_AFTER_S
     assert retry_after(10.0, [2.0, 7.5]) == 3  # the request 7.5 s in ends first: ~2.5 s
-    assert retry_after(4.0, [9.0]) == 1  # overdue: at least 1
+    assert retry_after(40.0, [39.0, 45.0]) == 10  # overdue: a quarter of the mean more, not "now"
+    assert retry_after(4.0, [9.0]) == MIN_RETRY_AFTER_S  # never under the minimum
 
 
 def test_kv_sizes():

@@ -28,6 +28,7 @@ from redraft.io.loading import DEFAULT_MODEL_FILE
 DEFAULT_CAP_TOKENS = 1_000_000
 DEFAULT_PREFIX_CACHE_TOKENS = 16_384
 DEFAULT_MAX_RUNNING = 8
+MAX_RUNNING = 256  # one thread each; beyond a few dozen the step is compute-bound anyway
 DEFAULT_MAX_BATCH_TOKENS = 512
 DEFAULT_KV_TOKENS = 32_768  # redraft.server.admission.DEFAULT_KV_TOKENS (not imported here: no torch at parse time)
 
@@ -72,14 +73,16 @@ def register(sub) -> None:
                         f"{TOOL_CALL_PARSERS[0]}); also the syntax tool_choice required/named is forced into")
     p.add_argument("--no-grammar-drafts", action="store_true",
                    help="do not propose the tokens a response_format or tool-call grammar forces as drafts")
-    p.add_argument("--max-queue", type=positive, default=256,
+    p.add_argument("--max-queue", type=positive, default=256, metavar="N",
                    help="most waiting requests; beyond it a request is answered 429 with Retry-After (default 256)")
-    p.add_argument("--max-running", type=positive, default=DEFAULT_MAX_RUNNING, metavar="N",
-                   help=f"most requests generating at once; their forwards are batched into one per step "
-                        f"(default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, unbatched)")
+    p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=DEFAULT_MAX_RUNNING, metavar="N",
+                   help=f"most requests generating at once, 1..{MAX_RUNNING} (one thread each); their forwards are "
+                        f"batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
+                        f"unbatched)")
     p.add_argument("--max-batch-tokens", type=positive, default=DEFAULT_MAX_BATCH_TOKENS, metavar="N",
                    help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
-                        f"chunk of a waiting prompt's prefill (default {DEFAULT_MAX_BATCH_TOKENS})")
+                        f"chunk of a waiting prompt's prefill; a chunk is never under 32 rows, so a step may "
+                        f"exceed a smaller value by that much (default {DEFAULT_MAX_BATCH_TOKENS})")
     p.add_argument("--kv-tokens", type=positive, default=None, metavar="N",
                    help=f"KV capacity in tokens, shared by running requests (each reserves prompt + max_tokens "
                         f"when admitted; requests wait in the queue until theirs fits) and the prefix cache (which "

@@ -102,6 +102,7 @@ class StepBatcher:
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0
         self.last_step_rows = 0
+        self._last_end = 0.0  # time.monotonic() when the last step ended
         self.step_log: deque[tuple[tuple[int, int], ...]] = deque(maxlen=4096)
         self._cv = threading.Condition()
         self._targets: set[BatchedTarget] = set()
@@ -226,6 +227,7 @@ class StepBatcher:
                         req.finished.set()
                     else:  # a chunked forward waits for the others' next forwards again, as a new arrival would
                         req.arrived = time.monotonic()
+                self._last_end = time.monotonic()
                 self._cv.notify_all()
 
     def _plan(self) -> tuple[list[tuple[_Request, int]] | None, float | None]:
@@ -239,7 +241,9 @@ class StepBatcher:
         if len(pending) == 1 and len(self._targets) <= 1:  # the only sequence: nothing to chunk for, run it whole
             return [(pending[0], pending[0].rows_left)], None
         waiting = {r.target for r in pending}
-        oldest = min(r.arrived for r in pending)
+        # the deadline counts from the later of the oldest request's arrival and the last step's end: a forward that
+        # arrived during a step must not make the next one start before the others could ask again
+        oldest = max(min(r.arrived for r in pending), self._last_end)
         left = self.gather_s - (time.monotonic() - oldest)
         if len(waiting) < len(self._targets) and left > 0:
             return None, left

@@ -90,15 +90,20 @@ class KVBudget:
             return max(0, self.capacity - self.reserved + own)
 
 
+MIN_RETRY_AFTER_S = 2  # OpenAI's clients retry twice by default: two waits of 1 s often end before a place frees
+
+
 def retry_after(mean_service_s: float | None, elapsed_s: list[float]) -> int:
     """Seconds a refused client should wait (``Retry-After``): until the running request expected to finish first
-    is done, which frees a queue place; at least 1.
+    is done, which frees a queue place; at least :data:`MIN_RETRY_AFTER_S`. A request already running longer than
+    the mean is expected to need a quarter of the mean more (it is a long one), not to end at once.
 
     Args:
-        mean_service_s: recent mean seconds from a request's start to its end (None: none finished yet, answer 1).
+        mean_service_s: recent mean seconds from a request's start to its end (None: none finished yet, answer
+            the minimum).
         elapsed_s: seconds each running request has run so far.
     """
     if mean_service_s is None or not elapsed_s:
-        return 1
-    left = min(max(0.0, mean_service_s - e) for e in elapsed_s)
-    return max(1, int(-(-left // 1)))
+        return MIN_RETRY_AFTER_S
+    left = min(max(0.25 * mean_service_s, mean_service_s - e) for e in elapsed_s)
+    return max(MIN_RETRY_AFTER_S, int(-(-left // 1)))

@@ -159,7 +159,7 @@ class Server:
             what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
             raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this model's context is {ctx} tokens "
                                 "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
-        max_tokens = req.max_tokens
+        max_tokens, field = req.max_tokens, req.max_tokens_param
         if max_tokens is None:
             default = DEFAULT_COMPLETION_TOKENS if req.kind == "completion" else self.options.max_tokens_default
             max_tokens = room if default is None else min(default, room)
@@ -167,13 +167,13 @@ class Server:
                 max_tokens = min(max_tokens, budget.capacity - len(ids))
         if max_tokens > room:
             where = f"this model's context of {ctx} tokens" if ctx else f"the limit of {NO_CONTEXT_LIMIT} tokens"
-            raise APIError(400, f"'max_tokens' {max_tokens} is too large: the prompt's {len(ids)} tokens plus "
-                                f"{max_tokens} exceed {where} (at most {room} here)", param="max_tokens",
+            raise APIError(400, f"'{field}' {max_tokens} is too large: the prompt's {tokens(len(ids))} plus "
+                                f"{max_tokens} exceed {where} (at most {room} here)", param=field,
                            code="context_length_exceeded")
         if budget is not None and not budget.fits_ever(len(ids) + max_tokens):
-            raise APIError(400, f"'max_tokens' {max_tokens} is too large: the prompt's {len(ids)} tokens plus "
+            raise APIError(400, f"'{field}' {max_tokens} is too large: the prompt's {tokens(len(ids))} plus "
                                 f"{max_tokens} exceed this server's KV capacity of {budget.capacity} tokens (at most "
-                                f"{budget.capacity - len(ids)} here)", param="max_tokens",
+                                f"{budget.capacity - len(ids)} here)", param=field,
                            code="context_length_exceeded")
         sampling = req.sampling
         g = self.generator
@@ -409,6 +409,11 @@ class _CountRequests:
         finally:
             path = scope.get("path", "")
             self.metrics.http_request(path if path in ENDPOINTS else "other", status[0])
+
+
+def tokens(n: int) -> str:
+    """``n`` with the right noun: "1 token", "5 tokens"."""
+    return f"{n:,} token" + ("" if n == 1 else "s")
 
 
 async def _final(job: Job) -> Outcome | None:

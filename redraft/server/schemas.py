@@ -164,6 +164,7 @@ class ParsedRequest:
     prompt: str | list[int] | None = None
     messages: list[dict] | None = None
     max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field the cap came from (chat: max_completion_tokens wins)
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -222,8 +223,8 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     if kind == "chat" and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
     echo = kind == "completion" and bool(req.echo)
+    param = "max_completion_tokens" if kind == "chat" and req.max_completion_tokens is not None else "max_tokens"
     if max_tokens is not None and max_tokens < (0 if echo else 1):
-        param = "max_completion_tokens" if kind == "chat" and req.max_completion_tokens is not None else "max_tokens"
         raise APIError(400, f"'{param}' must be at least 1 (0 only with 'echo'), got {max_tokens}", param=param)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
@@ -237,7 +238,7 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
         raise APIError(400, "'logprobs' is not supported with 'stream' by redraft", param="logprobs",
                        code="unsupported_parameter")
     out = ParsedRequest(kind=kind, model=req.model, sampling=_sampling(req), max_tokens=max_tokens,
-                        stop=stop, stream=stream,
+                        max_tokens_param=param, stop=stop, stream=stream,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage),
                         n=n, logprobs=logprobs, echo=echo)
     if kind == "completion":
