@@ -52,6 +52,9 @@ class CutAt:
         self.d, self.max_nodes = d, MAX_DRAFT_DEPTH
         self.observed: list[tuple[str, int, int]] = []
 
+    def at_load(self, carried: int):
+        return self
+
     def plan(self, parents, sources, priors=None, *, max_depth=None, budget=None, fed=1) -> Selection:
         n = min(self.d, len(parents), budget or self.max_nodes)
         return Selection(list(range(n)), 1.0, 1.0)

@@ -225,8 +225,6 @@ class StepBatcher:
                         if req in self._pending:
                             self._pending.remove(req)
                         req.finished.set()
-                    else:  # a chunked forward waits for the others' next forwards again, as a new arrival would
-                        req.arrived = time.monotonic()
                 self._last_end = time.monotonic()
                 self._cv.notify_all()
 

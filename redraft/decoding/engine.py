@@ -139,8 +139,7 @@ class Engine:
         if max_depth <= 0:
             return Draft()
         if self.policy is not None:
-            if hasattr(self.policy, "at_load"):  # price the draft at the step's load (batched targets)
-                self.policy.at_load(getattr(self.target, "carried_rows", 1))
+            self.policy.at_load(self.target.carried_rows)  # price the draft at the step's load (batched targets)
             return self._draft_planned(context, max_depth, fed)
         tree = TokenTree()
         for name, prop in self._proposals(context, max_depth):

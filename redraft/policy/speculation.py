@@ -70,6 +70,12 @@ class SpeculationPolicy:
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
 
+    def at_load(self, carried: int) -> SpeculationPolicy:
+        """Price the next plan for a step already carrying ``carried`` rows: a single stream's cost curve does not
+        depend on other sequences, so nothing changes here (:class:`redraft.policy.load.LoadAwarePolicy` reprices).
+        Returns self."""
+        return self
+
     def conditionals(self, parents: Sequence[int], sources: Sequence[str],
                      priors: Sequence[float] | None = None) -> np.ndarray:
         """float64 [N]: q(i) = P(node i accepted | parent accepted) per candidate node (see the module notes).
