@@ -1,6 +1,7 @@
 """Continuous batching (redraft.decoding.batching, redraft.decoding.packing): several sequences' rows in one forward.
 
-Checked: the block mask keeps sequences apart (a change to one sequence's cache never reaches another's logits), a
+Checked: packed attention keeps sequences apart (a change to one sequence's cache never reaches another's logits)
+and leaves the model's own forward bit for bit, a
 lone sequence runs HFTarget's own forward, N sequences decoded concurrently (drafters, trees, planted near-ties,
 random arrival orders, prompts longer than a chunk) give exactly plain greedy decoding's ids, a long prompt is
 chunked so running sequences wait at most one chunk's forward, a cancel frees the sequence at once, and the
@@ -23,7 +24,7 @@ from redraft.compose.build import batched_policy
 from redraft.corpus import Corpus
 from redraft.decoding.batching import BatchedTarget, SequenceCancelled, StepBatcher
 from redraft.decoding.engine import Engine
-from redraft.decoding.packing import Block, block_mask, causal_positions, packed_forward
+from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, own_mask, packed_forward
 from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
@@ -87,30 +88,37 @@ def started(model, **kw) -> StepBatcher:
 
 # ---- the mask and the packed forward ------------------------------------------------------------------------------
 
-def test_block_mask_blocks_are_disjoint_and_keep_each_sequence_own_mask():
+def test_own_mask_keeps_the_sequence_tree_mask_and_makes_causal_rows_causal():
     tree = TokenTree()
     a = tree.add_node(-1, 5, "t")
     tree.add_node(-1, 6, "t")
     tree.add_node(a, 7, "t")
     own = tree_attention_mask(tree, 3, 1, torch.float32)  # [1, 1, 4, 7]: 3 cached, root + 3 nodes
-    blocks = [Block(3, tree_positions(tree, 3, 1)[0], own), Block(0, causal_positions(0, 2)), Block(2, causal_positions(2, 1))]
-    m = block_mask(blocks, torch.float32)[0, 0]
-    assert m.shape == (7, 5 + 7)
-    open_ = m == 0
-    # block 0: rows 0..3 see cached cols 0..2 and new cols 5..8 exactly as its own tree mask says
-    assert torch.equal(open_[0:4, 0:3], own[0, 0, :, :3] == 0)
-    assert torch.equal(open_[0:4, 5:9], own[0, 0, :, 3:] == 0)
-    # block 1 (no cache, causal): rows 4..5 see new cols 9..10 causally
-    assert torch.equal(open_[4:6, 9:11], torch.ones(2, 2, dtype=torch.bool).tril())
-    # block 2: row 6 sees cached cols 3..4 and its own new col 11
-    assert open_[6, 3:5].all() and open_[6, 11]
-    # nothing else is open: no row sees another block's columns
-    owner_rows = [0] * 4 + [1] * 2 + [2]
-    owner_cols = [0] * 3 + [2] * 2 + [0] * 4 + [1] * 2 + [2]
-    for r in range(7):
-        for c in range(12):
-            if owner_rows[r] != owner_cols[c]:
-                assert not open_[r, c], (r, c)
+    assert torch.equal(own_mask(Block(3, tree_positions(tree, 3, 1)[0], own), torch.float32), own)
+    causal = own_mask(Block(2, causal_positions(2, 3)), torch.float32)[0, 0]  # 2 cached, 3 new rows
+    assert causal.shape == (3, 5)
+    assert torch.equal(causal == 0, torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert own_mask(Block(4, causal_positions(4, 1)), torch.float32) is None  # one row sees everything
+
+
+def test_packed_attention_leaves_the_model_own_forward_bit_for_bit():
+    """Wrapping the attention changes nothing outside packed forwards (sdpa and eager, GQA heads)."""
+    for attn in ("sdpa", "eager"):
+        m = build_tiny("llama", attn, seed=3)
+        before = _cached(m, [3, 9, 27, 50, 11]).forward([4, 5, 6], n_logits=3)
+        enable_packed_attention(m)
+        enable_packed_attention(m)  # idempotent
+        assert m.config._attn_implementation == "redraft_packed_" + attn
+        after = _cached(m, [3, 9, 27, 50, 11]).forward([4, 5, 6], n_logits=3)
+        assert torch.equal(before, after)
+
+
+def test_packed_forward_needs_the_wrapped_attention():
+    m = build_tiny("llama", "sdpa", seed=4)
+    t = _cached(m, [1, 2, 3])
+    with pytest.raises(ValueError, match="enable_packed_attention"):
+        packed_forward(m, [t.cache], [Block(3, causal_positions(3, 1))], [[4]], [range(1)],
+                       cache_kwarg=t.cache_kwarg)
 
 
 def _cached(model, ids) -> HFTarget:
@@ -124,6 +132,7 @@ def _cached(model, ids) -> HFTarget:
 def test_rows_of_other_sequences_never_attend_to_each_other(model, eager, attn):
     """Change one sequence's cached values: the other sequence's packed logits stay the same bit for bit."""
     m = model if attn == "sdpa" else eager
+    enable_packed_attention(m)
     prompts = [[3, 9, 27, 81 % VOCAB, 50], [11, 12, 13]]
 
     def packed(perturb: bool):

@@ -5,7 +5,8 @@ Each running sequence's :meth:`Engine.generate` runs unchanged in its own thread
 :class:`BatchedTarget` (an :class:`HFTarget` with its own KV cache) whose ``forward`` hands the rows to the
 :class:`StepBatcher` and blocks until its step has run. The batcher's step loop (one thread) runs a step when every
 registered sequence is waiting in ``forward`` or when the oldest waiting one has waited ``gather_s`` (a slow drafter
-does not stall the others), packing the waiting rows into ONE forward (:mod:`redraft.decoding.packing`):
+does not stall the others), packing the waiting rows into ONE forward (:mod:`redraft.decoding.packing`: the linear
+layers over every row at once, attention sequence by sequence over each one's own cache):
 
 - smallest requests first, each whole while the step stays within ``max_batch_tokens`` rows;
 - then at most one chunk of ONE request that did not fit (a long prompt's prefill): ``max_batch_tokens`` minus the
@@ -15,7 +16,7 @@ does not stall the others), packing the waiting rows into ONE forward (:mod:`red
   sequence, never chunked while it is the only one registered, decodes bit for bit as without the batcher); so do forwards asked for under :meth:`BatchedTarget.solo`
   (exact mode's recomputes), which are never packed. Anything else is not plain decoding's shape:
   ``last_forward_plain`` is then False and exact mode judges its rows like verify rows.
-- Sliding-window models run every forward alone (the block mask would have to repeat each layer's window).
+- Sliding-window models run every forward alone (a packed row's own mask would have to repeat each layer's window).
 
 A ``cancel`` event set while a sequence waits (or between chunks) takes its rows out of the batch at once and raises
 :class:`SequenceCancelled` in its thread; its cache is freed.
@@ -31,7 +32,7 @@ from collections import deque
 
 import torch
 
-from redraft.decoding.packing import Block, causal_positions, packed_forward
+from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
 from redraft.decoding.target import HFTarget
 
 CANCEL_POLL_S = 0.005  # how often a waiting sequence looks at its cancel event
@@ -91,13 +92,15 @@ class StepBatcher:
         steps (forwards run), rows (rows carried by them), step_log (recent steps: per step a tuple of
         (sequence number, rows) per participant).
     Raises:
-        ValueError: max_batch_tokens < 1, min_chunk < 1 or gather_s < 0.
+        ValueError: max_batch_tokens < 1, min_chunk < 1 or gather_s < 0, or a model whose attention implementation
+            has no mask function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
     """
 
     def __init__(self, model, *, max_batch_tokens: int = 512, min_chunk: int = 32, gather_s: float = 0.02) -> None:
         if max_batch_tokens < 1 or min_chunk < 1 or gather_s < 0:
             raise ValueError(f"StepBatcher needs max_batch_tokens >= 1, min_chunk >= 1 and gather_s >= 0; got "
                              f"{max_batch_tokens}, {min_chunk}, {gather_s}")
+        enable_packed_attention(model)  # the model's own attention, unchanged unless a forward is packed
         self.model = model
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from redraft.decoding.costmeasure import measure_cost_curve
+from redraft.decoding.packing import base_attention
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
@@ -55,7 +56,7 @@ def model_fingerprint(model) -> dict:
     return {"name": str(getattr(cfg, "_name_or_path", "") or ""), "type": str(getattr(cfg, "model_type", "")),
             "layers": getattr(cfg, "num_hidden_layers", None), "hidden": getattr(cfg, "hidden_size", None),
             "vocab": getattr(cfg, "vocab_size", None), "params": int(sum(p.numel() for p in model.parameters())),
-            "attn": str(getattr(cfg, "_attn_implementation", ""))}
+            "attn": base_attention(cfg)}
 
 
 def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PREFIX,

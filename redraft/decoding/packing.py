@@ -1,24 +1,30 @@
-"""One forward over several sequences' rows: the combined KV cache, the block mask, splitting the result back.
+"""One forward over several sequences' rows: linear layers over all rows at once, attention per sequence.
 
 Each sequence keeps its own transformers ``DynamicCache`` (batch size 1). A packed forward runs batch size 1 over
-the new rows of every participating sequence laid one after another; its cache is a temporary one whose layers hold
-the participants' cached keys/values concatenated along the sequence axis, and its additive 4D mask is
-block-diagonal: a row sees only its own sequence's cached columns and its own sequence's new rows (with that
-sequence's own causal or token-tree mask inside its block). Position ids come from each sequence's own positions,
-so each row is computed as in a forward of its sequence alone, up to rounding (kernels round differently by shape).
-After the forward the new keys/values (the last Q columns of every layer) are split per sequence and appended to
-each sequence's own cache. This is the per-sequence-cache alternative to paged attention (vLLM's PagedAttention,
-transformers' ``generate_batch``): see docs/architecture.md, "Continuous batching".
+the new rows of every participating sequence laid one after another, so the projections, MLPs and LM head see all
+rows in one matrix product (where the step's cost is); attention runs sequence by sequence, each participant's rows
+against its own cache and its own causal or token-tree mask, so its cost is the sum of each sequence's own and no row
+can see another sequence's keys. This is the shape of vLLM's and SGLang's varlen ("packed") attention, run here
+through transformers' attention interface: :func:`enable_packed_attention` registers an attention function that
+does exactly what the model's own does unless the forward carries a :class:`PackedStep`, and the forward's cache
+(:class:`SplitCache`) appends each sequence's new keys/values to that sequence's own cache. Position ids come from
+each sequence's own positions, so each row is computed as in a forward of its sequence alone, up to rounding
+(kernels round differently by shape). See docs/architecture.md, "Continuous batching", for why per-sequence caches
+rather than paged attention.
 
 Pure functions over tensors; the scheduling is :mod:`redraft.decoding.batching`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+PACKED_PREFIX = "redraft_packed_"
+STEP_KWARG = "redraft_packed_step"
 
 
 @dataclass
@@ -41,34 +47,23 @@ class Block:
         return int(self.positions.shape[-1])
 
 
-def block_mask(blocks: Sequence[Block], dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask of a packed forward: each block's rows see only their own block's columns.
-
-    Column layout (the combined cache's): every block's cached columns in block order (K_total = sum of n_cached),
-    then every block's new rows in block order (the model appends them to the combined cache).
+def own_mask(block: Block, dtype: torch.dtype) -> torch.Tensor | None:
+    """The mask one sequence's rows attend with inside a packed forward.
 
     Args:
-        blocks: the participants in packing order.
+        block: the sequence's part.
         dtype: the model's dtype (0 = attend, ``finfo(dtype).min`` = blocked, as :func:`tree_attention_mask`).
     Returns:
-        FloatTensor [1, 1, Q, K_total + Q] of ``dtype``, Q = sum of rows.
+        the block's own mask in ``dtype``, or for causal rows an additive FloatTensor [1, 1, S, L + S] (every cached
+        column open, the new rows causal), or None for one causal row (it sees everything).
     """
-    q = sum(b.rows for b in blocks)
-    k_total = sum(b.n_cached for b in blocks)
-    blocked = torch.finfo(dtype).min
-    mask = torch.full((q, k_total + q), blocked, dtype=dtype)
-    r = c = 0
-    for b in blocks:
-        s, n = b.rows, b.n_cached
-        if b.mask is None:
-            mask[r:r + s, c:c + n] = 0
-            new = torch.zeros(s, s, dtype=dtype).masked_fill_(torch.ones(s, s, dtype=torch.bool).triu(1), blocked)
-        else:
-            own = b.mask.reshape(s, n + s).to(dtype)
-            mask[r:r + s, c:c + n] = own[:, :n]
-            new = own[:, n:]
-        mask[r:r + s, k_total + r:k_total + r + s] = new
-        r, c = r + s, c + n
+    if block.mask is not None:
+        return block.mask.to(dtype)
+    s, n = block.rows, block.n_cached
+    if s == 1:
+        return None
+    mask = torch.zeros(s, n + s, dtype=dtype)
+    mask[:, n:].masked_fill_(torch.ones(s, s, dtype=torch.bool).triu(1), torch.finfo(dtype).min)
     return mask[None, None]
 
 
@@ -77,102 +72,109 @@ def causal_positions(n_cached: int, rows: int) -> torch.Tensor:
     return torch.arange(n_cached, n_cached + rows, dtype=torch.long)
 
 
-class SlotLayer:
-    """A combined cache layer built once per packed forward: the participants' cached keys/values followed by room
-    for the forward's new rows, which ``update`` writes in place (no second copy of the active KV, where a
-    ``DynamicLayer`` would concatenate). Has the ``DynamicLayer`` interface the attention layers use.
+class PackedStep:
+    """What one packed forward's attention layers need: where each sequence's rows are, its mask, and per layer its
+    keys/values (its cache after this forward's rows were appended).
 
     Args:
-        keys, values: FloatTensors [1, H_kv, filled + room, D]; the first ``filled`` columns hold cached entries.
-        filled: columns already holding entries.
+        blocks: the participants in packing order.
+        dtype: the model's dtype (for the masks).
     """
 
-    is_sliding = False
+    def __init__(self, blocks: Sequence[Block], dtype: torch.dtype) -> None:
+        self.rows = [b.rows for b in blocks]
+        self.masks = [own_mask(b, dtype) for b in blocks]
+        self.kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def attend(self, module, query: torch.Tensor, attention, kwargs: dict) -> torch.Tensor:
+        """Attention of every sequence's rows over its own keys/values.
+
+        Args:
+            module: the attention layer (its ``layer_idx`` names the cache layer).
+            query: FloatTensor [1, H, Q, D], Q = sum of the participants' rows.
+            attention: the model's own attention function (transformers' interface), run once per sequence.
+            kwargs: the keywords it takes (scaling, dropout, ...).
+        Returns:
+            FloatTensor [1, Q, H, D] (the attention interface's output layout).
+        """
+        outs, at = [], 0
+        for (keys, values), mask, s in zip(self.kv[module.layer_idx], self.masks, self.rows, strict=True):
+            out, _ = attention(module, query[:, :, at:at + s], keys, values, mask, **kwargs)
+            outs.append(out)
+            at += s
+        return torch.cat(outs, dim=1)
+
+
+class SplitCache:
+    """The cache a packed forward passes to the model: each layer's new keys/values ([1, H_kv, Q, D]) are split by
+    sequence and appended to each participant's own ``DynamicCache``; the full keys/values of each go to the
+    :class:`PackedStep`. Has the ``Cache.update`` interface the attention layers call.
+
+    Args:
+        caches: per participant, its own cache.
+        step: the forward's :class:`PackedStep`.
+    """
+
     is_compileable = False
-    is_croppable = False
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
-        self.keys, self.values, self.filled = keys, values, filled
-        self.is_initialized = True
-        self.device = keys.device
+    def __init__(self, caches: Sequence, step: PackedStep) -> None:
+        self.caches, self.step = list(caches), step
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Write the new rows ([1, H_kv, q, D]) after the filled columns; returns the keys/values so far."""
-        q = key_states.shape[-2]
-        if self.filled + q > self.keys.shape[-2]:
-            raise ValueError(f"packed cache: {q} new rows do not fit the {self.keys.shape[-2] - self.filled} left")
-        self.keys[:, :, self.filled:self.filled + q] = key_states
-        self.values[:, :, self.filled:self.filled + q] = value_states
-        self.filled += q
-        return self.keys[:, :, :self.filled], self.values[:, :, :self.filled]
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        parts, at = [], 0
+        for cache, s in zip(self.caches, self.step.rows, strict=True):
+            parts.append(cache.update(key_states[:, :, at:at + s], value_states[:, :, at:at + s], layer_idx))
+            at += s
+        self.step.kv[layer_idx] = parts
+        return key_states, value_states
 
-    def get_seq_length(self) -> int:
-        return self.filled
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.filled + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
 
 
-def combined_cache(caches: Sequence, lengths: Sequence[int], room: int = 0):
-    """A temporary ``DynamicCache`` holding the given caches' entries one after another along the sequence axis.
+def base_attention(config) -> str:
+    """The model's own attention implementation's name (without the packed wrapper's prefix)."""
+    name = str(getattr(config, "_attn_implementation", "") or "")
+    return name[len(PACKED_PREFIX):] if name.startswith(PACKED_PREFIX) else name
+
+
+def enable_packed_attention(model) -> None:
+    """Let ``model`` run packed forwards: its attention implementation becomes a wrapper that calls the model's own
+    function unchanged (same arguments, same result bit for bit) unless the forward carries a :class:`PackedStep`,
+    and then runs it once per sequence. Its mask function stays the model's own. Idempotent.
 
     Args:
-        caches: per participant, its ``DynamicCache`` (batch size 1) or None when it holds nothing.
-        lengths: per participant, the tokens its cache holds (a cache holding 0 contributes nothing).
-        room: new rows the forward will append (written in place: :class:`SlotLayer`).
-    Returns:
-        a DynamicCache whose layer i holds keys/values [1, H_kv, sum(lengths) + room, D] (one copy of the active KV;
-        the room uninitialised until the forward writes it), or an empty DynamicCache when every length is 0. The
-        participants' caches are not changed.
+        model: a transformers causal LM whose attention uses transformers' attention interface (``sdpa``,
+            ``eager``, ...: ``model.config._attn_implementation``).
     Raises:
-        ValueError: caches with different numbers of layers.
+        ValueError: the model's attention implementation is not known to transformers' interfaces.
     """
-    from transformers import DynamicCache
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    held = [c for c, n in zip(caches, lengths, strict=True) if n > 0]
-    out = DynamicCache()
-    if not held:
-        return out
-    n_layers = {len(c.layers) for c in held}
-    if len(n_layers) != 1:
-        raise ValueError(f"combined_cache: the caches hold different numbers of layers {sorted(n_layers)}")
-    held_lengths = [n for n in lengths if n > 0]
-    if any(c.layers[0].keys.shape[-2] != n for c, n in zip(held, held_lengths, strict=True)):
-        raise ValueError("combined_cache: a cache does not hold the number of tokens given for it")
-    total = sum(held_lengths)
-    for i in range(n_layers.pop()):
-        parts = []
-        for kind in ("keys", "values"):
-            first = getattr(held[0].layers[i], kind)
-            shape = (*first.shape[:-2], total + room, first.shape[-1])
-            buf = torch.empty(shape, dtype=first.dtype, device=first.device)
-            at = 0
-            for c in held:
-                t = getattr(c.layers[i], kind)
-                buf[:, :, at:at + t.shape[-2]] = t
-                at += t.shape[-2]
-            parts.append(buf)
-        out.layers.append(SlotLayer(parts[0], parts[1], total))
-    return out
+    base = str(model.config._attn_implementation)
+    if base.startswith(PACKED_PREFIX):
+        return
+    if base not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        raise ValueError(f"attn_implementation {base!r}: packed forwards need one with a mask function "
+                         f"({', '.join(sorted(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping))})")
 
+    def own(module):
+        if base == "eager":  # the modeling file's own function, as transformers' lookup falls back to it
+            return sys.modules[type(module).__module__].eager_attention_forward
+        return ALL_ATTENTION_FUNCTIONS[base]
 
-def append_new_rows(combined, k_total: int, owners: Sequence, rows: Sequence[int]) -> None:
-    """Append each participant's new keys/values (the last Q columns of ``combined``) to its own cache.
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        step = kwargs.pop(STEP_KWARG, None)
+        if step is None:
+            return own(module)(module, query, key, value, attention_mask, **kwargs)
+        return step.attend(module, query, own(module), kwargs), None
 
-    Args:
-        combined: the packed forward's cache after the forward: per layer [1, H_kv, k_total + Q, D].
-        k_total: columns it held before the forward.
-        owners: per participant, its own ``DynamicCache`` (entries appended with ``update``, which copies).
-        rows: per participant, its new rows (Q = sum), in packing order.
-    """
-    for i, layer in enumerate(combined.layers):
-        r = k_total
-        for cache, s in zip(owners, rows, strict=True):
-            cache.update(layer.keys[:, :, r:r + s], layer.values[:, :, r:r + s], i)
-            r += s
+    name = PACKED_PREFIX + base
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    model.set_attn_implementation(name)
 
 
 def logit_rows(blocks_rows: Sequence[int], wanted: Sequence[range]) -> list[int]:
@@ -197,8 +199,8 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
     its own cache.
 
     Args:
-        model: the transformers causal LM (its forward takes ``position_ids``, a 4D ``attention_mask`` and
-            ``logits_to_keep`` as an index tensor).
+        model: the transformers causal LM, after :func:`enable_packed_attention` (its forward takes
+            ``position_ids`` and ``logits_to_keep`` as an index tensor).
         caches: per participant, its own ``DynamicCache`` holding exactly ``blocks[i].n_cached`` tokens.
         blocks: per participant, its rows' positions and own mask (:class:`Block`).
         ids: per participant, the token ids of its new rows (len = ``blocks[i].rows``).
@@ -206,20 +208,26 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
         cache_kwarg: the forward keyword for the cache (:func:`redraft.decoding.target.cache_kwarg`).
     Returns:
         per participant, FloatTensor [len(wanted[i]), vocab] in the model dtype on the CPU.
+    Raises:
+        ValueError: the model's attention was not wrapped by :func:`enable_packed_attention`.
     """
+    if not str(model.config._attn_implementation).startswith(PACKED_PREFIX):
+        raise ValueError("packed_forward: call enable_packed_attention(model) first")
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     rows = [b.rows for b in blocks]
-    k_total = sum(b.n_cached for b in blocks)
     keep = logit_rows(rows, wanted)
     flat = [int(t) for part in ids for t in part]
+    step = PackedStep(blocks, dtype)
+    if dev.type != "cpu":
+        step.masks = [m if m is None else m.to(dev) for m in step.masks]
     with torch.inference_mode():  # the caches' tensors are inference tensors, as HFTarget.forward makes them
-        cache = combined_cache(caches, [b.n_cached for b in blocks], room=sum(rows))
         out = model(input_ids=torch.tensor([flat], dtype=torch.long, device=dev),
                     position_ids=torch.cat([b.positions.reshape(-1) for b in blocks])[None].to(dev),
-                    attention_mask=block_mask(blocks, dtype).to(dev), use_cache=True,
-                    logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev), **{cache_kwarg: cache})
-        append_new_rows(cache, k_total, caches, rows)
+                    # a prepared 4D mask makes transformers skip building one; the rows' own masks are the step's
+                    attention_mask=torch.zeros(1, 1, len(flat), 1, dtype=dtype, device=dev), use_cache=True,
+                    logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev),
+                    **{cache_kwarg: SplitCache(caches, step), STEP_KWARG: step})
         logits = out.logits[0].cpu()
     parts, at = [], 0
     for want in wanted:
