@@ -250,7 +250,7 @@ def test_serve_options_are_validated(model_dir):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--model", str(model_dir), flag, "0"])
     args = serve_args(model_dir)
-    assert (args.max_running, args.max_batch_tokens, args.kv_tokens) == (8, 512, None)
+    assert (args.max_running, args.max_batch_tokens, args.kv_tokens) == (16, 512, None)
 
 
 # ---- units: the budget, the scheduler's admission, Retry-After, concurrent learning ---------------------------------

@@ -27,7 +27,7 @@ from redraft.io.loading import DEFAULT_MODEL_FILE
 
 DEFAULT_CAP_TOKENS = 1_000_000
 DEFAULT_PREFIX_CACHE_TOKENS = 16_384
-DEFAULT_MAX_RUNNING = 8
+DEFAULT_MAX_RUNNING = 16
 MAX_RUNNING = 256  # one thread each; beyond a few dozen the step is compute-bound anyway
 DEFAULT_MAX_BATCH_TOKENS = 512
 DEFAULT_KV_TOKENS = 32_768  # redraft.server.admission.DEFAULT_KV_TOKENS (not imported here: no torch at parse time)
