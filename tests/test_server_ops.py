@@ -287,3 +287,28 @@ def test_bad_operator_flags_are_refused_by_the_parser(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["serve", flag, value])
     assert e.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_a_response_the_client_left_is_logged_as_499():
+    """A stream that began with 200 but never sent its last body message (the client went away) logs nginx's 499;
+    a finished one logs its own status."""
+    import asyncio
+    import io
+
+    from redraft.server.access_log import AccessLog
+
+    def app_sending(last_more_body: bool):
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": last_more_body})
+        return app
+
+    async def noop_send(message):
+        return None
+
+    for more, want in ((True, " 499 "), (False, " 200 ")):
+        out = io.StringIO()
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "client": ("1.2.3.4", 5)}
+        asyncio.run(AccessLog(app_sending(more), stream=out)(scope, None, noop_send))
+        assert want in out.getvalue(), out.getvalue()

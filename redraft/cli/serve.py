@@ -236,11 +236,13 @@ def cmd_serve(args) -> int:
     corpora = server.generator.corpora
     learned = sum(c.n_tokens for c in corpora.learned.values())
     where = args.corpus_dir or "memory only"
+    capacity = server.generator.budget.capacity
+    prefix = min(args.prefix_cache_tokens, capacity)  # the prefix cache keeps what the KV budget leaves
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
-          f"{f'{args.prefix_cache_tokens:,} tokens' if args.prefix_cache_tokens else 'off'}, "
-          f"{args.max_running} running at most, KV budget {server.generator.budget.capacity:,} tokens = "
+          f"{f'{prefix:,} tokens at most' if args.prefix_cache_tokens else 'off'}, "
+          f"{args.max_running} running at most, KV budget {capacity:,} tokens = "
           f"{kv_gib(server):.2f} GiB at most)", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])

@@ -7,7 +7,8 @@ one; every response carries it in ``x-request-id``. When the response ends, one 
     redraft serve: 127.0.0.1 "POST /v1/chat/completions" 200 tenant=default prompt_tokens=812 completion_tokens=64
     tokens_per_forward=5.33 prefix_hit_tokens=748 seconds=1.204 request_id=3f2a...
 
-(one line; ``-`` for what a request does not have: a health check has no tenant or tokens). The route handler
+(one line; ``-`` for what a request does not have: a health check has no tenant or tokens; a response the client
+left before it ended, e.g. a cancelled stream, is logged with nginx's 499 whatever status it had begun with). The route handler
 puts what it knows into the request's state (``request.state.tenant``, ``request.state.job`` whose ``outcome``
 holds the generation's result, or ``request.state.jobs`` and ``choices_per_prompt`` for a request of several
 choices, counted as ``usage`` counts them) and the middleware reads it when the response is complete.
@@ -22,6 +23,7 @@ import uuid
 from typing import Any, TextIO
 
 REQUEST_ID_HEADER = b"x-request-id"
+CLIENT_CLOSED = 499  # nginx's status for a request whose client closed the connection before the response ended
 _GOOD_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # printable, no spaces: safe to log and to echo
 
 
@@ -43,20 +45,24 @@ class AccessLog:
         rid = request_id(dict(scope.get("headers") or []).get(REQUEST_ID_HEADER))
         state = scope.setdefault("state", {})
         state["request_id"] = rid
-        t0, status = time.perf_counter(), [500]
+        t0, status, complete = time.perf_counter(), [500], [False]
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0].lower() != REQUEST_ID_HEADER]
                 message = {**message, "headers": headers + [(REQUEST_ID_HEADER, rid.encode())]}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete[0] = True
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             if self.enabled:
-                line = access_line(scope, status[0], time.perf_counter() - t0, state)
+                # a response started but never finished: the client left (nginx logs this as 499 too)
+                code = CLIENT_CLOSED if status[0] < 400 and not complete[0] else status[0]
+                line = access_line(scope, code, time.perf_counter() - t0, state)
                 print(line, file=self.stream or sys.stderr, flush=True)
 
 

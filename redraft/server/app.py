@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -338,6 +339,8 @@ class Server:
             try:
                 yield
             finally:
+                print(f"redraft serve: shutting down ({self.scheduler.running} running and {self.scheduler.waiting} "
+                      "waiting requests are stopped)", file=sys.stderr, flush=True)
                 await asyncio.to_thread(self.scheduler.stop)
                 if batcher is not None:
                     await asyncio.to_thread(batcher.stop)
