@@ -449,3 +449,24 @@ def test_time_forwards_and_measure_cost_curve_on_a_tiny_model(tiny):
     assert all(math.isfinite(c) and c > 0 for c in curve.costs)
     with pytest.raises(ValueError, match="sizes >= 1"):
         time_forwards(target, [0], prefix_ids=[1])
+
+
+def test_acceptance_tracker_counts_every_outcome_from_concurrent_threads():
+    """Requests decoding in several threads share one tracker: no outcome is lost (decay 1 = plain counts)."""
+    import threading
+
+    from redraft.policy.acceptance import AcceptanceTracker
+
+    tr = AcceptanceTracker(8, decay=1.0)
+
+    def work():
+        for _ in range(2000):
+            tr.observe("corpus", 3, 2)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    succ, trials = tr.counts("corpus")
+    assert succ[:2].tolist() == [16000.0, 16000.0] and trials[:3].tolist() == [16000.0, 16000.0, 16000.0]

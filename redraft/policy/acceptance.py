@@ -17,6 +17,8 @@ numpy only.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from redraft.defaults import ACCEPT_DECAY, ACCEPT_PRIOR, ACCEPT_PRIOR_WEIGHT
@@ -42,12 +44,14 @@ class AcceptanceTracker:
         self.max_depth, self.prior_mean, self.prior_weight, self.decay = max_depth, prior_mean, prior_weight, decay
         self._succ: dict[str, np.ndarray] = {}
         self._trials: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()  # requests decoding in several threads (a batching server) share a tracker
 
     def counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
         """(successes, trials), float64 [max_depth] each, index d - 1 for level d (zeros for a new source)."""
         if source not in self._succ:
-            self._succ[source] = np.zeros(self.max_depth)
-            self._trials[source] = np.zeros(self.max_depth)
+            with self._lock:
+                self._succ.setdefault(source, np.zeros(self.max_depth))
+                self._trials.setdefault(source, np.zeros(self.max_depth))
         return self._succ[source], self._trials[source]
 
     def observe(self, source: str, proposed_depth: int, accepted: int) -> None:
@@ -62,13 +66,14 @@ class AcceptanceTracker:
         if proposed_depth == 0:
             return
         succ, trials = self.counts(source)
-        succ *= self.decay
-        trials *= self.decay
-        a = min(accepted, self.max_depth)
-        succ[:a] += 1.0
-        trials[:a] += 1.0
-        if accepted < proposed_depth and a < self.max_depth:
-            trials[a] += 1.0  # the first rejected level
+        with self._lock:  # one update at a time: concurrent requests' outcomes are all counted
+            succ *= self.decay
+            trials *= self.decay
+            a = min(accepted, self.max_depth)
+            succ[:a] += 1.0
+            trials[:a] += 1.0
+            if accepted < proposed_depth and a < self.max_depth:
+                trials[a] += 1.0  # the first rejected level
 
     def conditional(self, source: str, depth: int) -> np.ndarray:
         """float64 [depth]: estimated P(level d accepted | level d - 1 accepted) for d = 1..depth."""
