@@ -549,6 +549,23 @@ def test_carried_rows_count_the_other_sequences_rows(model):
     assert loads.count(3) >= 6 and min(loads) >= 1  # the decode steps that carried all three
 
 
+def test_a_sequence_starting_after_the_others_ended_is_priced_alone(model):
+    """The last step's rows belong to sequences that have finished: the next sequence's first draft is priced at no
+    load (a replayed answer drafted whole on its prompt's forward), not at that step's rows."""
+    b = started(model, gather_s=0.0)
+    try:
+        run_concurrently(b, [lambda t, p=p: t.forward(p, n_logits=1) for p in ([1, 2, 3, 4], [5, 6, 7])])
+        assert b.last_step_rows >= 3 and b.running == 0
+        t = b.sequence()
+        assert t.carried_rows == 1
+        other = b.sequence()
+        assert other.carried_rows == b.last_step_rows + 1  # another sequence is running: the step's load
+        t.close()
+        other.close()
+    finally:
+        b.stop()
+
+
 def test_tenant_isolation_of_batched_policies():
     """A request's policy learns into its own tenant's tracker only."""
     a, b = build_policy(curve=KNEE, max_nodes=16), build_policy(curve=KNEE, max_nodes=16)

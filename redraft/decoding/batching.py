@@ -314,7 +314,8 @@ class BatchedTarget(HFTarget):
     def __init__(self, batcher: StepBatcher, cancel: threading.Event | None = None) -> None:
         super().__init__(batcher.model)
         self.batcher, self.cancel = batcher, cancel
-        self.carried_rows = batcher.last_step_rows + 1  # until its first step: the load the batcher carries now
+        # until its first step: the load the batcher carries now (none when no other sequence is running)
+        self.carried_rows = batcher.last_step_rows + 1 if batcher.running else 1
         self.last_forward_plain = True
         self._solo = 0
         self.closed = False
