@@ -333,8 +333,8 @@ def phase_memory(cfg: ServeBenchConfig, work: Path) -> dict:
 
 
 def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
-    def start(name: str, reuse: bool):
-        extra = [] if reuse else ["--prefix-cache-tokens", "0"]
+    def start(name: str, reuse: bool, answers: bool):
+        extra = ([] if reuse else ["--prefix-cache-tokens", "0"]) + ([] if answers else ["--no-answer-cache"])
         if cfg.agent_k:
             extra += ["--k", str(cfg.agent_k), "--k-max", str(cfg.agent_k)]
         srv = ServerProcess(cfg.model, work / f"{name}.log", *extra, threads=cfg.threads)
