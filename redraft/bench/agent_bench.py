@@ -136,7 +136,7 @@ def run_conversations(client, base: str, tasks: list[str], cfg: AgentBenchConfig
             "prefix_hit_tokens": sum(s["prefix_hit_tokens"] for s in stats),
             "answer_cache_hits": sum(s["answer_cache_hit"] for s in stats),
             "forwards": sum(s["forwards"] for s in stats),
-            "tokens_per_forward": tokens / max(1, sum(s["forwards"] for s in stats))}
+            "tokens_per_forward": tokens / forwards if (forwards := sum(s["forwards"] for s in stats)) else None}
 
 
 SERVERS = (("no_reuse", False, False), ("reuse", True, False), ("answer_cache", True, True))  # name, prefix, answers
