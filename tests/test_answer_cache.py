@@ -14,10 +14,12 @@ import time
 import httpx
 import pytest
 from conftest import plain_greedy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from serverkit import EOS, live_server, serve_args, words
 
 from redraft.bench.serve_bench import metric_value
-from redraft.decoding.engine import GenerationResult
+from redraft.decoding.engine import Engine, GenerationResult
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.io.prompts import encode_chat
@@ -243,3 +245,44 @@ def test_no_answer_cache_decodes_every_request(model_dir, loaded):
             assert body["redraft"]["answer_cache_hit"] is False and body["redraft"]["forwards"] > 0
             assert body["choices"][0]["text"] == want
         assert _hits(srv) == 0
+
+
+def _plain_request(loaded, prompt, n: int, stops: list[str]) -> tuple[str, str, int]:
+    """Plain greedy decoding (no drafters, one token a forward) of a request: its text, finish reason, token count."""
+    stop = StopStrings(loaded.tokenizer, stops)
+    res = Engine(loaded.model, [], eos_token_ids=[EOS]).generate(prompt, n, stop=stop if stop else None)
+    assert res.forwards == len(res.output_ids) or res.stop_reason == "stop"
+    text = stop.text if res.stop_reason == "stop" else loaded.tokenizer.decode(res.output_ids,
+                                                                              skip_special_tokens=True)
+    return text, "length" if res.stop_reason in ("length", "context") else "stop", len(res.output_ids)
+
+
+def test_an_answer_stored_with_its_eos_serves_any_larger_cap(live, loaded):
+    candidates = ([a, b, c, d, e] for a in (18, 23, 43) for b in (24, 35) for c in (59, 18) for d in (48, 9)
+                  for e in (32, 40))
+    prompt, ids = next((p, out) for p in candidates if (out := _plain(loaded, p, 30)[1])[-1] == EOS)
+    first = _complete(live, prompt, 30, key="key-b")
+    assert first["choices"][0]["finish_reason"] == "stop" and first["usage"]["completion_tokens"] == len(ids)
+    for cap in (len(ids), 30, 200):
+        body = _complete(live, prompt, cap, key="key-b")
+        assert body["redraft"]["answer_cache_hit"] is True, cap
+        assert body["choices"][0]["text"] == first["choices"][0]["text"]
+        assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == len(ids)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(prompt=st.lists(st.integers(2, 63), min_size=3, max_size=8), first_cap=st.integers(1, 24),
+       cap=st.integers(1, 24), stop=st.one_of(st.none(), st.integers(2, 63)))
+def test_random_repeats_equal_plain_greedy_whether_served_or_decoded(live, loaded, prompt, first_cap, cap, stop):
+    """A request, then the same prompt with another cap and maybe a stop string: the second equals plain greedy
+    decoding of it with that cap and stop string, served from the cache or decoded."""
+    stops = [] if stop is None else [words([stop])]
+    _complete(live, prompt, first_cap)
+    body = _complete(live, prompt, cap, stop=stops) if stops else _complete(live, prompt, cap)
+    text, reason, n = _plain_request(loaded, prompt, cap, stops)
+    assert body["choices"][0]["text"] == text and body["choices"][0]["finish_reason"] == reason
+    assert body["usage"]["completion_tokens"] == n
+    stored = _plain(loaded, prompt, max(first_cap, 24))[1][:first_cap]
+    if n <= len(stored):  # the cut falls inside the first answer: served without a forward
+        assert body["redraft"]["answer_cache_hit"] is True and body["redraft"]["forwards"] == 0
