@@ -159,6 +159,8 @@ def test_a_repeated_request_is_answered_from_the_cache_identically(live, loaded)
         assert again["choices"][0]["text"] == want
         assert again["redraft"]["answer_cache_hit"] is True and again["redraft"]["forwards"] == 0
         assert again["redraft"]["learned"] is False
+        sources = again["redraft"]["sources"]  # the same sources as a decoded answer's, nothing proposed
+        assert "corpus" in sources and all(s["proposed"] == 0 for s in sources.values())
         assert again["usage"]["completion_tokens"] == len(ids) == first["usage"]["completion_tokens"]
         assert again["choices"][0]["finish_reason"] == first["choices"][0]["finish_reason"]
     assert _hits(live) - hits == 3

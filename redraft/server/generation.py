@@ -27,6 +27,7 @@ from redraft.corpus import CorpusError
 from redraft.decoding.batching import SequenceCancelled
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
+from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
@@ -242,6 +243,7 @@ class Generator:
 
         if replayed is not None:  # the stored answer, cut as this request asks: no forward, nothing to cache
             res = replayed.result
+            res.sources = {d.name: SourceStats() for d in self.drafters(job.tenant)}  # as a decoded answer's: zeros
             on_tokens(list(res.output_ids))
             self.answers.count_hit()
         else:
