@@ -104,7 +104,7 @@ def test_store_keeps_the_longer_answer_and_evicts_least_recently_used():
     assert cache.store(k1, GenerationResult([1], output_ids=[4, 5, 6]))
     assert not cache.store(k1, GenerationResult([1], output_ids=[4, 5]))  # shorter: the stored one covers it
     assert cache.store(k1, GenerationResult([1], output_ids=[4, 5, 6, 7]))
-    assert cache.get(k1).ids == (4, 5, 6, 7) and cache.tokens == 4
+    assert cache.get(k1).ids.tolist() == [4, 5, 6, 7] and cache.tokens == 4
     assert cache.store(k2, GenerationResult([2], output_ids=[8, EOS], stop_reason="eos"))
     assert not cache.store(k2, GenerationResult([2], output_ids=[8, 9, 9, 9]))  # EOS: nothing follows
     cache.get(k1)  # k1 most recently used: k2 goes first

@@ -21,8 +21,8 @@ answer depends on ``max_tokens`` too and the key includes it.
 
 Per tenant: one tenant's stored answers never serve another's requests (a hit answers faster, so a shared store
 would leak prompts through timing, as a shared prefix cache does: PromptPeek). Bounded: at most ``max_tokens``
-stored answer ids over all tenants, least recently used evicted first (an id costs a few bytes: the default
-holds 262,144 ids, ~1 MB).
+stored answer ids over all tenants, least recently used evicted first (4 bytes an id: the default holds 262,144
+ids, 1 MB, plus ~200 bytes of key and bookkeeping per answer).
 """
 
 from __future__ import annotations
@@ -43,15 +43,18 @@ from redraft.decoding.stopping import StopStrings
 DEFAULT_ANSWER_CACHE_TOKENS = 262_144  # stored answer ids over all tenants
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Answer:
-    """A stored greedy answer: ``ids`` (int token ids, a prefix of plain greedy decoding's continuation, ending
-    with the EOS id when ``eos``), ``eos``: it ended on EOS (nothing follows), ``context``: it ended at the
-    model's context length (nothing can follow)."""
+    """A stored greedy answer: ``ids`` (token ids, a prefix of plain greedy decoding's continuation, ending with
+    the EOS id when ``eos``; any int sequence, kept as an int32 numpy array: 4 bytes an id), ``eos``: it ended on EOS
+    (nothing follows), ``context``: it ended at the model's context length (nothing can follow)."""
 
-    ids: tuple[int, ...]
+    ids: np.ndarray
     eos: bool = False
     context: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ids", np.asarray(self.ids, dtype=np.int32).reshape(-1))
 
 
 @dataclass
@@ -128,10 +131,11 @@ class AnswerCache:
 
         Only exact greedy results belong here (the caller's duty: exact mode on, ``key`` from :func:`answer_key`);
         an answer with no ids, or longer than the whole budget, is not kept."""
-        ids = tuple(int(t) for t in result.output_ids)
-        if key is None or not ids or len(ids) > self.max_tokens:
+        n = len(result.output_ids)
+        if key is None or not n or n > self.max_tokens:
             return False
-        new = Answer(ids, eos=result.stop_reason == "eos", context=result.stop_reason == "context")
+        new = Answer(result.output_ids, eos=result.stop_reason == "eos", context=result.stop_reason == "context")
+        ids = new.ids
         with self.lock:
             old = self.entries.get(key)
             if old is not None and (old.eos or old.context or len(old.ids) >= len(ids)):
@@ -169,7 +173,7 @@ def replay(answer: Answer | None, prompt_ids: Sequence[int], max_tokens: int, st
     if answer is None or max_tokens < 1:
         return None
     t0 = time.perf_counter()
-    ids = list(answer.ids[:max_tokens])
+    ids = answer.ids[:max_tokens].tolist()
     reason = "length" if len(ids) == max_tokens else None
     for j, t in enumerate(ids):
         if t in eos_token_ids:
