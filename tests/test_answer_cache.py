@@ -23,7 +23,7 @@ from redraft.decoding.engine import Engine, GenerationResult
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.io.prompts import encode_chat
-from redraft.server.answer_cache import Answer, AnswerCache, answer_key, replay
+from redraft.server.answer_cache import Answer, AnswerCache, answer_key, cap_in_key, replay
 
 
 class WordTokenizer:
@@ -96,6 +96,19 @@ def test_only_greedy_requests_without_logprobs_or_grammar_have_a_key():
     assert answer_key("a", prompt, greedy) != answer_key("a", prompt, SamplingParams(repetition_penalty=1.3))
     assert answer_key("a", prompt, greedy) == answer_key("a", list(prompt), SamplingParams(seed=9))  # seed unused
     assert answer_key("a", prompt, greedy, max_tokens=4) != answer_key("a", prompt, greedy, max_tokens=5)
+
+
+def test_a_forced_eos_at_the_cap_puts_the_cap_in_the_key():
+    """A generation_config with forced_eos_token_id makes the last allowed token EOS: the answer depends on
+    max_tokens, so only the same cap may be served."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    forced = SimpleNamespace(generation_config=GenerationConfig(forced_eos_token_id=EOS))
+    plain = SimpleNamespace(generation_config=GenerationConfig())
+    assert cap_in_key(forced) and not cap_in_key(plain) and not cap_in_key(SimpleNamespace())
+    assert not cap_in_key(forced, generation_config=False)  # the server ignores the model's generation_config
 
 
 def test_store_keeps_the_longer_answer_and_evicts_least_recently_used():
@@ -288,3 +301,11 @@ def test_random_repeats_equal_plain_greedy_whether_served_or_decoded(live, loade
     stored = _plain(loaded, prompt, max(first_cap, 24))[1][:first_cap]
     if n <= len(stored):  # the cut falls inside the first answer: served without a forward
         assert body["redraft"]["answer_cache_hit"] is True and body["redraft"]["forwards"] == 0
+
+
+def test_with_the_cap_in_the_key_only_the_same_cap_is_served(live, monkeypatch):
+    monkeypatch.setattr(live.server.generator, "cap_in_key", True)  # as under a forced EOS at max_tokens
+    prompt = [7, 33, 2, 58, 14, 41]
+    _complete(live, prompt, 12)
+    assert _complete(live, prompt, 6)["redraft"]["answer_cache_hit"] is False
+    assert _complete(live, prompt, 12)["redraft"]["answer_cache_hit"] is True

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from redraft.decoding.engine import GenerationResult
+from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 
@@ -206,8 +207,6 @@ def cap_in_key(model, generation_config: bool = True) -> bool:
     """Whether answers depend on ``max_tokens`` beyond where they stop: the model's generation_config (when the
     server applies it) forces an EOS id as the last token ``max_tokens`` allows (``forced_eos_token_id``). A
     generation_config the logits shaping cannot read counts as yes (the requests themselves will say why)."""
-    from redraft.decoding.genconfig import LogitsShaping
-
     if not generation_config:
         return False
     try:
