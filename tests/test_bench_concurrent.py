@@ -108,6 +108,9 @@ def test_for_build_uses_max_running_only_where_the_server_has_it():
     given = ConcurrentBenchConfig(server_args=("--max-batch-tokens", "256"))
     assert for_build(given, new).chunk_tokens == 256
     assert for_build(ConcurrentBenchConfig(server_args=("--max-batch-tokens=128",)), new).chunk_tokens == 128
+    cached = new + "  --no-answer-cache     decode every request\n"  # rounds must decode, not replay stored answers
+    assert for_build(given, cached).baseline_args == ("--max-running", "1", "--no-answer-cache")
+    assert for_build(given, cached).server_args == ("--max-batch-tokens", "256", "--no-answer-cache")
 
 
 def test_cli_types_refuse_bad_lists(capsys):

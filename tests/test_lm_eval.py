@@ -1,8 +1,8 @@
 """lm-evaluation-harness against ``redraft serve`` (the default model, a live server): the local tasks in
 tests/data/lm_eval (a generate_until and a multiple_choice task) run through ``local-completions`` with the server's
 own tokenizer routes (``tokenizer_backend=remote``, no local tokenizer). A rerun of the generate_until task gives
-identical samples, drafted from the answers the first run stored; the multiple_choice task's loglikelihoods equal
-the ones computed with transformers directly. Marked slow (the real model; lm-eval imports take ~20 s here)."""
+identical samples, answered from the answers the first run stored (the answer cache); the multiple_choice task's
+loglikelihoods equal the ones computed with transformers directly. Marked slow (the real model; lm-eval imports take ~20 s here)."""
 
 from __future__ import annotations
 

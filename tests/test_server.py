@@ -129,7 +129,8 @@ def test_sampling_with_a_seed_is_reproducible(live):
 def test_second_identical_request_drafts_from_the_corpus(model_dir, loaded):
     prompt = [60, 61, 62, 63, 60]
     want, out, _ = expected_text(loaded, prompt, 80)
-    with live_server(serve_args(model_dir, "--no-ngram"), loaded) as srv:  # a fresh, empty corpus
+    # a fresh, empty corpus; no answer cache, so the identical repeat is decoded (drafted from the corpus)
+    with live_server(serve_args(model_dir, "--no-ngram", "--no-answer-cache"), loaded) as srv:
         client = srv.client()
         first = client.completions.create(model=srv.server.model_id, prompt=prompt, max_tokens=80)
         second = client.completions.create(model=srv.server.model_id, prompt=prompt, max_tokens=80)
@@ -146,7 +147,7 @@ def test_second_identical_request_drafts_from_the_corpus(model_dir, loaded):
 def test_greedy_repeats_after_a_sampled_answer_are_learned_once(model_dir, loaded):
     prompt = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
     want, out, _ = expected_text(loaded, prompt, 24)
-    with live_server(serve_args(model_dir, "--no-ngram"), loaded) as srv:
+    with live_server(serve_args(model_dir, "--no-ngram", "--no-answer-cache"), loaded) as srv:  # repeats decoded
         client = srv.client()
         kw = dict(model=srv.server.model_id, prompt=prompt, max_tokens=24)
         sampled = client.completions.create(**kw, temperature=1.0, seed=5)
@@ -164,7 +165,8 @@ def test_tenants_never_draft_from_each_other(model_dir, loaded, tmp_path):
 
     keys = tmp_path / "tenants.json"
     keys.write_text(json.dumps({"key-a": "alice", "key-b": "bob"}))
-    with live_server(serve_args(model_dir, "--no-ngram", "--tenants", str(keys)), loaded) as srv:
+    with live_server(serve_args(model_dir, "--no-ngram", "--no-answer-cache", "--tenants", str(keys)),
+                     loaded) as srv:  # no answer cache: alice's repeat is decoded, drafted from her corpus
         alice, bob = srv.client("key-a"), srv.client("key-b")
         kw = dict(model=srv.server.model_id, prompt=[12, 34, 56, 7], max_tokens=60)
         a1 = alice.completions.create(**kw)

@@ -25,8 +25,9 @@ def tenants_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def live(model_dir, loaded, tenants_file):
-    """Two tenants, n-gram drafts on, a prefix cache of 2,000 tokens, browsers from one origin, chat capped at 12."""
-    args = serve_args(model_dir, "--tenants", str(tenants_file), "--prefix-cache-tokens", "2000",
+    """Two tenants, n-gram drafts on, a prefix cache of 2,000 tokens, browsers from one origin, chat capped at 12;
+    no answer cache (identical repeats reach the prefix cache, as with sampling)."""
+    args = serve_args(model_dir, "--tenants", str(tenants_file), "--prefix-cache-tokens", "2000", "--no-answer-cache",
                       "--cors-origins", "http://localhost:3000", "--max-tokens-default", "12")
     with live_server(args, loaded) as srv:
         yield srv
@@ -251,24 +252,26 @@ def test_no_cors_headers_without_origins(model_dir, loaded):
 
 def test_agent_phase_reuses_prefixes_and_keeps_answers_identical(model_dir, loaded):
     """``bench serve``'s agent phase against in-process servers of the tiny model (short system prompt: its context
-    is 640 tokens): answers identical across the four runs, hits only with reuse, replays drafted."""
+    is 640 tokens): answers identical across the six runs, hits only with reuse, replays drafted or answered from
+    the answer cache."""
     from contextlib import ExitStack
 
     from redraft.bench.agent_bench import AgentBenchConfig, run_agent_phase
 
-    started: list[tuple[str, bool]] = []
+    started: list[tuple[str, bool, bool]] = []
     with ExitStack() as stack:
-        def start(name: str, reuse: bool):
-            started.append((name, reuse))
-            extra = [] if reuse else ["--prefix-cache-tokens", "0"]
+        def start(name: str, reuse: bool, answers: bool):
+            started.append((name, reuse, answers))
+            extra = ([] if reuse else ["--prefix-cache-tokens", "0"]) + ([] if answers else ["--no-answer-cache"])
             srv = stack.enter_context(live_server(serve_args(model_dir, "--no-ngram", *extra), loaded))
             return srv.base, lambda: None, time.process_time  # in process: this process's CPU seconds
 
         cfg = AgentBenchConfig(conversations=2, turns=3, max_tokens=8, system=words([5, 6, 7, 8, 9]),
                                observation=words([11, 12, 13]))
         res = run_agent_phase(start, cfg)
-    assert started == [("agent-no_reuse", False), ("agent-reuse", True)]
-    assert res["requests"] == 6 and res["answers"] == 18 and res["identical"] == 18
+    assert started == [("agent-no_reuse", False, False), ("agent-reuse", True, False),
+                       ("agent-answer_cache", True, True)]
+    assert res["requests"] == 6 and res["answers"] == 30 and res["identical"] == 30
     assert res["first_no_reuse_prefix_hit_tokens"] == res["second_no_reuse_prefix_hit_tokens"] == 0
     assert res["first_reuse_prefix_hit_tokens"] > 0
     assert res["second_reuse_prefix_hit_tokens"] > res["first_reuse_prefix_hit_tokens"]  # whole prompts cached
@@ -277,6 +280,10 @@ def test_agent_phase_reuses_prefixes_and_keeps_answers_identical(model_dir, load
     assert all(res[f"{run}_cpu_seconds"] > 0 for run in ("first_no_reuse", "second_no_reuse", "first_reuse",
                                                            "second_reuse"))
     assert res["replay_speedup_with_reuse_cpu"] == res["first_reuse_cpu_seconds"] / res["second_reuse_cpu_seconds"]
+    # the answer cache: no hit in a first run, every request of the replay a hit, without a forward
+    assert res["first_answer_cache_answer_cache_hits"] == 0 and res["first_answer_cache_forwards"] > 0
+    assert res["second_answer_cache_answer_cache_hits"] == 6 and res["second_answer_cache_forwards"] == 0
+    assert res["second_reuse_answer_cache_hits"] == res["second_no_reuse_answer_cache_hits"] == 0
 
 
 @pytest.mark.parametrize("flag,value", [("--prefix-cache-tokens", "-1"), ("--prefix-cache-tokens", "many"),

@@ -3,7 +3,9 @@ this process, run twice, with the second run's generation thread profiled.
 
     OMP_NUM_THREADS=1 python docs/examples/profile_agent_replay.py --conversations 1 --turns 3
 
-Builds the server as ``redraft serve`` does (default model, prefix reuse and learning on, one torch thread) and
+Builds the server as ``redraft serve`` does (default model, prefix reuse and learning on, one torch thread; the
+answer cache off, so that the replay is drafted and verified: with it every replayed request is answered without a
+forward) and
 drives it through FastAPI's ``TestClient`` (the routes, JSON, chat template and tokenization included, no socket).
 Per run it prints the client's seconds, the seconds spent in the generation thread (``Generator.__call__``:
 engine, prefix lookup and store, corpus learning) and in the target's forwards, each per request, plus the CPU
@@ -62,7 +64,7 @@ def main() -> None:
             clock["cpu"] += time.thread_time() - c0
 
     HFTarget.forward, Generator.__call__ = timed_forward, timed_call
-    server = build_server(build_parser().parse_args(["serve", "--quiet"]))
+    server = build_server(build_parser().parse_args(["serve", "--quiet", "--no-answer-cache"]))
     cfg = AgentBenchConfig(conversations=args.conversations, turns=args.turns, max_tokens=args.max_tokens)
     tasks = agent_tasks(cfg.conversations)
     runs = []

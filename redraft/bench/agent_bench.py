@@ -4,17 +4,21 @@ An agent loop (smolagents' CodeAgent, a ReAct loop, a coding assistant) sends a 
 gets a step back, appends it and an observation from its tools, and sends the whole conversation again. Each
 request is therefore the previous request + its answer + an observation. Re-prefilling that conversation dominates
 the cost of every step; prefix KV reuse (``redraft serve --prefix-cache-tokens``) prefills only the new tail, and
-the learned corpus replays the answers of a repeated run.
+the learned corpus replays the answers of a repeated run, and the answer cache (``redraft serve``'s default, off
+with ``--no-answer-cache``) answers an identical greedy request again without a forward.
 
 Runs (every request greedy, the same conversations each time, each server fresh):
 
-1. a server with prefix reuse off: the conversations once (first run without reuse), then again (its replay);
-2. a server with prefix reuse on: the conversations once (first run with reuse), then again (its replay).
+1. ``no_reuse``: prefix reuse and the answer cache off: the conversations once (first run without reuse), then
+   again (its replay, drafted from the learned corpus);
+2. ``reuse``: prefix reuse on, the answer cache off: the same two runs (the replay drafted on cached prefixes);
+3. ``answer_cache``: both on (the server's defaults): the same two runs (the replay from the answer cache).
 
 Reported: each run's seconds (client side, all requests), first run without / with reuse, each replay's
-second run / first run, prefix-hit tokens, tokens per forward, and how many answers are identical to the first
-run's without reuse (all must be: reuse and drafts change speed only); when the server's CPU seconds can be read,
-each run's CPU seconds and the same ratios of them (less sensitive than wall-clock time to a loaded machine).
+second run / first run, prefix-hit tokens, tokens per forward, answer-cache hits, and how many answers are identical
+to the first run's without reuse (all must be: reuse, drafts and the answer cache change speed only); when the
+server's CPU seconds can be read, each run's CPU seconds and the same ratios of them (less sensitive than wall-clock
+time to a loaded machine).
 
 This module imports no server code: the caller hands it a function that starts a server (see
 :func:`run_agent_phase`), so it can sit below ``serve_bench``.
@@ -122,39 +126,45 @@ def run_conversations(client, base: str, tasks: list[str], cfg: AgentBenchConfig
             stats.append({"prompt_tokens": body["usage"]["prompt_tokens"],
                           "completion_tokens": body["usage"]["completion_tokens"],
                           "forwards": body["redraft"]["forwards"],
-                          "prefix_hit_tokens": body["redraft"].get("prefix_hit_tokens", 0)})
+                          "prefix_hit_tokens": body["redraft"].get("prefix_hit_tokens", 0),
+                          "answer_cache_hit": bool(body["redraft"].get("answer_cache_hit", False))})
             messages = messages + [{"role": "assistant", "content": text},
                                    {"role": "user", "content": cfg.observation}]
     tokens = sum(s["completion_tokens"] for s in stats)
     return {"seconds": seconds, "answers": answers, "requests": len(stats),
             "prompt_tokens": sum(s["prompt_tokens"] for s in stats), "completion_tokens": tokens,
             "prefix_hit_tokens": sum(s["prefix_hit_tokens"] for s in stats),
-            "tokens_per_forward": tokens / max(1, sum(s["forwards"] for s in stats))}
+            "answer_cache_hits": sum(s["answer_cache_hit"] for s in stats),
+            "forwards": sum(s["forwards"] for s in stats),
+            "tokens_per_forward": tokens / forwards if (forwards := sum(s["forwards"] for s in stats)) else None}
 
 
-def run_agent_phase(start_server: Callable[[str, bool], tuple], cfg: AgentBenchConfig,
+SERVERS = (("no_reuse", False, False), ("reuse", True, False), ("answer_cache", True, True))  # name, prefix, answers
+
+
+def run_agent_phase(start_server: Callable[[str, bool, bool], tuple], cfg: AgentBenchConfig,
                     timeout: float = 1800.0) -> dict:
-    """The phase's four runs (see the module doc) and their figures.
+    """The phase's six runs (see the module doc) and their figures.
 
     Args:
-        start_server: ``start_server(name, prefix_reuse)`` starts a fresh server and returns (base URL, stop), or
-            (base URL, stop, cpu_seconds) where ``cpu_seconds()`` gives the server process's CPU seconds so far
-            (user + system, all threads).
+        start_server: ``start_server(name, prefix_reuse, answer_cache)`` starts a fresh server and returns (base URL,
+            stop), or (base URL, stop, cpu_seconds) where ``cpu_seconds()`` gives the server process's CPU seconds
+            so far (user + system, all threads).
     Returns:
-        figures: seconds of each run, ``first_speedup_with_reuse`` (first run without reuse / with reuse),
-        ``replay_speedup_with_reuse`` and ``replay_speedup_without_reuse`` (first run / second run on the same
-        server), prefix-hit tokens, tokens per forward, ``identical`` (answers equal to the first run's without
-        reuse, over the three other runs) of ``answers`` (their number). With ``cpu_seconds``, also each run's
-        server CPU seconds (``*_cpu_seconds``) and the same three ratios of them (``*_cpu``): on a loaded machine
-        wall-clock seconds mostly measure waiting for a core, CPU seconds much less.
+        figures: seconds of each run (``{first,second}_{no_reuse,reuse,answer_cache}_seconds``),
+        ``first_speedup_with_reuse`` (first run without reuse / with reuse), ``replay_speedup_with_reuse``,
+        ``replay_speedup_without_reuse`` and ``replay_speedup_with_answer_cache`` (first run / second run on the same
+        server), prefix-hit tokens, forwards, tokens per forward, answer-cache hits, ``identical`` (answers equal
+        to the first run's without reuse, over the five other runs) of ``answers`` (their number). With
+        ``cpu_seconds``, also each run's server CPU seconds (``*_cpu_seconds``) and the same ratios of them
+        (``*_cpu``): on a loaded machine wall-clock seconds mostly measure waiting for a core, CPU seconds much less.
     """
     import httpx
 
     tasks = agent_tasks(cfg.conversations)
     runs: dict[str, dict] = {}
-    for reuse in (False, True):
-        name = "reuse" if reuse else "no_reuse"
-        base, stop, *cpu = start_server(f"agent-{name}", reuse)
+    for name, reuse, answers in SERVERS:
+        base, stop, *cpu = start_server(f"agent-{name}", reuse, answers)
         cpu_seconds = cpu[0] if cpu else None
         try:
             with httpx.Client() as c:
@@ -166,7 +176,7 @@ def run_agent_phase(start_server: Callable[[str, bool], tuple], cfg: AgentBenchC
         finally:
             stop()
     ref = runs["first_no_reuse"]["answers"]
-    others = [runs[k]["answers"] for k in ("second_no_reuse", "first_reuse", "second_reuse")]
+    others = [runs[k]["answers"] for k in runs if k != "first_no_reuse"]
     out = {"conversations": cfg.conversations, "turns": cfg.turns, "max_tokens": cfg.max_tokens,
            "requests": runs["first_reuse"]["requests"],
            "mean_prompt_tokens": runs["first_reuse"]["prompt_tokens"] / max(1, runs["first_reuse"]["requests"])}
@@ -175,10 +185,14 @@ def run_agent_phase(start_server: Callable[[str, bool], tuple], cfg: AgentBenchC
     for k, r in runs.items():
         out[f"{k}_tokens_per_forward"] = r["tokens_per_forward"]
         out[f"{k}_prefix_hit_tokens"] = r["prefix_hit_tokens"]
+        out[f"{k}_forwards"] = r["forwards"]
+        out[f"{k}_answer_cache_hits"] = r["answer_cache_hits"]
     out["first_speedup_with_reuse"] = _ratio(runs["first_no_reuse"]["seconds"], runs["first_reuse"]["seconds"])
     out["replay_speedup_with_reuse"] = _ratio(runs["first_reuse"]["seconds"], runs["second_reuse"]["seconds"])
     out["replay_speedup_without_reuse"] = _ratio(runs["first_no_reuse"]["seconds"],
                                                  runs["second_no_reuse"]["seconds"])
+    out["replay_speedup_with_answer_cache"] = _ratio(runs["first_answer_cache"]["seconds"],
+                                                     runs["second_answer_cache"]["seconds"])
     if all("cpu_seconds" in r for r in runs.values()):
         for k, r in runs.items():
             out[f"{k}_cpu_seconds"] = r["cpu_seconds"]
@@ -186,6 +200,7 @@ def run_agent_phase(start_server: Callable[[str, bool], tuple], cfg: AgentBenchC
         out["first_speedup_with_reuse_cpu"] = _ratio(cpu["first_no_reuse"], cpu["first_reuse"])
         out["replay_speedup_with_reuse_cpu"] = _ratio(cpu["first_reuse"], cpu["second_reuse"])
         out["replay_speedup_without_reuse_cpu"] = _ratio(cpu["first_no_reuse"], cpu["second_no_reuse"])
+        out["replay_speedup_with_answer_cache_cpu"] = _ratio(cpu["first_answer_cache"], cpu["second_answer_cache"])
     out["identical"] = sum(a == b for answers in others for a, b in zip(ref, answers, strict=True))
     out["answers"] = len(ref) * len(others)
     return out

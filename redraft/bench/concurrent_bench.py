@@ -90,14 +90,17 @@ def for_build(cfg: ConcurrentBenchConfig, help_text: str) -> ConcurrentBenchConf
     """``cfg`` fitted to the ``redraft serve`` whose ``--help`` is ``help_text``: the one-at-a-time server gets
     ``baseline_args`` only where the server has ``--max-running`` (otherwise no arguments: both servers then run
     alike, one request at a time), and ``chunk_tokens`` is ``--max-batch-tokens`` of ``server_args`` when given,
-    else the server's default for it, else ``cfg.chunk_tokens``."""
+    else the server's default for it, else ``cfg.chunk_tokens``. Where the server has ``--no-answer-cache``, both
+    servers get it: rounds resend the same greedy requests, which the answer cache would answer without a forward."""
     from redraft.bench.server_process import option_default
 
     base = cfg.baseline_args if "--max-running" in help_text else ()
     args = [x for a in cfg.server_args for x in (a.split("=", 1) if a.startswith("--max-batch-tokens=") else [a])]
     given = args[args.index("--max-batch-tokens") + 1] if "--max-batch-tokens" in args[:-1] else None
     chunk = int(given) if given else option_default(help_text, "--max-batch-tokens") or cfg.chunk_tokens
-    return replace(cfg, baseline_args=tuple(base), chunk_tokens=chunk)
+    decode = ("--no-answer-cache",) if "--no-answer-cache" in help_text else ()
+    return replace(cfg, baseline_args=tuple(base) + decode, server_args=tuple(cfg.server_args) + decode,
+                   chunk_tokens=chunk)
 
 
 def log_stderr(msg: str) -> None:

@@ -1,6 +1,9 @@
 """``redraft bench serve``: what ``redraft serve`` does for its users, measured over loopback HTTP.
 
-Phases (each against ``redraft serve`` running as its own process, started and stopped here):
+Phases (each against ``redraft serve`` running as its own process, started and stopped here). ``repeat``, ``load``
+and ``overhead`` resend identical greedy requests to measure the learned corpus, exactness under load and the HTTP
+overhead of decoding: their servers run with ``--no-answer-cache`` (else every repeat would be answered from the
+answer cache without a forward); the ``agent`` phase measures the answer cache.
 
 - ``repeat``: a fresh server with an empty corpus gets N Spec-Bench questions (MT-Bench categories, round-robin),
   then the same N again: second-pass generated tokens/s over the first pass's, and whether every answer is
@@ -17,8 +20,9 @@ Phases (each against ``redraft serve`` running as its own process, started and s
 - ``memory``: M short requests with distinct prompts; the server's resident memory before, every M/10 requests
   and after, and its learned corpus size (bounded by ``--cap-tokens``).
 - ``agent``: agent-shaped conversations (each request = the previous request + its answer + an observation, after a
-  long fixed system prompt), run twice on a fresh server without prefix reuse and twice on one with it: first-run
-  time without / with reuse, second run / first run, identical answers (redraft/bench/agent_bench.py).
+  long fixed system prompt), run twice on a fresh server without prefix reuse, twice on one with it, and twice on
+  one with the defaults (prefix reuse and the answer cache): first-run time without / with reuse, second run /
+  first run, identical answers (redraft/bench/agent_bench.py).
 - ``concurrent``: N streaming clients at once (each N of ``--concurrency``) on novel questions, against the server
   under test and one started with ``--max-running 1``: aggregate tokens/s, p50/p95 time to first token, p50
   latency, ratios, answers identical to the one-at-a-time server's and to plain greedy
@@ -126,7 +130,8 @@ def phase_repeat(cfg: ServeBenchConfig, work: Path) -> dict:
     from redraft.bench.workloads import replay_questions
 
     questions = [q["turns"][0] for q in replay_questions(load_questions(), cfg.questions)]
-    srv = ServerProcess(cfg.model, work / "repeat.log", "--corpus-dir", str(work / "repeat"), threads=cfg.threads)
+    srv = ServerProcess(cfg.model, work / "repeat.log", "--corpus-dir", str(work / "repeat"), "--no-answer-cache",
+                        threads=cfg.threads)
     passes = []
     try:
         base = srv.wait_ready()
@@ -191,7 +196,7 @@ def phase_load(cfg: ServeBenchConfig, work: Path) -> dict:
     import httpx
 
     questions = _questions(cfg.load_distinct)
-    srv = ServerProcess(cfg.model, work / "load.log", threads=cfg.threads)
+    srv = ServerProcess(cfg.model, work / "load.log", "--no-answer-cache", threads=cfg.threads)
     try:
         base = srv.wait_ready()
         with httpx.Client() as c:
@@ -226,7 +231,7 @@ def phase_overhead(cfg: ServeBenchConfig, work: Path) -> dict:
 
     question = _questions(1)[0]
     http, direct = [], []
-    srv = ServerProcess(cfg.model, work / "overhead.log", "--no-learn", threads=cfg.threads)
+    srv = ServerProcess(cfg.model, work / "overhead.log", "--no-learn", "--no-answer-cache", threads=cfg.threads)
     try:
         base = srv.wait_ready()
         with httpx.Client() as c:
@@ -333,8 +338,8 @@ def phase_memory(cfg: ServeBenchConfig, work: Path) -> dict:
 
 
 def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
-    def start(name: str, reuse: bool):
-        extra = [] if reuse else ["--prefix-cache-tokens", "0"]
+    def start(name: str, reuse: bool, answers: bool):
+        extra = ([] if reuse else ["--prefix-cache-tokens", "0"]) + ([] if answers else ["--no-answer-cache"])
         if cfg.agent_k:
             extra += ["--k", str(cfg.agent_k), "--k-max", str(cfg.agent_k)]
         srv = ServerProcess(cfg.model, work / f"{name}.log", *extra, threads=cfg.threads)

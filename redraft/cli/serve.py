@@ -95,6 +95,12 @@ def register(sub) -> None:
                         f"all tenants (least recently used evicted first), and start each request from the longest "
                         f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
                         f"SmolLM2-135M takes ~46 KB a token)")
+    p.add_argument("--no-answer-cache", action="store_true",
+                   help="decode every request; by default a greedy request (temperature 0, no logprobs, no "
+                        "response_format or forced tool calls) whose tenant was already answered for the identical "
+                        "prompt under the same settings gets that answer again without a forward, cut at its own "
+                        "max_tokens and stop strings (exact: the stored answer is plain greedy decoding's; a request "
+                        "that would run past the stored answer is decoded)")
     p.add_argument("--max-tokens-default", type=positive, default=None, metavar="N",
                    help="token cap of a chat request that sends no max_tokens (default: up to the end of the "
                         "context, as vLLM; completions keep OpenAI's default of 16)")
@@ -148,6 +154,7 @@ def build_server(args, loaded=None):
 
     # torch-bound: the generator runs the engine
     from redraft.server.admission import KVBudget
+    from redraft.server.answer_cache import AnswerCache
     from redraft.server.app import Server
     from redraft.server.corpora import CorporaError, TenantCorpora
     from redraft.server.generation import Generator
@@ -174,7 +181,8 @@ def build_server(args, loaded=None):
     prefix_cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache_tokens else None
     budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
-                          batcher=step_batcher(args, loaded))
+                          batcher=step_batcher(args, loaded),
+                          answers=None if args.no_answer_cache else AnswerCache())
     options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
                             max_tokens_default=args.max_tokens_default)
     names = args.served_model_name or []
@@ -241,7 +249,8 @@ def cmd_serve(args) -> int:
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
-          f"{f'{prefix:,} tokens at most' if args.prefix_cache_tokens else 'off'}, "
+          f"{f'{prefix:,} tokens at most' if args.prefix_cache_tokens else 'off'}, answer cache "
+          f"{'on' if server.generator.answers is not None else 'off'}, "
           f"{args.max_running} running at most, KV budget {capacity:,} tokens = "
           f"{kv_gib(server):.2f} GiB at most)", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)

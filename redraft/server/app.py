@@ -93,7 +93,9 @@ class Server:
         finally:
             self.metrics.running.dec()
         self.metrics.finished(out.result, out.finish_reason)
-        if self.generator.prefix_cache is not None:
+        if out.answer_cache_hit:  # served without a forward: the prefix cache was not consulted
+            self.metrics.answer_cache_hits.inc()
+        elif self.generator.prefix_cache is not None:
             self.metrics.prefix_cache(out.result, self.generator.prefix_cache)
         self.metrics.latency.observe(time.perf_counter() - job.arrived)
         if job.first_token is not None:

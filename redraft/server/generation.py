@@ -27,12 +27,14 @@ from redraft.corpus import CorpusError
 from redraft.decoding.batching import SequenceCancelled
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
+from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
 
 from .admission import KVBudget
+from .answer_cache import AnswerCache, Replay, answer_key, cap_in_key, replay
 from .corpora import TenantCorpora
 from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
@@ -76,7 +78,8 @@ class Outcome:
     finish reason (``stop`` for EOS or a stop string, ``length`` for max_tokens or the context, ``tool_calls``
     when the answer holds tool calls). ``tool_calls`` holds the parsed calls in OpenAI's shape (None when there are
     none). When the answer may hold calls, ``content`` is the text outside them, a cut-off call left out (None when
-    empty, and always None under a forced ``tool_choice``); otherwise ``content`` is ``text``."""
+    empty, and always None under a forced ``tool_choice``); otherwise ``content`` is ``text``.
+    ``answer_cache_hit``: the answer came from the answer cache (no forward; ``result.forwards`` is 0)."""
 
     result: GenerationResult
     text: str
@@ -85,6 +88,7 @@ class Outcome:
     tool_calls: list[dict] | None = None
     content: str | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    answer_cache_hit: bool = False
 
 
 class Generator:
@@ -104,6 +108,9 @@ class Generator:
             running requests' reservations leave), or None.
         batcher: a started step batcher (:class:`redraft.decoding.batching.StepBatcher`) whose sequences the
             requests run on, or None: each request forwards on a plain target of its own (unbatched).
+        answers: an :class:`~redraft.server.answer_cache.AnswerCache` (a greedy request whose tenant was already
+            answered for the identical prompt and settings is served from it without a forward), or None for none.
+            Used only in exact mode (``config.exact``): the stored answers must be plain greedy decoding's.
 
     Attributes:
         model, tokenizer, eos: the loaded model's. policies: tenant -> the tenant's policy (what it learned).
@@ -112,13 +119,15 @@ class Generator:
     def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
                  on_learned: Callable[[str], None] | None = None, curve=None,
                  prefix_cache: PrefixCache | None = None, budget: KVBudget | None = None,
-                 batcher=None) -> None:
+                 batcher=None, answers: AnswerCache | None = None) -> None:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
         self.facts = HFTarget(loaded.model)  # vocabulary, context, dtype: never forwards (requests own targets)
         self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
         self.prefix_cache, self.budget, self.batcher = prefix_cache, budget, batcher
+        self.answers = answers if self.config.exact else None
+        self.cap_in_key = cap_in_key(loaded.model, self.config.generation_config)
         self.curve = None
         if self.config.policy_on:  # measured once per server, before the first request (not inside one)
             self.curve = curve if curve is not None else build_policy(loaded.model).curve
@@ -177,17 +186,34 @@ class Generator:
         return build_engine(target, self.config, eos_token_ids=self.eos,
                             drafters=self.drafters(tenant, constraint), policy=self.request_policy(tenant))
 
+    def answer_key(self, job: Job) -> tuple | None:
+        """The job's answer-cache key (:func:`redraft.server.answer_cache.answer_key`), None when the cache is off
+        or the job's answer may not come from it."""
+        work: Work = job.payload
+        if self.answers is None or work.max_tokens < 1 or work.scoring:
+            return None
+        return answer_key(job.tenant, work.prompt_ids, work.sampling, work.logprobs,
+                          work.max_tokens if self.cap_in_key else None)
+
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
-        target = self.new_target(job.cancel)
+        work: Work = job.payload
+        key = self.answer_key(job)
+        replayed = None
+        if key is not None:
+            replayed = replay(self.answers.get(key), work.prompt_ids, work.max_tokens,
+                              StopStrings(self.tokenizer, work.stop), self.eos)
+        target = None if replayed is not None else self.new_target(job.cancel)
         emitted = [0]  # tokens generated so far (the count an aborted request reports)
         try:
-            return self._generate(job, emit, target, emitted)
+            return self._generate(job, emit, target, emitted, key, replayed)
         except SequenceCancelled as e:  # the step batcher took the sequence out of its batch: the client left
             raise Cancelled(emitted[0]) from e
         finally:
-            close_target(target)  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
+            if target is not None:  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
+                close_target(target)
 
-    def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget, emitted: list[int]) -> Outcome:
+    def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget | None, emitted: list[int],
+                  key: tuple | None = None, replayed: Replay | None = None) -> Outcome:
         work: Work = job.payload
         scored = score_prompt(target, work.prompt_ids, work.logprobs) if work.scoring else None
         if work.max_tokens == 0:
@@ -196,8 +222,7 @@ class Generator:
                                    logprobs=None if work.logprobs is None else [])
             return Outcome(result=res, text="", finish_reason="length", learned=False, content="",
                            prompt_logprobs=scored)
-        engine = self.engine(job.tenant, target, work.sampling.constraint)
-        stop = StopStrings(self.tokenizer, work.stop)
+        stop = replayed.stop if replayed is not None else StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
         content = ContentFilter(work.tool_calls) if work.tool_calls is not None else None
         if content is not None:
@@ -216,14 +241,15 @@ class Generator:
             if delta:
                 emit(delta)
 
-        cache = self.prefix_cache
-        hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
-        res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None, prefix=hit,
-                              logprobs=work.logprobs)
-        if cache is not None:
-            room = self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
-            remember(cache, job.tenant, target, res, room)
+        if replayed is not None:  # the stored answer, cut as this request asks: no forward, nothing to cache
+            res = replayed.result
+            res.sources = {d.name: SourceStats() for d in self.drafters(job.tenant)}  # as a decoded answer's: zeros
+            on_tokens(list(res.output_ids))
+            self.answers.count_hit()
+        else:
+            res = self._decode(job, target, stop, on_tokens)
+            if key is not None:
+                self.answers.store(key, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
                                                                                 skip_special_tokens=True)
         calls, answer = None, text
@@ -245,7 +271,7 @@ class Generator:
         learned = False
         own = self.corpora.get(job.tenant)
         try:
-            if own is not None and res.output_ids and not work.scoring:
+            if own is not None and res.output_ids and not work.scoring and replayed is None:
                 learned = self.corpora.learn_span(job.tenant, work.prompt_ids + res.output_ids)
         except (OSError, CorpusError) as e:  # the answer is still right; only the learning failed
             print(f"redraft serve: warning: tenant {job.tenant}: span not learned ({type(e).__name__}: {e})",
@@ -256,7 +282,22 @@ class Generator:
         if calls and reason == "stop":  # a cut-off answer stays "length", its complete calls still returned
             reason = "tool_calls"
         return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
-                       prompt_logprobs=scored)
+                       prompt_logprobs=scored, answer_cache_hit=replayed is not None)
+
+    def _decode(self, job: Job, target: HFTarget, stop: StopStrings, on_tokens) -> GenerationResult:
+        """Run the engine on ``target`` from the tenant's longest cached prompt prefix, then cache the prompt +
+        answer's KV entries."""
+        work: Work = job.payload
+        engine = self.engine(job.tenant, target, work.sampling.constraint)
+        cache = self.prefix_cache
+        hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
+        res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
+                              stop=stop if stop else None, prefix=hit,
+                              logprobs=work.logprobs)
+        if cache is not None:
+            room = self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
+            remember(cache, job.tenant, target, res, room)
+        return res
 
 
 

@@ -9,7 +9,8 @@ rate (accepted / draft tokens) and mean acceptance length (1 + accepted / drafts
 ``source`` label to the spec-decode counters (corpus, shared, ngram, ...) and its own ``redraft:`` metrics where vLLM
 has none: HTTP requests by status, target forwards, tokens per forward, learned corpus size per tenant. The prefix
 cache counts as vLLM's does (``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits``, in prompt tokens), plus
-``redraft:prefix_cache_evictions``, ``redraft:prefix_cache_tokens`` and ``redraft:prefix_cache_entries``. The KV
+``redraft:prefix_cache_evictions``, ``redraft:prefix_cache_tokens`` and ``redraft:prefix_cache_entries``; requests
+answered from the answer cache without a forward: ``redraft:answer_cache_hits``. The KV
 budget (:mod:`redraft.server.admission`): ``redraft:kv_tokens_used`` (running requests' reservations plus the prefix
 cache), ``redraft:kv_tokens_capacity`` and vLLM's ``vllm:kv_cache_usage_perc`` (their ratio, 0..1); the step
 batcher: ``redraft:batch_steps`` and ``redraft:batch_rows`` (their rate ratio is rows per batched forward).
@@ -81,6 +82,9 @@ class ServerMetrics:
         self.prefix_entries = Gauge("redraft:prefix_cache_entries", "Entries in the prefix cache, all tenants.", m,
                                     registry=r).labels(model_name)
         self._prefix_evicted = 0
+        self.answer_cache_hits = Counter("redraft:answer_cache_hits", "Greedy requests answered from the answer "
+                                         "cache (the tenant's stored answer to the identical prompt), without a "
+                                         "forward.", m, registry=r).labels(model_name)
         self.kv_used = Gauge("redraft:kv_tokens_used", "KV tokens in use: running requests' reservations (prompt + "
                              "max_tokens) plus the prefix cache.", m, registry=r).labels(model_name)
         self.kv_capacity = Gauge("redraft:kv_tokens_capacity", "The KV budget in tokens (--kv-tokens).", m,
