@@ -252,8 +252,10 @@ def test_deep_levels_follow_what_was_learned_below_level_one(n):
     chance_drafts(pol, "ngram/2")
     prior = succession_priors(chain(32), n)
     cond = pol.conditionals(chain(32), ["ngram/2"] * 32, prior)
-    assert 0.15 < cond[0] < 0.35  # level 1: what was seen (about a quarter)
-    assert (cond[1:] < 0.75).all() and (cond[1:] > 0.35).all()  # deeper: about half, not the prior's 0.8-0.97
+    succ, trials = pol.tracker.counts("ngram/2")
+    # level 1: what was seen lately (a quarter over all 30, fewer in the last few), the prior all but forgotten
+    assert 0.05 < cond[0] < 0.35 and cond[0] == pytest.approx(succ[0] / trials[0], abs=0.02)
+    assert (cond[1:] < 0.75).all() and (cond[1:] > 0.25).all()  # deeper: about half, not the prior's 0.8-0.97
     assert pol.depth("ngram/2", 32, prior) == 0
     # level 1's own shortfall (a chance match) does not carry down: a source right at level 1 whenever it drafts
     # past it keeps its deep prior
@@ -441,7 +443,8 @@ def test_time_forwards_and_measure_cost_curve_on_a_tiny_model(tiny):
 
     target = HFTarget(tiny)
     samples = time_forwards(target, [1, 3, 5], prefix_ids=list(range(10)), repeats=2, tree_mask=True)
-    assert set(samples) == {"chain", "tree mask"}
+    assert set(samples) == {"chain", "tree mask", "reference"}  # reference: the 1-token forwards around each sample
+    assert all(set(s) == {1, 3, 5} for s in samples.values())
     assert all(len(v) == 2 and all(t > 0 for t in v) for s in samples.values() for v in s.values())
     assert target.length == 0  # the cache is left empty
     curve = measure_cost_curve(tiny, sizes=(1, 4, 2), prefix=12, repeats=2)
