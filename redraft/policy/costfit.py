@@ -4,9 +4,9 @@ measurements' spread allows them.
 Input: for each measured draft size n, repeated samples of the ratio T(1 + n) / T(1), each forward of 1 + n tokens
 timed between two 1-token reference forwards (:func:`redraft.decoding.costmeasure.time_forwards`), so a change of
 the machine's load between one size and the next cancels out of its ratio. On a shared machine single forwards
-vary by 2x; a size timed during a spike of another job's work used to come out far above its neighbours (a 129-token
-forward priced at 2.2 times a 65-token one, where every timing of the same sizes during real runs gave 1.7), and the
-policy then verified 512 tokens as eight 64-token forwards.
+vary by 2x; a size timed during a burst of another job's work used to come out far above its neighbours (a 129-token
+forward priced at 2.2 times a 65-token one, where the same sizes timed during the runs gave 1.7 and on a quiet
+machine 1.7), and the policy then verified 512 tokens as eight 64-token forwards.
 
 The fit, per size (sizes ascending, n = 0 fixed at c(0) = 1):
 
