@@ -90,17 +90,22 @@ EXACT_PAY_PAUSE = 128
 # the measured cost curve.
 # Draft sizes at which the verify cost curve is measured (every size to 4, where a CPU's curve is least regular,
 # then doubling up to the policy's depth cap; linear in between), the cached prefix before each timed forward, and
-# timings per size (median). Measuring takes ~repeats x sum of c(n) plain steps: ~20-30 s on the 2-core development
-# CPU with the sizes past 48, once per model, dtype, thread count and machine (cached). Sizes that do not fit a
-# model's context are left out (the curve extends its last segment).
+# timings per size (each against the 1-token forwards around it; median, then the fit of redraft.policy.costfit).
+# Measuring takes ~repeats x (sum of c(n) + 13) plain steps: ~40 s on the 2-core development CPU with one thread on
+# a quiet machine, once per model, dtype, thread count and machine (cached). Five repeats, not three: the median and the
+# interquartile range the fit stays within need more than three samples to set aside one taken during another job's
+# burst of work. Sizes that do not fit a model's context are left out (the curve extends its last segment).
 COST_SIZES = (0, 1, 2, 3, 4, 8, 16, 32, 48, 64, 128, 256, 512)
 COST_PREFIX = 128
-COST_REPEATS = 3
+COST_REPEATS = 5
 # Acceptance learned online: prior P(accept) of a new source, its weight in pseudo-outcomes, and the decay per
 # outcome (the estimate follows the last ~1 / (1 - decay) = 5 verify forwards).
 ACCEPT_PRIOR = 0.5
 ACCEPT_PRIOR_WEIGHT = 1.0
 ACCEPT_DECAY = 0.8
+# The prior forgets like an outcome (its weight decays per outcome) down to this many pseudo-trials: a source that
+# always fails is then estimated at ~2% of its prior instead of 15% (redraft.policy.acceptance).
+ACCEPT_PRIOR_MIN_WEIGHT = 0.1
 # A dropped source's probes may cost this share of a plain step on average; a probe is at most PROBE_MAX tokens.
 PROBE_OVERHEAD = 0.03
 PROBE_MAX = 4

@@ -278,7 +278,9 @@ def test_cost_curve(model, tmp_path):
     chain = cost["curves"]["chain"]
     assert chain["s"] == list(range(1, 7)) and chain["c"][0] == pytest.approx(1.0)
     assert all(len(x) == 2 for x in chain["samples_s"])
-    assert chain["c"][2] == pytest.approx(statistics.median(chain["samples_s"][2]) / cost["t1_s"])
+    assert all(len(x) == 2 for x in chain["samples_c"])  # each sample over the 1-token forwards around it
+    assert chain["c"][2] == pytest.approx(statistics.median(chain["samples_c"][2])
+                                          / statistics.median(chain["samples_c"][0]))
     cost["model"] = "tiny"
     assert "| 6 |" in cost_markdown(cost)
     plot_cost(cost, tmp_path / "cost.png")

@@ -112,6 +112,27 @@ def test_chance_matches_stay_within_48(tiny_llama):
         CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), deep=0)
 
 
+def test_a_whole_context_match_counts_as_the_longest_match_the_lookup_reads():
+    """A replayed prompt matched whole is as long a match as the context allows, not as the evidence goes: from
+    SUFFIX_MAX_N ids on it is credited as a match of context_n ids (its prior and its learning key), so a replay's
+    first draft is trusted to its end; a shorter whole context, or a match inside a longer context, keeps its n."""
+    from redraft.defaults import SUFFIX_CONTEXT_N, SUFFIX_MAX_N
+    from redraft.policy.apply import policy_key
+
+    span = list(range(1, VOCAB))
+    drafter = CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), k=MAX_DRAFT_DEPTH, max_n=64,
+                            deep=POLICY_MAX_DEPTH)
+    whole = drafter.propose(np.array(span[:SUFFIX_MAX_N + 2], dtype=np.int64), POLICY_MAX_DEPTH)
+    assert whole.match_length == SUFFIX_CONTEXT_N and len(whole) == len(span) - SUFFIX_MAX_N - 2
+    assert policy_key("corpus", whole.match_length) == "corpus/4096"
+    short = drafter.propose(np.array(span[:SUFFIX_MAX_N - 1], dtype=np.int64), POLICY_MAX_DEPTH)
+    assert short.match_length == SUFFIX_MAX_N - 1
+    inside = drafter.propose(np.array([90, 91] + span[:20], dtype=np.int64), POLICY_MAX_DEPTH)
+    assert inside.match_length == 20
+    fixed = CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), k=MAX_DRAFT_DEPTH, max_n=64)
+    assert fixed.propose(np.array(span[:20], dtype=np.int64), POLICY_MAX_DEPTH).match_length == 20
+
+
 def test_a_whole_short_context_match_is_a_replay(tiny_llama, want):
     """A live context shorter than the lookup's suffix length, matched whole (a replayed prompt under 64 ids),
     drafts past 48 as a match past 64 ids does; the first forward then verifies the whole answer, exactly."""

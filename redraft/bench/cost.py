@@ -2,8 +2,10 @@
 
 After a prefix (default ~200 tokens) is in the KV cache, one forward over S tokens is timed for S = 1..max_s, with
 logits for all S rows (what a verify forward over the root plus S-1 drafted tokens computes), and the cache is
-cropped back to the prefix after each. Repeats sweep S up and down alternately, so slow drift on a shared machine
-lands on every S alike; each S reports the median. A draft of d tokens pays only when it yields more than c(d+1)
+cropped back to the prefix after each. Each timed forward sits between two 1-token reference forwards and counts as
+its ratio to their mean, and each repeat visits the sizes in a random order, so a burst of another job's work on a
+shared machine neither moves one size against the 1-token step nor lands on neighbouring sizes; each S reports the
+median ratio (the raw seconds are in the JSON). A draft of d tokens pays only when it yields more than c(d+1)
 tokens per forward, so this curve says how deep drafts may go. The timing loop is the speculation policy's
 (:func:`redraft.decoding.costmeasure.time_forwards`): this table and the policy's cost curve measure the same way.
 """
@@ -26,10 +28,11 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         tree_mask: also time each S with the explicit 4D tree mask and position ids the tree verifier uses.
     Returns:
         {"prefix", "max_s", "repeats", "t1_s", "curves": {name: {"s": [...], "median_s": [...], "c": [...],
-        "samples_s": [[...], ...]}}}.
+        "samples_s": [[...], ...]}}}: ``c`` is the median ratio to the reference forwards over the 1-token forward's (so c(1) = 1), ``samples_c``
+        the ratios, ``t1_s`` the reference forwards' median.
     """
     # torch-bound: `redraft bench` imports this module while registering its flags
-    from redraft.decoding.costmeasure import fit_prefix, time_forwards
+    from redraft.decoding.costmeasure import fit_prefix, ratios, time_forwards
     from redraft.decoding.target import HFTarget
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
@@ -39,14 +42,16 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
     n_prefix = len(fit_prefix(target, prefix_ids, max_s))
     samples = time_forwards(target, range(1, max_s + 1), prefix_ids=prefix_ids, repeats=repeats,
                             tree_mask=tree_mask, seed=seed + 1, progress=progress)
-    variants = list(samples)
+    variants = [v for v in samples if v != "reference"]
     curves = {}
-    t1 = statistics.median(samples["chain"][1])
+    t1 = statistics.median(t for ts in samples["reference"].values() for t in ts)
     for v in variants:
         ss = list(range(1, max_s + 1))
-        med = [statistics.median(samples[v][s]) for s in ss]
-        curves[v] = {"s": ss, "median_s": med, "c": [m / t1 for m in med],
-                     "samples_s": [samples[v][s] for s in ss]}
+        rel = ratios(samples, v)
+        one = statistics.median(ratios(samples, "chain")[1])  # the 1-token forward against its references (~1)
+        curves[v] = {"s": ss, "median_s": [statistics.median(samples[v][s]) for s in ss],
+                     "c": [statistics.median(rel[s]) / one for s in ss], "samples_s": [samples[v][s] for s in ss],
+                     "samples_c": [rel[s] for s in ss]}
     return {"prefix": n_prefix, "max_s": max_s, "repeats": repeats, "t1_s": t1, "curves": curves}
 
 

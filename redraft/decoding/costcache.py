@@ -29,7 +29,9 @@ from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.policy.costcurve import CostCurve
 
-SCHEMA = "redraft-cost-curve/1"
+# /2: ratios to the 1-token forwards around each sample, sizes in random order, the robust fit (costfit); curves of /1
+# (median times over the median 1-token time, sizes swept in order) are measured again
+SCHEMA = "redraft-cost-curve/2"
 
 
 def cpu_model() -> str:

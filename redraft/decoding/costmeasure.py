@@ -2,13 +2,16 @@
 
 After a prefix is in the KV cache, one forward over S tokens is timed with logits for all S rows (what a verify
 forward over the root plus S - 1 drafted tokens computes), and the cache is cropped back to the prefix after each.
-Repeats sweep the sizes up and down alternately, so slow drift on a shared machine lands on every size alike; the
-median of the repeats is what counts.
+Every timed forward sits between two 1-token reference forwards (a plain step), and its cost is the ratio to their
+mean: on a shared machine another job's burst of work slows a forward by up to 2x, and a ratio of two forwards timed
+seconds apart (each size's median over the 1-token forward's median, as it was measured before) carried that burst
+into one size of the curve. Each repeat visits the sizes in a fresh random order, so a burst lands on sizes at random
+rather than on neighbours. The cost curve is fitted from the ratios by :func:`redraft.policy.costfit.fit_costs`
+(median per size, then non-decreasing and sub-additive where the samples' spread allows).
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -17,6 +20,7 @@ import numpy as np
 
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
 from redraft.policy.costcurve import CostCurve
+from redraft.policy.costfit import CostFit, fit_costs
 
 
 def fit_prefix(target, prefix_ids: Sequence[int], max_s: int) -> list[int]:
@@ -39,7 +43,9 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
         tree_mask: also time each S with the explicit 4D tree mask and position ids the tree verifier uses.
         seed: the random draft ids' seed.
     Returns:
-        {"chain": {S: [seconds] * repeats}, ["tree mask": {...}]}.
+        {"chain": {S: [seconds] * repeats}, ["tree mask": {...}], "reference": {S: [seconds] * repeats}}:
+        "reference" holds, per timed sample of S, the mean of the two 1-token forwards timed right before and right
+        after it (:func:`ratios` divides by it). Sizes are visited in a random order per repeat (``seed``).
     Raises:
         ValueError: empty sizes, a size < 1, repeats < 1 or an empty prefix.
     """
@@ -77,22 +83,38 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     for s in (1, max_s, 1, max_s):  # warm-up: first-call allocations
         target.forward(draft[:s], n_logits=s)
         target.crop(n_prefix)
-    samples: dict[str, dict[int, list[float]]] = {v: {s: [] for s in sizes} for v in variants}
+    samples: dict[str, dict[int, list[float]]] = {v: {s: [] for s in sizes} for v in variants + ["reference"]}
+    order_rng = np.random.default_rng(seed + 1)
+
+    def timed(tokens, pos=None, mask=None) -> float:
+        t0 = time.perf_counter()
+        target.forward(tokens, pos, mask, n_logits=len(tokens))
+        sync()
+        elapsed = time.perf_counter() - t0
+        target.crop(n_prefix)
+        return elapsed
+
     bar = tqdm(total=repeats * len(sizes) * len(variants), desc=desc, unit="fwd", file=sys.stderr,
                disable=not progress)
-    for r in range(repeats):
-        for s in (sorted(sizes, reverse=True) if r % 2 else sorted(sizes)):
+    ref = timed(draft[:1])
+    for _ in range(repeats):
+        for s in order_rng.permutation(sorted(set(sizes))).tolist():
             for v in variants:
                 pos, mask = prepared[(v, s)]
-                t0 = time.perf_counter()
-                target.forward(draft[:s], pos, mask, n_logits=s)
-                sync()
-                samples[v][s].append(time.perf_counter() - t0)
-                target.crop(n_prefix)
+                samples[v][s].append(timed(draft[:s], pos, mask))
                 bar.update()
+            after = timed(draft[:1])
+            samples["reference"][s].append(0.5 * (ref + after))
+            ref = after
     bar.close()
     target.reset()
     return samples
+
+
+def ratios(samples: dict[str, dict[int, list[float]]], variant: str = "chain") -> dict[int, list[float]]:
+    """Per size S, each sample's time over its reference 1-token forwards' (unitless), from :func:`time_forwards`."""
+    ref = samples["reference"]
+    return {s: [t / r for t, r in zip(ts, ref[s], strict=True)] for s, ts in samples[variant].items()}
 
 
 def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
@@ -106,9 +128,18 @@ def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int 
             segment past them).
         prefix: random ids cached before each timed forward (cut so the largest forward fits the context).
     Returns:
-        :class:`CostCurve` with c(0) = 1. Takes roughly repeats x sum(c(n)) x t(1) seconds (~6 s for the
-        defaults on the 2-core development CPU).
+        :class:`CostCurve` with c(0) = 1, fitted by :func:`redraft.policy.costfit.fit_costs` (median ratio per
+        size, non-decreasing and sub-additive where the samples' spread allows). Takes roughly
+        repeats x (sum(c(n)) + len(sizes)) x t(1) seconds (~40 s for the defaults on the 2-core development CPU,
+        one thread, quiet machine).
     """
+    return measure_cost_fit(model, sizes, prefix=prefix, repeats=repeats, seed=seed, progress=progress).curve
+
+
+def measure_cost_fit(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
+                     repeats: int = COST_REPEATS, seed: int = 0, progress: bool = False) -> CostFit:
+    """As :func:`measure_cost_curve`, returning the whole :class:`~redraft.policy.costfit.CostFit` (the medians and
+    interquartile ranges beside the fitted curve)."""
     from redraft.decoding.target import HFTarget
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
@@ -116,6 +147,6 @@ def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int 
     if target.max_length:  # a forward of 1 + n tokens after at least one cached id must fit the context
         ns = [n for n in ns if n + 2 <= target.max_length]
     prefix_ids = np.random.default_rng(seed).integers(0, target.vocab_size, max(1, prefix)).tolist()
-    samples = time_forwards(target, [n + 1 for n in ns], prefix_ids=prefix_ids, repeats=repeats, seed=seed + 1,
-                            progress=progress, desc="cost curve")["chain"]
-    return CostCurve.from_times(ns, [statistics.median(samples[n + 1]) for n in ns])
+    samples = ratios(time_forwards(target, [n + 1 for n in ns], prefix_ids=prefix_ids, repeats=repeats,
+                                   seed=seed + 1, progress=progress, desc="cost curve"))
+    return fit_costs(ns, [samples[n + 1] for n in ns])

@@ -119,7 +119,13 @@ class CorpusDrafter:
         long = (self.deep if self.deep is not None else n) if n > self.max_n or whole else 0
         ids = ids[:max(self.depth, long)]
         tree = TokenTree.chain(ids.tolist(), self.name)
-        tree.match_length = n
+        # the match length is what the policy reads as evidence (its prior and its learning key). A match of the whole
+        # live context is as long as the context allows, not as long as the evidence goes: a replayed 53-token prompt
+        # matched 53 ids, whose rule-of-succession prior gave the answer's 128th token a 30% chance. It counts as a
+        # match of context_n ids (the longest the lookup reads), and all such matches are learned under one key; a
+        # context under SUFFIX_MAX_N ids (Colibri's longest suffix; a chat prompt's template alone is longer) is not
+        whole_n = self.context_n if whole and self.context_n and n >= SUFFIX_MAX_N else 0
+        tree.match_length = max(n, whole_n)
         return tree
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:

@@ -52,13 +52,14 @@ forward, in :meth:`redraft.decoding.engine.Engine.generate`:
    what each source proposed and got accepted, counting only what the output reached.
 
 The policy is built with a curve: ``SpeculationPolicy(curve, max_nodes=...)``; the default one for a model on this
-machine is :func:`redraft.compose.build_policy` (the cached curve, measured first if missing: ~3.5 s on
-the 2-core development CPU).
+machine is :func:`redraft.compose.build_policy` (the cached curve, measured first if missing: ~45 s on
+the 2-core development CPU with one thread, 13 sizes up to 512 draft tokens x 5 repeats).
 
 Limits: the curve is measured with chain forwards; a token tree's 4D mask can cost a little more (``redraft bench
 cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, against ~65 ms for a verify forward here.
 
-Modules (numpy only, no target model): costcurve (c(n), interpolation), acceptance (online per-source
+Modules (numpy only, no target model): costcurve (c(n), interpolation), costfit (c(n) from noisy timing ratios:
+median, then non-decreasing and sub-additive within each size's interquartile range), acceptance (online per-source
 estimates), priors (source self-knowledge), select (the subtree choice), speculation (SpeculationPolicy: all of it
 per step, with probes), apply (the engine's side: a step's candidate tree with per-source priors and keys, the cut,
 the outcomes fed back). The policy is built by the composition point, :func:`redraft.compose.build_engine` (from a

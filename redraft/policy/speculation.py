@@ -89,6 +89,7 @@ class SpeculationPolicy:
         tr = self.tracker
         top = min(int(depths.max(initial=0)), tr.max_depth)
         levels = {s: tr.conditional(s, top) for s in set(sources)}
+        weights = {s: tr.weights(s) for s in levels} if priors is not None else {}
         prior = None if priors is None else np.array([np.nan if p is None else p for p in priors], dtype=float)
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
@@ -101,7 +102,8 @@ class SpeculationPolicy:
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))
                 used[p] = used.get(p, 0.0) + max(0.0, prior[i])
                 succ, trials = tr.counts(s)
-                q = (succ[lvl] + tr.prior_weight * share * above) / (trials[lvl] + tr.prior_weight)
+                w = weights[s][lvl]
+                q = (succ[lvl] + w * share * above) / (trials[lvl] + w)
                 # level 1 says whether the lookup found the right place at all; what follows a right first token
                 # is another question, so only deeper levels' shortfall carries down
                 scale[i] = min(1.0, q / share) if share > 0 and p >= 0 else above
