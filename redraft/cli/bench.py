@@ -219,8 +219,9 @@ COST_DESCRIPTION = (
     "Measure the verify cost curve c(S) = time(S tokens) / time(1 token) on the chosen model: with a prefix "
     "(--prefix tokens of Spec-Bench text) in the KV cache, one forward over S tokens is timed for S = 1..--max-s, "
     "with logits for every row, as a verify forward over the root and S-1 drafted tokens computes them; the cache "
-    "is cropped back after each. Repeats sweep S up and down alternately so drift on a shared machine hits every S "
-    "alike, and each S reports the median. A draft of d tokens pays only when it yields more than c(d+1) tokens "
+    "is cropped back after each. Each timed forward counts as its ratio to the two 1-token forwards around it, and "
+    "each repeat visits the sizes in a random order, so a burst of another job's work on a shared machine moves "
+    "no S against the 1-token step; each S reports the median ratio. A draft of d tokens pays only when it yields more than c(d+1) tokens "
     "per forward, so the curve says how deep drafts may go; the speculation policy measures its cost curve the "
     "same way.")
 
