@@ -8,9 +8,11 @@ registered sequence is waiting in ``forward`` or when the oldest waiting one has
 does not stall the others), packing the waiting rows into ONE forward (:mod:`redraft.decoding.packing`: the linear
 layers over every row at once, attention sequence by sequence over each one's own cache):
 
-- smallest requests first, each whole while the step stays within ``max_batch_tokens`` rows;
+- smallest requests first, each whole while the step stays within ``max_batch_tokens`` rows (counted at depth 0:
+  see the next point);
 - then at most one chunk of ONE request that did not fit (a long prompt's prefill): ``max_batch_tokens`` minus the
-  rows already packed, at least ``min_chunk``. Its thread stays blocked until its last chunk; earlier chunks need no
+  rows already packed, at least ``min_chunk``, and fewer deeper into the prompt, where each row also attends to
+  more cached keys (:func:`chunk_rows`: every chunk's forward costs about what the first one's does). Its thread stays blocked until its last chunk; earlier chunks need no
   logits. So a long prompt delays running streams by at most one chunk's forward.
 - A step that carries one sequence's whole forward only runs exactly :meth:`HFTarget.forward` on its cache (a lone
   sequence, never chunked while it is the only one registered, decodes bit for bit as without the batcher); so do forwards asked for under :meth:`BatchedTarget.solo`
@@ -102,6 +104,7 @@ class StepBatcher:
                              f"{max_batch_tokens}, {min_chunk}, {gather_s}")
         enable_packed_attention(model)  # the model's own attention, unchanged unless a forward is packed
         self.model = model
+        self.key_weight = key_weight(model)
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0
         self.last_step_rows = 0
@@ -252,14 +255,15 @@ class StepBatcher:
         step: list[tuple[_Request, int]] = []
         rest = []
         for r in sorted(pending, key=lambda r: (r.rows_left, r.order)):
-            if r.rows_left <= budget:
+            if r.rows_left <= chunk_rows(self.key_weight, r.target.length, budget):
                 step.append((r, r.rows_left))
                 budget -= r.rows_left
             else:
                 rest.append(r)
         if rest:
             big = min(rest, key=lambda r: r.order)
-            step.append((big, min(big.rows_left, max(budget, self.min_chunk))))
+            rows = chunk_rows(self.key_weight, big.target.length, budget)
+            step.append((big, min(big.rows_left, max(rows, self.min_chunk))))
         step.sort(key=lambda p: p[0].order)
         return step, None
 
@@ -294,6 +298,47 @@ class StepBatcher:
             if req.rows_left == 0:
                 req.result = torch.cat(req.pieces) if req.pieces else torch.empty(0, req.target.vocab_size)
                 req.pieces = []
+
+
+def key_weight(model) -> float:
+    """What attending to one cached key costs a row, in units of the row's matrix products: 2 x layers x heads x
+    head dim / the non-embedding parameters (a row's matrix products take ~2 FLOPs per parameter, its attention
+    4 x heads x head dim FLOPs per key and layer: the per-token forward FLOP count of Kaplan et al. 2020, "Scaling
+    Laws for Neural Language Models", Table 1). 3.3e-4 for SmolLM2-135M: a row over 3,500 cached keys costs ~2.1
+    rows over none, as measured. 0 when the config lacks the sizes."""
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
+    hidden = getattr(cfg, "hidden_size", None)
+    if not (layers and heads and hidden):
+        return 0.0
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    params = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings()
+    params -= embed.weight.numel() if embed is not None else 0
+    return 2.0 * layers * heads * head_dim / params if params > 0 else 0.0
+
+
+def chunk_rows(weight: float, depth: int, budget: int) -> int:
+    """Rows of a prefill chunk at ``depth`` cached tokens whose forward costs what ``budget`` rows cost at depth 0.
+
+    A chunk of r rows after L cached tokens costs ~ r (1 + w (L + r / 2)) rows' matrix products (each row attends to
+    the L cached keys and, causally, half the chunk's): with ``weight`` w = :func:`key_weight`, later chunks of a long
+    prompt get fewer rows, so a running stream's wait for one chunk's forward stays the same all along the prompt.
+
+    Args:
+        weight: w, a cached key's cost per row (0 = every chunk gets ``budget`` rows).
+        depth: L, tokens the sequence has cached.
+        budget: rows a chunk at depth 0 may have (>= 1).
+    Returns:
+        r in 1..budget.
+    """
+    if weight <= 0 or depth <= 0:
+        return budget
+    limit = budget * (1.0 + weight * budget / 2)
+    a, b = weight / 2, 1.0 + weight * depth  # solve a r^2 + b r = limit for r
+    r = int((-b + (b * b + 4 * a * limit) ** 0.5) / (2 * a))
+    return max(1, min(budget, r))
 
 
 class BatchedTarget(HFTarget):
