@@ -34,7 +34,10 @@ def _one_at_a_time(make_engine, prompts, max_tokens) -> tuple[list[list[int]], f
     return ids, time.perf_counter() - t0
 
 
-def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]], float]:
+def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]], float, dict]:
+    """The prompts decoded at once, each in its own thread: (ids, wall seconds, the batcher's steps, rows and
+    forward seconds during the run, and the prompts' rows)."""
+    before = (batcher.steps, batcher.rows, batcher.forward_seconds)
     out: list = [None] * len(prompts)
     targets = [batcher.sequence() for _ in prompts]
 
@@ -50,7 +53,11 @@ def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]]
         th.start()
     for th in threads:
         th.join()
-    return out, time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    steps, rows, fwd = (now - then for now, then in zip((batcher.steps, batcher.rows, batcher.forward_seconds), before,
+                                                           strict=True))
+    return out, wall, {"steps": steps, "rows": rows, "prompt_rows": sum(map(len, prompts)),
+                       "forward_share_of_wall": round(fwd / wall, 3) if wall else None}
 
 
 def concurrent(n: int, max_tokens: int) -> dict:
@@ -82,11 +89,12 @@ def concurrent(n: int, max_tokens: int) -> dict:
         batcher.stop()
     ref = runs["plain, one at a time"][0]
     base = sum(map(len, ref)) / runs["plain, one at a time"][1]
-    out = {"sequences": n, "max_tokens": max_tokens, "steps": batcher.steps, "rows": batcher.rows}
-    for name, (ids, secs) in runs.items():
+    out = {"sequences": n, "max_tokens": max_tokens}
+    for name, (ids, secs, *steps) in runs.items():
         tps = sum(map(len, ids)) / secs
         out[name] = {"seconds": round(secs, 3), "tokens_per_s": round(tps, 2), "vs_plain_one_at_a_time":
-                     round(tps / base, 2), "identical": sum(a == b for a, b in zip(ids, ref, strict=True))}
+                     round(tps / base, 2), "identical": sum(a == b for a, b in zip(ids, ref, strict=True)),
+                     **(steps[0] if steps else {})}
     return out
 
 

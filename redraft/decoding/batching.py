@@ -91,7 +91,7 @@ class StepBatcher:
         gather_s: longest wait, in seconds, for every running sequence to ask for its next forward before a step
             runs with those that did.
     Attributes (read-only, for metrics): running (registered sequences), kv_tokens (their cached tokens, summed),
-        steps (forwards run), rows (rows carried by them), step_log (recent steps: per step a tuple of
+        steps (forwards run), rows (rows carried by them), forward_seconds (wall seconds in them), step_log (recent steps: per step a tuple of
         (sequence number, rows) per participant).
     Raises:
         ValueError: max_batch_tokens < 1, min_chunk < 1 or gather_s < 0, or a model whose attention implementation
@@ -107,6 +107,7 @@ class StepBatcher:
         self.key_weight = key_weight(model)
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0
+        self.forward_seconds = 0.0
         self.last_step_rows = 0
         self._last_end = 0.0  # time.monotonic() when the last step ended
         self.step_log: deque[tuple[tuple[int, int], ...]] = deque(maxlen=4096)
@@ -269,6 +270,14 @@ class StepBatcher:
 
     @torch.inference_mode()
     def _run(self, work: list[tuple[_Request, int]]) -> None:
+        """:meth:`_forward`, timed into ``forward_seconds``."""
+        t0 = time.perf_counter()
+        try:
+            self._forward(work)
+        finally:
+            self.forward_seconds += time.perf_counter() - t0
+
+    def _forward(self, work: list[tuple[_Request, int]]) -> None:
         """Run one step's forward and deliver each participant's rows (called without the lock)."""
         total = sum(rows for _, rows in work)
         self.steps += 1
