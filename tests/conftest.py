@@ -312,7 +312,7 @@ def tiny_model_dir(tmp_path_factory):
 
 # the server tests' module-scoped fixtures, shared from here so that test modules need not import them (imported
 # last: serverkit imports build_tiny from this module)
-from serverkit import loaded, model_dir  # noqa: E402,F401
+from serverkit import loaded, model_dir, tenants_file  # noqa: E402,F401
 
 
 def stream_of(spans):

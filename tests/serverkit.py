@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from contextlib import contextmanager
@@ -40,6 +41,14 @@ def model_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("serve-cache")))
         yield save_tiny_model(tmp_path_factory.mktemp("serve-model"))
+
+
+@pytest.fixture(scope="module")
+def tenants_file(tmp_path_factory):
+    """A ``--tenants`` file of two API keys: ``key-a`` is tenant alice, ``key-b`` bob."""
+    path = tmp_path_factory.mktemp("tenants") / "tenants.json"
+    path.write_text(json.dumps({"key-a": "alice", "key-b": "bob"}))
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -131,13 +131,6 @@ def test_store_keeps_the_longer_answer_and_evicts_least_recently_used():
 # ---- a live server --------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tenants_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tenants") / "tenants.json"
-    path.write_text(json.dumps({"key-a": "alice", "key-b": "bob"}))
-    return path
-
-
-@pytest.fixture(scope="module")
 def live(model_dir, loaded, tenants_file):
     with live_server(serve_args(model_dir, "--tenants", str(tenants_file)), loaded) as srv:
         yield srv

@@ -4,7 +4,6 @@ counted in /metrics and in each response), the access log and ``--quiet``, ``x-r
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx
@@ -14,13 +13,6 @@ from serverkit import EOS, live_server, serve_args, words
 
 from redraft.bench.serve_bench import metric_value
 from redraft.io.prompts import encode_prompt
-
-
-@pytest.fixture(scope="module")
-def tenants_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tenants") / "tenants.json"
-    path.write_text(json.dumps({"key-a": "alice", "key-b": "bob"}))
-    return path
 
 
 @pytest.fixture(scope="module")
