@@ -29,6 +29,8 @@ class TokenTree:
             later by another source counts 0). What a cost-aware policy reads to guess each node's acceptance.
         match_length: suffix length n the corpus matched for this proposal (0 = not a corpus proposal).
         occurrences: occurrences of that suffix in the corpus, before any sampling (0 = unknown).
+        root_count: the occurrences ``counts`` are shares of (a chain's first node is supported by ``counts[0]``
+            of ``root_count`` occurrences); 0 = the sum of the root children's counts.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -38,6 +40,7 @@ class TokenTree:
     counts: list[int] | None = None
     match_length: int = 0
     occurrences: int = 0
+    root_count: int = 0
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
     # ---- construction -------------------------------------------------------------------------------------------
@@ -162,7 +165,7 @@ class TokenTree:
 
         Shared prefixes are kept once, under their first source; nodes beyond ``budget`` (total nodes) or
         ``max_depth`` are dropped with their descendants. Counts travel when ``other`` has them; the first
-        proposal's match_length / occurrences are kept. Returns the number of new nodes added.
+        proposal's match_length / occurrences / root_count are kept. Returns the number of new nodes added.
         """
         n = len(other.tokens)
         if not self.tokens and (budget is None or n <= budget) and (max_depth is None or other.max_depth <= max_depth):
@@ -171,11 +174,13 @@ class TokenTree:
             self.sources, self._children = [source] * n, dict(other._children)
             self.counts = None if other.counts is None else list(other.counts)
             self.match_length, self.occurrences = other.match_length, other.occurrences
+            self.root_count = other.root_count
             return n
         if other.counts is not None and self.counts is None:
             self.counts = [0] * len(self.tokens)
         if not self.match_length:
             self.match_length, self.occurrences = other.match_length, other.occurrences
+            self.root_count = other.root_count
         return self.add_subtree(other.tokens, other.parents, source, budget=budget, max_depth=max_depth,
                                 counts=other.counts)
 

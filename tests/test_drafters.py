@@ -356,3 +356,23 @@ def test_corpus_guard_window_is_three_drafts():
     assert build_drafters(corpus, k=4)[0].guard.window == 24
     assert build_drafters(corpus, k=32)[0].guard.window == 96
     assert build_drafters(corpus, k=8, k_max=48)[0].guard.window == 144
+
+
+def test_a_short_match_shared_by_several_answers_gives_its_chain_a_low_first_prior():
+    """Under the policy, a chain after a suffix that three stored spans share, each continuing differently, credits
+    its first token with 1 of 3 occurrences (SuffixDecoding's counts); a suffix found once keeps the match-length
+    prior alone; without the policy nothing is counted."""
+    from redraft.policy.apply import proposal_priors
+    from redraft.policy.priors import succession_priors
+
+    shared = [40, 41, 42, 43, 44]
+    corpus = Corpus.from_spans([shared + [1, 2, 3], shared + [4, 5, 6], shared + [7, 8, 9]], vocab_size=VOCAB)
+    context = np.array([60, 61] + shared, dtype=np.int64)
+    tree = CorpusDrafter(corpus, k=3, deep=64).propose(context, 3)
+    assert tree.tokens == [7, 8, 9] and tree.counts == [1, 1, 1] and tree.root_count == 3
+    succ = succession_priors(tree.parents, tree.match_length)
+    assert np.allclose(proposal_priors(tree), [succ[0] / 3, succ[1], succ[2]])  # deeper: given the first
+    once = CorpusDrafter(Corpus.from_spans([shared + [1, 2, 3]], vocab_size=VOCAB), k=3, deep=64).propose(context, 3)
+    assert once.root_count == 1 and np.allclose(proposal_priors(once), succession_priors(once.parents, once.match_length))
+    fixed = CorpusDrafter(corpus, k=3).propose(context, 3)
+    assert fixed.counts is None and fixed.root_count == 0

@@ -19,6 +19,7 @@ from redraft.drafters.base import AcceptanceGuard
 from redraft.tree import TokenTree
 
 K_DEFAULT, K_MAX = CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
+COUNT_BRANCHES = 32  # distinct first tokens counted after a short match (more are rare: the rest count as misses)
 
 
 def clamp_k(k: int, *, warn: bool = True) -> int:
@@ -126,7 +127,27 @@ class CorpusDrafter:
         # context under SUFFIX_MAX_N ids (Colibri's longest suffix; a chat prompt's template alone is longer) is not
         whole_n = self.context_n if whole and self.context_n and n >= SUFFIX_MAX_N else 0
         tree.match_length = max(n, whole_n)
+        if self.deep is not None and not long:
+            self._count_first(tree, context)
         return tree
+
+    def _count_first(self, tree: TokenTree, context: np.ndarray) -> None:
+        """Under the policy, a short match's chain carries how many of the matched suffix's occurrences continue
+        with its first token (SuffixDecoding's continuation frequency, arXiv 2411.04975, section 3): a suffix that
+        every stored answer shares, such as the chat template's tail before an answer, is followed by as many
+        different answers, and the most recent one's first token is then a 1-in-m guess, not a sure one."""
+        propose_tree = getattr(self.corpus, "propose_tree", None)
+        if propose_tree is None:
+            return
+        br = propose_tree(context, 1, branches=COUNT_BRANCHES, min_n=self.min_n, max_n=self.max_n,
+                          context_n=self.context_n)
+        if br is None or len(br.tokens) == 0:
+            return
+        first = tree.tokens[0]
+        hits = [int(c) for t, c in zip(br.tokens.tolist(), br.counts.tolist(), strict=True) if t == first]
+        count = max(1, hits[0] if hits else 1)
+        tree.counts = [count] * len(tree)
+        tree.root_count = max(count, int(br.counts.sum()))
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
         """Feed the guard; with k_max, double the depth after a draft accepted whole, else go back to k."""

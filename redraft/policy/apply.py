@@ -39,7 +39,8 @@ def proposal_priors(tree: TokenTree) -> np.ndarray | None:
     Counts that are all zero (a chain, or a source without occurrence counts) say nothing and are ignored.
     """
     counts = tree.counts if tree.counts is not None and any(tree.counts) else None
-    return source_priors(tree.parents, counts=counts, match_length=tree.match_length or None)
+    return source_priors(tree.parents, counts=counts, match_length=tree.match_length or None,
+                         root_count=(tree.root_count or None) if counts is not None else None)
 
 
 class Candidates:
