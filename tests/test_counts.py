@@ -136,3 +136,19 @@ def test_plain_decoding_records_one_entry_per_forward(tiny_llama, full):
     res = Engine(tiny_llama, [], eos_token_ids=[want[j]]).generate(PROMPT, NGEN)
     assert res.output_ids == want[:j + 1] and res.forwards == j + 1
     assert res.accepted_per_forward == res.draft_depth_per_forward == [0] * (j + 1)
+
+
+def test_overlapping_stop_strings_inside_a_deep_draft_stop_where_plain_decoding_stops(tiny_llama, full):
+    """Stop strings "<a><b><c>" and "<b>" with a, b, c emitted by one verify forward: one token at a time, "<b>"
+    completes first (after b) and the output ends there, text "<a>"; the deep draft must stop at the same token
+    (it used to cut before the earlier-starting "<a><b><c>", emitting c too and an empty text)."""
+    want, j = full
+    a, b, c = want[j - 1], want[j], want[j + 1]
+    stops = [f"<{a}><{b}><{c}>", f"<{b}>"]
+    plain_stop = StopStrings(AngleTokenizer(), stops)
+    plain = Engine(tiny_llama, []).generate(PROMPT, NGEN, stop=plain_stop)
+    deep_stop = StopStrings(AngleTokenizer(), stops)
+    deep = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)]).generate(PROMPT, NGEN, stop=deep_stop)
+    assert deep.output_ids == plain.output_ids and deep.stop_reason == plain.stop_reason == "stop"
+    assert deep_stop.text == plain_stop.text and deep.forwards == 1
+    assert plain_stop.n_tokens == len(plain.output_ids)

@@ -30,19 +30,25 @@ class StopStrings:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def check(self, output_ids: list[int]) -> int | None:
-        """Return how many of ``output_ids`` to keep when a stop string occurs, else None."""
+        """Return how many of ``output_ids`` to keep when a stop string occurs, else None.
+
+        The cut is plain decoding's, which checks after every token: the fewest ids whose text holds any stop
+        string (binary search: decoded text grows with the ids), cut before the earliest-starting stop string in
+        that text. So a step that emits several tokens at once stops where one token at a time would: with stop
+        strings "abc" and "b", text "abc" stops after "a" ("b" completes first), not before "abc".
+        """
         text = self._decode(output_ids)
-        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
-        if not hits:
+        if not any(s in text for s in self.stops):
             return None
-        cut, stop = min(hits)
-        # fewest ids whose text already contains this stop string (binary search: decoded length grows with ids)
         lo, hi = 1, len(output_ids)
         while lo < hi:
             mid = (lo + hi) // 2
-            if stop in self._decode(output_ids[:mid])[cut:]:
+            head = self._decode(output_ids[:mid])
+            if any(s in head for s in self.stops):
                 hi = mid
             else:
                 lo = mid + 1
-        self.text, self.n_tokens = text[:cut], lo
+        head = self._decode(output_ids[:lo])
+        cut = min(i for s in self.stops if (i := head.find(s)) >= 0)
+        self.text, self.n_tokens = head[:cut], lo
         return lo

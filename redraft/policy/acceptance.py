@@ -63,11 +63,10 @@ class AcceptanceTracker:
 
     def counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
         """(successes, trials), float64 [max_depth] each, index d - 1 for level d (zeros for a new source)."""
-        if source not in self._succ:
-            with self._lock:
-                self._succ.setdefault(source, np.zeros(self.max_depth))
-                self._trials.setdefault(source, np.zeros(self.max_depth))
-        return self._succ[source], self._trials[source]
+        with self._lock:  # both arrays appear together for every thread
+            if source not in self._succ:
+                self._succ[source], self._trials[source] = np.zeros(self.max_depth), np.zeros(self.max_depth)
+            return self._succ[source], self._trials[source]
 
     def observe(self, source: str, proposed_depth: int, accepted: int) -> None:
         """Record one verify forward: ``proposed_depth`` levels drafted, the first ``accepted`` of them accepted.

@@ -92,7 +92,7 @@ class AnswerCache:
         max_tokens: most stored answer ids over all keys (> 0).
 
     Attributes:
-        hits: answers served since start. tokens: answer ids held now.
+        tokens: answer ids held now.
 
     Raises:
         ValueError: ``max_tokens`` < 1.
@@ -104,7 +104,6 @@ class AnswerCache:
         self.max_tokens = int(max_tokens)
         self.entries: OrderedDict[tuple, Answer] = OrderedDict()  # oldest first
         self.tokens = 0
-        self.hits = 0
         self.lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -120,11 +119,6 @@ class AnswerCache:
             if answer is not None:
                 self.entries.move_to_end(key)
             return answer
-
-    def count_hit(self) -> None:
-        """Count one request served from the cache."""
-        with self.lock:
-            self.hits += 1
 
     def store(self, key: tuple | None, result: GenerationResult) -> bool:
         """Keep ``result``'s output as the answer for ``key``, unless the stored one already covers it (it is
@@ -159,8 +153,8 @@ def replay(answer: Answer | None, prompt_ids: Sequence[int], max_tokens: int, st
     cut is not inside the stored ids (decode the request instead).
 
     The cut is :class:`~redraft.decoding.engine.Engine`'s, applied token by token as plain decoding emits: at
-    ``max_tokens`` ids, after the first EOS id, or at the token completing the first stop string (the fewest ids
-    whose text holds it, found by bisection on the text the ids decode to). It falls inside the stored ids when it
+    ``max_tokens`` ids, after the first EOS id, or at the token completing the first stop string
+    (:meth:`~redraft.decoding.stopping.StopStrings.check`, the engine's own). It falls inside the stored ids when it
     is at most their length and, at exactly their length, the stored answer ended there (EOS or the context) or the
     request stops there anyway (``max_tokens`` or a stop string).
 
@@ -180,24 +174,13 @@ def replay(answer: Answer | None, prompt_ids: Sequence[int], max_tokens: int, st
         if t in eos_token_ids:
             ids, reason = ids[:j + 1], "eos"
             break
-    if stop and stop.check(ids) is not None:
-        # plain decoding checks after each token: the first prefix holding a stop string ends it
-        lo, hi = 1, len(ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if stop.check(ids[:mid]) is not None:
-                hi = mid
-            else:
-                lo = mid + 1
-        keep = stop.check(ids[:lo])
-        ids, reason = ids[:max(keep, lo - 1)], "stop"
-    if reason is None:  # the request goes on past the stored ids unless they ended there
-        if answer.context:
-            reason = "context"
-        elif not answer.eos:
+    keep = stop.check(ids) if stop else None  # the engine's cut: where one token at a time would stop
+    if keep is not None:
+        ids, reason = ids[:keep], "stop"
+    if reason is None:  # the request goes on past the stored ids unless they ended at the context
+        if not answer.context:  # (a stored EOS was found above: the ids are all stored ones here)
             return None
-        else:
-            reason = "eos"
+        reason = "context"
     res = GenerationResult(prompt_ids=[int(t) for t in prompt_ids], output_ids=ids, forwards=0,
                            stop_reason=reason, seconds=time.perf_counter() - t0)
     return Replay(result=res, stop=stop)

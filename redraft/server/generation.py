@@ -245,7 +245,6 @@ class Generator:
             res = replayed.result
             res.sources = {d.name: SourceStats() for d in self.drafters(job.tenant)}  # as a decoded answer's: zeros
             on_tokens(list(res.output_ids))
-            self.answers.count_hit()
         else:
             res = self._decode(job, target, stop, on_tokens)
             if key is not None:
