@@ -667,6 +667,7 @@ def test_chunk_rows_cost_what_a_first_chunk_costs(w, depth, budget):
         assert (r + 1) * (1 + w * (depth + (r + 1) / 2)) > limit * (1 - 1e-9)
     assert chunk_rows(w, depth + 100, budget) <= r
     assert chunk_rows(0.0, depth, budget) == budget
+    assert chunk_rows(w, depth, 0) == chunk_rows(w, depth, -3) == 0  # nothing fits a spent budget
 
 
 def test_key_weight_follows_the_model_sizes(model):
@@ -675,3 +676,22 @@ def test_key_weight_follows_the_model_sizes(model):
     params = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     assert w == pytest.approx(2 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim / params)
+
+
+def test_a_packed_forward_that_fails_part_way_leaves_every_cache_as_it_was(model):
+    """An error in a middle layer (after the first layers appended their rows): each cache is cut back to its own
+    length, every layer alike, and the error reaches the caller."""
+    enable_packed_attention(model)
+    ts = [_cached(model, [3, 9, 27]), _cached(model, [11, 12])]
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("layer failed")
+
+    hook = model.model.layers[1].register_forward_pre_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="layer failed"):
+            packed_forward(model, [t.cache for t in ts], [Block(t.length, causal_positions(t.length, 2)) for t in ts],
+                           [[4, 5], [6, 7]], [range(2), range(2)], cache_kwarg=ts[0].cache_kwarg)
+    finally:
+        hook.remove()
+    assert [{layer.keys.shape[-2] for layer in t.cache.layers} for t in ts] == [{3}, {2}]

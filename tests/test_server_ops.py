@@ -306,8 +306,19 @@ def test_a_response_the_client_left_is_logged_as_499():
     async def noop_send(message):
         return None
 
+    def scope():
+        return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "client": ("1.2.3.4", 5)}
+
     for more, want in ((True, " 499 "), (False, " 200 ")):
         out = io.StringIO()
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "client": ("1.2.3.4", 5)}
-        asyncio.run(AccessLog(app_sending(more), stream=out)(scope, None, noop_send))
+        asyncio.run(AccessLog(app_sending(more), stream=out)(scope(), None, noop_send))
         assert want in out.getvalue(), out.getvalue()
+
+    async def failing(scope, receive, send):  # the app fails mid-stream: a server error, not a client that left
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise ValueError("generation failed")
+
+    out = io.StringIO()
+    with pytest.raises(ValueError):
+        asyncio.run(AccessLog(failing, stream=out)(scope(), None, noop_send))
+    assert " 500 " in out.getvalue(), out.getvalue()

@@ -8,8 +8,8 @@ registered sequence is waiting in ``forward`` or when the oldest waiting one has
 does not stall the others), packing the waiting rows into ONE forward (:mod:`redraft.decoding.packing`: the linear
 layers over every row at once, attention sequence by sequence over each one's own cache):
 
-- smallest requests first, each whole while the step stays within ``max_batch_tokens`` rows (counted at depth 0:
-  see the next point);
+- smallest requests first, each whole while the step stays within ``max_batch_tokens`` rows, a request's rows
+  weighed at its depth as the next point says (a deep verify tree may thus be chunked too);
 - then at most one chunk of ONE request that did not fit (a long prompt's prefill): ``max_batch_tokens`` minus the
   rows already packed, at least ``min_chunk``, and fewer deeper into the prompt, where each row also attends to
   more cached keys (:func:`chunk_rows`: every chunk's forward costs about what the first one's does). Its thread stays blocked until its last chunk; earlier chunks need no
@@ -312,8 +312,9 @@ class StepBatcher:
 def key_weight(model) -> float:
     """What attending to one cached key costs a row, in units of the row's matrix products: 2 x layers x heads x
     head dim / the non-embedding parameters (a row's matrix products take ~2 FLOPs per parameter, its attention
-    4 x heads x head dim FLOPs per key and layer: the per-token forward FLOP count of Kaplan et al. 2020, "Scaling
-    Laws for Neural Language Models", Table 1). 3.3e-4 for SmolLM2-135M: a row over 3,500 cached keys costs ~2.1
+    4 x heads x head dim FLOPs per key and layer, for the scores and the weighted values: the per-token forward FLOP
+    count of Kaplan et al. 2020, "Scaling Laws for Neural Language Models", Table 1, which counts the scores only,
+    plus the values). 3.3e-4 for SmolLM2-135M: a row over 3,500 cached keys costs ~2.1
     rows over none, as measured. 0 when the config lacks the sizes."""
     cfg = getattr(model, "config", None)
     cfg = getattr(cfg, "text_config", None) or cfg
@@ -338,10 +339,12 @@ def chunk_rows(weight: float, depth: int, budget: int) -> int:
     Args:
         weight: w, a cached key's cost per row (0 = every chunk gets ``budget`` rows).
         depth: L, tokens the sequence has cached.
-        budget: rows a chunk at depth 0 may have (>= 1).
+        budget: rows a chunk at depth 0 may have.
     Returns:
-        r in 1..budget.
+        r in 1..budget (0 when budget <= 0).
     """
+    if budget <= 0:
+        return 0
     if weight <= 0 or depth <= 0:
         return budget
     limit = budget * (1.0 + weight * budget / 2)

@@ -12,7 +12,8 @@ each sequence's own positions, so each row is computed as in a forward of its se
 (kernels round differently by shape). See docs/architecture.md, "Continuous batching", for why per-sequence caches
 rather than paged attention.
 
-Pure functions over tensors; the scheduling is :mod:`redraft.decoding.batching`.
+Functions over tensors, plus the process-wide registration :func:`enable_packed_attention` makes with
+transformers; the scheduling is :mod:`redraft.decoding.batching`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 PACKED_PREFIX = "redraft_packed_"
 STEP_KWARG = "redraft_packed_step"
+PACKABLE = ("sdpa", "eager")  # attention functions that take each call's 4D mask and keys as given
 
 
 @dataclass
@@ -144,10 +146,11 @@ def enable_packed_attention(model) -> None:
     and then runs it once per sequence. Its mask function stays the model's own. Idempotent.
 
     Args:
-        model: a transformers causal LM whose attention uses transformers' attention interface (``sdpa``,
-            ``eager``, ...: ``model.config._attn_implementation``).
+        model: a transformers causal LM whose attention runs through transformers' attention interface with
+            ``sdpa`` or ``eager`` (``model.config._attn_implementation``). This registers process-wide attention
+            and mask functions under a new name and switches the model's config to it.
     Raises:
-        ValueError: the model's attention implementation is not known to transformers' interfaces.
+        ValueError: the model's attention implementation is not ``sdpa`` or ``eager``.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -156,9 +159,9 @@ def enable_packed_attention(model) -> None:
     base = str(model.config._attn_implementation)
     if base.startswith(PACKED_PREFIX):
         return
-    if base not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        raise ValueError(f"attn_implementation {base!r}: packed forwards need one with a mask function "
-                         f"({', '.join(sorted(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping))})")
+    if base not in PACKABLE:
+        raise ValueError(f"attn_implementation {base!r}: packed forwards run {' or '.join(PACKABLE)} attention "
+                         "(kernels that read the mask as padding and the positions as packed sequences do not apply)")
 
     def own(module):
         if base == "eager":  # the modeling file's own function, as transformers' lookup falls back to it
@@ -175,6 +178,15 @@ def enable_packed_attention(model) -> None:
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     model.set_attn_implementation(name)
+
+
+def drop_after(cache, n: int) -> None:
+    """Keep only the first ``n`` entries of every layer of ``cache`` (a ``DynamicCache``; layers may differ in
+    length after a forward that failed part way)."""
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.shape[-2] > n:
+            layer.keys, layer.values = keys[..., :n, :], layer.values[..., :n, :]
 
 
 def logit_rows(blocks_rows: Sequence[int], wanted: Sequence[range]) -> list[int]:
@@ -210,6 +222,7 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
         per participant, FloatTensor [len(wanted[i]), vocab] in the model dtype on the CPU.
     Raises:
         ValueError: the model's attention was not wrapped by :func:`enable_packed_attention`.
+        Whatever the model raises; each cache is then cut back to its ``n_cached`` entries.
     """
     if not str(model.config._attn_implementation).startswith(PACKED_PREFIX):
         raise ValueError("packed_forward: call enable_packed_attention(model) first")
@@ -222,12 +235,17 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
     if dev.type != "cpu":
         step.masks = [m if m is None else m.to(dev) for m in step.masks]
     with torch.inference_mode():  # the caches' tensors are inference tensors, as HFTarget.forward makes them
-        out = model(input_ids=torch.tensor([flat], dtype=torch.long, device=dev),
-                    position_ids=torch.cat([b.positions.reshape(-1) for b in blocks])[None].to(dev),
-                    # a prepared 4D mask makes transformers skip building one; the rows' own masks are the step's
-                    attention_mask=torch.zeros(1, 1, len(flat), 1, dtype=dtype, device=dev), use_cache=True,
-                    logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev),
-                    **{cache_kwarg: SplitCache(caches, step), STEP_KWARG: step})
+        try:
+            out = model(input_ids=torch.tensor([flat], dtype=torch.long, device=dev),
+                        position_ids=torch.cat([b.positions.reshape(-1) for b in blocks])[None].to(dev),
+                        # a prepared 4D mask makes transformers skip building one; the rows' own masks are the step's
+                        attention_mask=torch.zeros(1, 1, len(flat), 1, dtype=dtype, device=dev), use_cache=True,
+                        logits_to_keep=torch.tensor(keep or [0], dtype=torch.long, device=dev),
+                        **{cache_kwarg: SplitCache(caches, step), STEP_KWARG: step})
+        except BaseException:
+            for cache, b in zip(caches, blocks, strict=True):  # layers before the failure had the rows appended
+                drop_after(cache, b.n_cached)
+            raise
         logits = out.logits[0].cpu()
     parts, at = [], 0
     for want in wanted:

@@ -124,7 +124,8 @@ class CorpusDrafter:
         # live context is as long as the context allows, not as long as the evidence goes: a replayed 53-token prompt
         # matched 53 ids, whose rule-of-succession prior gave the answer's 128th token a 30% chance. It counts as a
         # match of context_n ids (the longest the lookup reads), and all such matches are learned under one key; a
-        # context under SUFFIX_MAX_N ids (Colibri's longest suffix; a chat prompt's template alone is longer) is not
+        # context under SUFFIX_MAX_N ids (Colibri's longest suffix, a fixed floor whatever this drafter's max_n; a chat
+        # prompt's template alone is longer) is not credited so: so short a context is no evidence of a replay
         whole_n = self.context_n if whole and self.context_n and n >= SUFFIX_MAX_N else 0
         tree.match_length = max(n, whole_n)
         if self.deep is not None and not long:

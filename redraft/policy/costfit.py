@@ -96,8 +96,9 @@ def fit_costs(sizes: Sequence[int], samples: Sequence[Sequence[float]]) -> CostF
 
 
 def pool_decreases(fit: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
-    """In place: for each adjacent pair with fit[i] > fit[i + 1], move both toward their mean, fit[i] not below
-    low[i] and fit[i + 1] not above high[i + 1] (index 0, c(0) = 1, never moves)."""
+    """In place: for each adjacent pair with fit[i] > fit[i + 1], lower fit[i] toward their mean (not below low[i])
+    and raise fit[i + 1] to the lowered value (not above high[i + 1]), so the pair ends level where the ranges allow
+    (index 0, c(0) = 1, never moves)."""
     for i in range(len(fit) - 1):
         if fit[i] <= fit[i + 1]:
             continue

@@ -8,7 +8,8 @@ one; every response carries it in ``x-request-id``. When the response ends, one 
     tokens_per_forward=5.33 prefix_hit_tokens=748 answer_cache_hits=0 seconds=1.204 request_id=3f2a...
 
 (one line; ``-`` for what a request does not have: a health check has no tenant or tokens; a response the client
-left before it ended, e.g. a cancelled stream, is logged with nginx's 499 whatever status it had begun with).
+left before it ended, e.g. a cancelled stream, is logged with nginx's 499 whatever status it had begun with, and
+one whose app failed after its headers as 500).
 ``answer_cache_hits``: the request's choices answered from the answer cache without a forward
 (``tokens_per_forward`` is then ``-`` when none of them ran a forward). The route handler
 puts what it knows into the request's state (``request.state.tenant``, ``request.state.job`` whose ``outcome``
@@ -18,6 +19,7 @@ choices, counted as ``usage`` counts them) and the middleware reads it when the 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 import time
@@ -58,12 +60,22 @@ class AccessLog:
                 complete[0] = True
             await send(message)
 
+        failed = [False]
         try:
             await self.app(scope, receive, send_with_id)
+        except (OSError, asyncio.CancelledError):  # the connection went away (a write to it failed, or cancelled)
+            raise
+        except Exception:
+            failed[0] = True  # the app itself failed, headers sent or not: a server error
+            raise
         finally:
             if self.enabled:
-                # a response started but never finished: the client left (nginx logs this as 499 too)
-                code = CLIENT_CLOSED if status[0] < 400 and not complete[0] else status[0]
+                # a response started but never finished without the app failing: the client left (nginx's 499)
+                code = status[0]
+                if failed[0]:
+                    code = 500
+                elif code < 400 and not complete[0]:
+                    code = CLIENT_CLOSED
                 line = access_line(scope, code, time.perf_counter() - t0, state)
                 print(line, file=self.stream or sys.stderr, flush=True)
 
