@@ -361,3 +361,12 @@ def test_bench_reports_the_ceiling_for_every_question(results):
         for r in w["runs"]:
             assert r["ceiling_seconds"] > 0 and r["of_ceiling"] == pytest.approx(r["ceiling_seconds"] / r["seconds"])
         assert all(s["of_ceiling_median"] is not None for s in w["summary"].values())
+
+
+def test_bench_cost_refuses_sizes_past_the_context(tiny_model_dir):
+    """--prefix + --max-s beyond the model's context is one error line, not forwards past the context."""
+    from redraft.cli import build_parser
+
+    a = build_parser().parse_args(["bench", "cost", "--model", str(tiny_model_dir[0]), "--max-s", "100000"])
+    with pytest.raises(SystemExit, match="exceed the model's context length"):
+        a.func(a)

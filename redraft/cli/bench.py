@@ -121,6 +121,10 @@ def cmd_bench_run(args) -> int:
 def cmd_bench_cost(args) -> int:
     check_model_or_exit(args.model)
     loaded = load_model_or_exit(args.model)
+    context = loaded.max_length
+    if context and args.prefix + args.max_s > context:
+        raise SystemExit(f"redraft bench cost: error: --prefix {args.prefix} + --max-s {args.max_s} tokens exceed the "
+                         f"model's context length ({context})")
     prefix_ids = None
     if not args.random_prefix:
         # a real ~N-token prompt (Spec-Bench summarization text), so attention sees ordinary content

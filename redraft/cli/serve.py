@@ -79,7 +79,7 @@ def register(sub) -> None:
                    help=f"most requests generating at once, 1..{MAX_RUNNING} (one thread each); their forwards are "
                         f"batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
                         f"unbatched)")
-    p.add_argument("--max-batch-tokens", type=positive, default=DEFAULT_MAX_BATCH_TOKENS, metavar="N",
+    p.add_argument("--max-batch-tokens", type=positive, default=None, metavar="N",
                    help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
                         f"chunk of a waiting prompt's prefill; a chunk is never under 32 rows, so a step may "
                         f"exceed a smaller value by that much (default {DEFAULT_MAX_BATCH_TOKENS})")
@@ -97,7 +97,7 @@ def register(sub) -> None:
                         f"SmolLM2-135M takes ~46 KB a token)")
     p.add_argument("--no-answer-cache", action="store_true",
                    help="decode every request; by default a greedy request (temperature 0, no logprobs, no "
-                        "response_format or forced tool calls) whose tenant was already answered for the identical "
+                        "response_format, no tools) whose tenant was already answered for the identical "
                         "prompt under the same settings gets that answer again without a forward, cut at its own "
                         "max_tokens and stop strings (exact: the stored answer is plain greedy decoding's; a request "
                         "that would run past the stored answer is decoded)")
@@ -170,6 +170,9 @@ def build_server(args, loaded=None):
     for path in args.corpus:
         if not os.path.isfile(path):
             raise _fail(f"--corpus {path}: no such file")
+    if args.max_running <= 1 and args.max_batch_tokens is not None:
+        raise _fail(f"--max-batch-tokens {args.max_batch_tokens}: no effect with --max-running 1 (requests run one "
+                    "at a time, unbatched)")
     if loaded is None:
         loaded = load_model_or_exit(args.model, dtype=args.dtype)
     try:
@@ -207,7 +210,7 @@ def step_batcher(args, loaded):
         return None
     from redraft.decoding.batching import StepBatcher
 
-    return StepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens)
+    return StepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS)
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -13,7 +13,7 @@ strings, as :class:`redraft.decoding.engine.Engine` cuts) to the stored ids, and
 inside them or at the stored EOS; otherwise the request is decoded as usual (the learned corpus still drafts it).
 
 What qualifies (:func:`answer_key`): temperature 0 (greedy), no log-probabilities (they need the forward's rows), no
-output grammar (``response_format`` / forced tool calls shape the logits per request). The key holds the tenant, the
+output grammar (``response_format`` and ``tools`` attach one that shapes the logits per request). The key holds the tenant, the
 prompt ids (their length and SHA-256), and the request's logits shaping that greedy decoding depends on
 (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``); the server's ``generation_config`` is the same
 for every request of one server. When it forces EOS at the ``max_tokens`` boundary (``forced_eos_token_id``), the

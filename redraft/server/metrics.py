@@ -82,9 +82,9 @@ class ServerMetrics:
         self.prefix_entries = Gauge("redraft:prefix_cache_entries", "Entries in the prefix cache, all tenants.", m,
                                     registry=r).labels(model_name)
         self._prefix_evicted = 0
-        self.answer_cache_hits = Counter("redraft:answer_cache_hits", "Greedy requests answered from the answer "
-                                         "cache (the tenant's stored answer to the identical prompt), without a "
-                                         "forward.", m, registry=r).labels(model_name)
+        self.answer_cache_hits = Counter("redraft:answer_cache_hits", "Greedy choices (each of a request's n) "
+                                         "answered from the answer cache (the tenant's stored answer to the "
+                                         "identical prompt), without a forward.", m, registry=r).labels(model_name)
         self.kv_used = Gauge("redraft:kv_tokens_used", "KV tokens in use: running requests' reservations (prompt + "
                              "max_tokens) plus the prefix cache.", m, registry=r).labels(model_name)
         self.kv_capacity = Gauge("redraft:kv_tokens_capacity", "The KV budget in tokens (--kv-tokens).", m,

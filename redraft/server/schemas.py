@@ -225,7 +225,8 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     echo = kind == "completion" and bool(req.echo)
     param = "max_completion_tokens" if kind == "chat" and req.max_completion_tokens is not None else "max_tokens"
     if max_tokens is not None and max_tokens < (0 if echo else 1):
-        raise APIError(400, f"'{param}' must be at least 1 (0 only with 'echo'), got {max_tokens}", param=param)
+        also = " (0 only with 'echo')" if kind == "completion" else ""
+        raise APIError(400, f"'{param}' must be at least 1{also}, got {max_tokens}", param=param)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise APIError(400, f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
