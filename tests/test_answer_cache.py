@@ -57,11 +57,12 @@ GREEDY = [12, 30, 7, 44, 9, 51, 23, 8, 17, 40, 2, 61]  # a greedy continuation (
 @pytest.mark.parametrize("stops", [[], ["t09"], ["t51 t23"], ["t99"], ["t17", "t30"]])
 def test_replay_cuts_a_stored_answer_as_plain_decoding_does(max_tokens, stops):
     stored = Answer(tuple(GREEDY))
-    got = replay(stored, [5, 6], max_tokens, StopStrings(WordTokenizer(), stops), {EOS})
+    stop = StopStrings(WordTokenizer(), stops)
+    got = replay(stored, [5, 6], max_tokens, stop, {EOS})
     want, reason, text = plain_cut(GREEDY, max_tokens, stops)
-    assert got is not None and got.result.output_ids == want and got.result.stop_reason == reason
-    assert got.result.forwards == 0 and got.result.prompt_ids == [5, 6]
-    assert got.stop.text == text
+    assert got is not None and got.output_ids == want and got.stop_reason == reason
+    assert got.forwards == 0 and got.prompt_ids == [5, 6]
+    assert stop.text == text
 
 
 def test_replay_past_the_stored_ids_is_a_miss_unless_they_ended_on_eos():
@@ -70,13 +71,13 @@ def test_replay_past_the_stored_ids_is_a_miss_unless_they_ended_on_eos():
     assert replay(Answer(tuple(GREEDY)), [5], len(GREEDY) + 1, StopStrings(WordTokenizer(), ["t99"]), {EOS}) is None
     ended = Answer(tuple(GREEDY[:5]) + (EOS,), eos=True)
     got = replay(ended, [5], 100, stop, {EOS})
-    assert got.result.output_ids == GREEDY[:5] + [EOS] and got.result.stop_reason == "eos"
+    assert got.output_ids == GREEDY[:5] + [EOS] and got.stop_reason == "eos"
     shorter = replay(ended, [5], 6, stop, {EOS})  # the cap lands on the EOS itself
-    assert shorter.result.output_ids == GREEDY[:5] + [EOS] and shorter.result.stop_reason == "eos"
-    assert replay(ended, [5], 3, stop, {EOS}).result.stop_reason == "length"
+    assert shorter.output_ids == GREEDY[:5] + [EOS] and shorter.stop_reason == "eos"
+    assert replay(ended, [5], 3, stop, {EOS}).stop_reason == "length"
     # a stop string inside an answer that was stored without one is served
     got = replay(Answer(tuple(GREEDY)), [5], 100, StopStrings(WordTokenizer(), ["t23"]), {EOS})
-    assert got.result.output_ids == GREEDY[:7] and got.result.stop_reason == "stop"
+    assert got.output_ids == GREEDY[:7] and got.stop_reason == "stop"
     assert replay(None, [5], 3, stop, {EOS}) is None
 
 

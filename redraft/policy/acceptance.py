@@ -56,17 +56,17 @@ class AcceptanceTracker:
                              f"{prior_weight}, {decay}, {min_weight}")
         self.max_depth, self.prior_mean, self.prior_weight, self.decay = max_depth, prior_mean, prior_weight, decay
         self.min_weight = min_weight
-        self._succ: dict[str, np.ndarray] = {}
-        self._trials: dict[str, np.ndarray] = {}
+        self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # source -> (successes, trials), set at once
         self._tested: dict[str, np.ndarray] = {}  # times each level was tested, not decayed
         self._lock = threading.Lock()  # requests decoding in several threads (a batching server) share a tracker
 
     def counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
         """(successes, trials), float64 [max_depth] each, index d - 1 for level d (zeros for a new source)."""
-        with self._lock:  # both arrays appear together for every thread
-            if source not in self._succ:
-                self._succ[source], self._trials[source] = np.zeros(self.max_depth), np.zeros(self.max_depth)
-            return self._succ[source], self._trials[source]
+        pair = self._counts.get(source)  # read without the lock: a source's pair is stored in one assignment
+        if pair is None:
+            with self._lock:
+                pair = self._counts.setdefault(source, (np.zeros(self.max_depth), np.zeros(self.max_depth)))
+        return pair
 
     def observe(self, source: str, proposed_depth: int, accepted: int) -> None:
         """Record one verify forward: ``proposed_depth`` levels drafted, the first ``accepted`` of them accepted.

@@ -58,15 +58,6 @@ class Answer:
         object.__setattr__(self, "ids", np.asarray(self.ids, dtype=np.int32).reshape(-1))
 
 
-@dataclass
-class Replay:
-    """A request answered from the cache: its ``result`` (``forwards`` 0, ``output_ids`` cut as the request asked)
-    and the request's ``stop`` strings as the cut left them (``stop.text`` set when a stop string ended it)."""
-
-    result: GenerationResult
-    stop: StopStrings
-
-
 def answer_key(tenant: str, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: int | None = None,
                max_tokens: int | None = None) -> tuple | None:
     """The cache key of a request, or None when its answer must not come from (or go into) the cache: sampling
@@ -148,9 +139,10 @@ class AnswerCache:
 
 
 def replay(answer: Answer | None, prompt_ids: Sequence[int], max_tokens: int, stop: StopStrings,
-           eos_token_ids: Collection[int]) -> Replay | None:
-    """The stored answer cut as plain greedy decoding with this request's settings would stop, or None when that
-    cut is not inside the stored ids (decode the request instead).
+           eos_token_ids: Collection[int]) -> GenerationResult | None:
+    """The stored answer cut as plain greedy decoding with this request's settings would stop (a
+    :class:`GenerationResult` with ``forwards`` 0), or None when that cut is not inside the stored ids (decode the
+    request instead).
 
     The cut is :class:`~redraft.decoding.engine.Engine`'s, applied token by token as plain decoding emits: at
     ``max_tokens`` ids, after the first EOS id, or at the token completing the first stop string
@@ -181,9 +173,8 @@ def replay(answer: Answer | None, prompt_ids: Sequence[int], max_tokens: int, st
         if not answer.context:  # (a stored EOS was found above: the ids are all stored ones here)
             return None
         reason = "context"
-    res = GenerationResult(prompt_ids=[int(t) for t in prompt_ids], output_ids=ids, forwards=0,
-                           stop_reason=reason, seconds=time.perf_counter() - t0)
-    return Replay(result=res, stop=stop)
+    return GenerationResult(prompt_ids=[int(t) for t in prompt_ids], output_ids=ids, forwards=0,
+                            stop_reason=reason, seconds=time.perf_counter() - t0)
 
 
 def cap_in_key(model, generation_config: bool = True) -> bool:

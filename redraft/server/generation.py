@@ -34,7 +34,7 @@ from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
 
 from .admission import KVBudget
-from .answer_cache import AnswerCache, Replay, answer_key, cap_in_key, replay
+from .answer_cache import AnswerCache, answer_key, cap_in_key, replay
 from .corpora import TenantCorpora
 from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
@@ -198,14 +198,13 @@ class Generator:
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
         work: Work = job.payload
         key = self.answer_key(job)
-        replayed = None
-        if key is not None:
-            replayed = replay(self.answers.get(key), work.prompt_ids, work.max_tokens,
-                              StopStrings(self.tokenizer, work.stop), self.eos)
+        stop = StopStrings(self.tokenizer, work.stop)
+        replayed = None if key is None else replay(self.answers.get(key), work.prompt_ids, work.max_tokens, stop,
+                                                   self.eos)
         target = None if replayed is not None else self.new_target(job.cancel)
         emitted = [0]  # tokens generated so far (the count an aborted request reports)
         try:
-            return self._generate(job, emit, target, emitted, key, replayed)
+            return self._generate(job, emit, target, emitted, stop, key, replayed)
         except SequenceCancelled as e:  # the step batcher took the sequence out of its batch: the client left
             raise Cancelled(emitted[0]) from e
         finally:
@@ -213,7 +212,7 @@ class Generator:
                 close_target(target)
 
     def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget | None, emitted: list[int],
-                  key: tuple | None = None, replayed: Replay | None = None) -> Outcome:
+                  stop: StopStrings, key: tuple | None = None, replayed: GenerationResult | None = None) -> Outcome:
         work: Work = job.payload
         scored = score_prompt(target, work.prompt_ids, work.logprobs) if work.scoring else None
         if work.max_tokens == 0:
@@ -222,7 +221,6 @@ class Generator:
                                    logprobs=None if work.logprobs is None else [])
             return Outcome(result=res, text="", finish_reason="length", learned=False, content="",
                            prompt_logprobs=scored)
-        stop = replayed.stop if replayed is not None else StopStrings(self.tokenizer, work.stop)
         stream = TextStream(self.tokenizer, stop)
         content = ContentFilter(work.tool_calls) if work.tool_calls is not None else None
         if content is not None:
@@ -242,7 +240,7 @@ class Generator:
                 emit(delta)
 
         if replayed is not None:  # the stored answer, cut as this request asks: no forward, nothing to cache
-            res = replayed.result
+            res = replayed
             res.sources = {d.name: SourceStats() for d in self.drafters(job.tenant)}  # as a decoded answer's: zeros
             on_tokens(list(res.output_ids))
         else:
