@@ -89,9 +89,9 @@ class HFTarget:
         layers that forget old positions and cannot be cropped. Full layers can be cropped, and the model's own
         mask still limits attention to the window.
         """
-        from transformers import DynamicCache
+        from redraft.decoding.kvcache import growing_cache
 
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         self.length = 0
 
     def seed(self, prefix: PrefixKV) -> None:
@@ -100,25 +100,26 @@ class HFTarget:
         Raises:
             ValueError: ``prefix.kv`` has another number of layers than the model, or entries of another length.
         """
-        from transformers import DynamicCache
+        from redraft.decoding.kvcache import growing_cache
 
         n_layers = getattr(self.model.config, "num_hidden_layers", len(prefix.kv))
         if len(prefix.kv) != n_layers:
             raise ValueError(f"seed: the prefix has KV entries for {len(prefix.kv)} layers; the model has {n_layers}")
         if any(k.shape[-2] != prefix.length or v.shape[-2] != prefix.length for k, v in prefix.kv):
             raise ValueError(f"seed: KV entries do not hold the prefix's {prefix.length} positions")
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         for i, (k, v) in enumerate(prefix.kv):
             self.cache.update(k[:, :, :0], v[:, :, :0], i)  # creates layer i (its dtype and device) empty
             layer = self.cache.layers[i]
-            # shared, not copied (a copy of every layer cost ~10 ms a request at 1,000 tokens): no cache operation
-            # writes into its tensors (forwards concatenate into new ones, crops take views, keep gathers anew)
+            # shared, not copied (a copy of every layer cost ~10 ms a request at 1,000 tokens): the first forward
+            # moves them into a buffer of the layer's own (redraft.decoding.kvcache), never writing into them
             layer.keys, layer.values = k, v
         self.length = prefix.length
 
     def snapshot(self, ids: Sequence[int]) -> PrefixKV:
         """The cached entries of the first ``len(ids)`` positions, which must hold exactly ``ids``, as a
-        :class:`PrefixKV` (views, no copy: the cache replaces its tensors rather than writing into them).
+        :class:`PrefixKV`: views whose positions the cache never writes again (copy on write), or copies where a view
+        would keep much unused room allocated (:func:`redraft.decoding.kvcache.held_views`).
 
         Raises:
             ValueError: more ids than cached positions.
@@ -126,8 +127,9 @@ class HFTarget:
         n = len(ids)
         if not 0 < n <= self.length:
             raise ValueError(f"snapshot: {n} positions asked, {self.length} cached")
-        return PrefixKV(tuple(int(t) for t in ids),
-                        tuple((layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in self.cache.layers))
+        from redraft.decoding.kvcache import held_views
+
+        return PrefixKV(tuple(int(t) for t in ids), tuple(held_views(layer, n) for layer in self.cache.layers))
 
     @torch.inference_mode()
     def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
