@@ -22,12 +22,13 @@ from hypothesis import strategies as st
 from redraft.compose import build_policy
 from redraft.compose.build import batched_policy
 from redraft.corpus import Corpus
-from redraft.decoding.batching import BatchedTarget, SequenceCancelled, StepBatcher, chunk_rows, key_weight
+from redraft.decoding.batching import BatchedTarget, SequenceCancelled, StepBatcher
 from redraft.decoding.engine import Engine
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, own_mask, packed_forward
 from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
+from redraft.decoding.stepcost import chunk_rows, key_weight
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter

@@ -8,12 +8,14 @@ registered sequence is waiting in ``forward`` or when the oldest waiting one has
 does not stall the others), packing the waiting rows into ONE forward (:mod:`redraft.decoding.packing`: the linear
 layers over every row at once, attention sequence by sequence over each one's own cache):
 
-- smallest requests first, each whole while the step stays within ``max_batch_tokens`` rows, a request's rows
-  weighed at its depth as the next point says (a deep verify tree may thus be chunked too);
-- then at most one chunk of ONE request that did not fit (a long prompt's prefill): ``max_batch_tokens`` minus the
-  rows already packed, at least ``min_chunk``, and fewer deeper into the prompt, where each row also attends to
-  more cached keys (:func:`chunk_rows`: every chunk's forward costs about what the first one's does). Its thread stays blocked until its last chunk; earlier chunks need no
-  logits. So a long prompt delays running streams by at most one chunk's forward.
+- every step is priced in units of a row's matrix products, a row after L cached tokens costing 1 + w L
+  (:mod:`redraft.decoding.stepcost`, w learned from the steps' own times), and may cost what ``max_batch_tokens``
+  rows at depth 0 cost;
+- smallest requests first, each whole while the step stays within that (a deep verify tree may thus be chunked);
+- then at most one chunk of ONE request that did not fit (a long prompt's prefill): the rows that the rest of the
+  step's cost pays for, at least ``min_chunk``, so fewer deeper into the prompt, where each row attends to more
+  cached keys: every chunk's step costs about what the first one's does. Its thread stays blocked until its last
+  chunk; earlier chunks need no logits. So a long prompt delays running streams by at most one chunk's forward.
 - A step that carries one sequence's whole forward only runs exactly :meth:`HFTarget.forward` on its cache (a lone
   sequence, never chunked while it is the only one registered, decodes bit for bit as without the batcher); so do forwards asked for under :meth:`BatchedTarget.solo`
   (exact mode's recomputes), which are never packed. Anything else is not plain decoding's shape:
@@ -35,6 +37,7 @@ from collections import deque
 import torch
 
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
+from redraft.decoding.stepcost import KeyWeightFit, key_weight, row_cost, rows_within
 from redraft.decoding.target import HFTarget
 
 CANCEL_POLL_S = 0.005  # how often a waiting sequence looks at its cancel event
@@ -104,7 +107,8 @@ class StepBatcher:
                              f"{max_batch_tokens}, {min_chunk}, {gather_s}")
         enable_packed_attention(model)  # the model's own attention, unchanged unless a forward is packed
         self.model = model
-        self.key_weight = key_weight(model)
+        self.key_weight = key_weight(model)  # the FLOP count's; the fit below learns the host's from the steps
+        self.key_fit = KeyWeightFit(self.key_weight)
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0
         self.forward_seconds = 0.0
@@ -252,30 +256,41 @@ class StepBatcher:
         left = self.gather_s - (time.monotonic() - oldest)
         if len(waiting) < len(self._targets) and left > 0:
             return None, left
-        budget = self.max_batch_tokens
+        w = self.weight
+        budget = row_cost(w, 0, self.max_batch_tokens)  # every step costs at most a first chunk's forward
         step: list[tuple[_Request, int]] = []
         rest = []
         for r in sorted(pending, key=lambda r: (r.rows_left, r.order)):
-            if r.rows_left <= chunk_rows(self.key_weight, r.target.length, budget):
+            depth = r.n_cached + r.done_rows
+            if r.rows_left <= rows_within(w, depth, budget):
                 step.append((r, r.rows_left))
-                budget -= r.rows_left
+                budget -= row_cost(w, depth, r.rows_left)
             else:
                 rest.append(r)
         if rest:
             big = min(rest, key=lambda r: r.order)
-            rows = chunk_rows(self.key_weight, big.target.length, budget)
+            rows = rows_within(w, big.n_cached + big.done_rows, budget)
             step.append((big, min(big.rows_left, max(rows, self.min_chunk))))
         step.sort(key=lambda p: p[0].order)
         return step, None
 
+    @property
+    def weight(self) -> float:
+        """The per-key weight chunks are priced with: :attr:`key_weight` scaled as :attr:`key_fit` learned it."""
+        fit = self.key_fit
+        return self.key_weight * (fit.weight / fit.prior if fit.prior > 0 else 1.0)
+
     @torch.inference_mode()
     def _run(self, work: list[tuple[_Request, int]]) -> None:
-        """:meth:`_forward`, timed into ``forward_seconds``."""
+        """:meth:`_forward`, timed into ``forward_seconds`` and into the key weight's fit."""
+        parts = [(req.n_cached + req.done_rows, rows) for req, rows in work]
         t0 = time.perf_counter()
         try:
             self._forward(work)
         finally:
-            self.forward_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.forward_seconds += seconds
+        self.key_fit.observe(parts, seconds)
 
     def _forward(self, work: list[tuple[_Request, int]]) -> None:
         """Run one step's forward and deliver each participant's rows (called without the lock)."""
@@ -307,50 +322,6 @@ class StepBatcher:
             if req.rows_left == 0:
                 req.result = torch.cat(req.pieces) if req.pieces else torch.empty(0, req.target.vocab_size)
                 req.pieces = []
-
-
-def key_weight(model) -> float:
-    """What attending to one cached key costs a row, in units of the row's matrix products: 2 x layers x heads x
-    head dim / the non-embedding parameters (a row's matrix products take ~2 FLOPs per parameter, its attention
-    4 x heads x head dim FLOPs per key and layer, for the scores and the weighted values: the per-token forward FLOP
-    count of Kaplan et al. 2020, "Scaling Laws for Neural Language Models", Table 1, which counts the scores only,
-    plus the values). 3.3e-4 for SmolLM2-135M: a row over 3,500 cached keys costs ~2.1
-    rows over none, as measured. 0 when the config lacks the sizes."""
-    cfg = getattr(model, "config", None)
-    cfg = getattr(cfg, "text_config", None) or cfg
-    layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
-    hidden = getattr(cfg, "hidden_size", None)
-    if not (layers and heads and hidden):
-        return 0.0
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    params = sum(p.numel() for p in model.parameters())
-    embed = model.get_input_embeddings()
-    params -= embed.weight.numel() if embed is not None else 0
-    return 2.0 * layers * heads * head_dim / params if params > 0 else 0.0
-
-
-def chunk_rows(weight: float, depth: int, budget: int) -> int:
-    """Rows of a prefill chunk at ``depth`` cached tokens whose forward costs what ``budget`` rows cost at depth 0.
-
-    A chunk of r rows after L cached tokens costs ~ r (1 + w (L + r / 2)) rows' matrix products (each row attends to
-    the L cached keys and, causally, half the chunk's): with ``weight`` w = :func:`key_weight`, later chunks of a long
-    prompt get fewer rows, so a running stream's wait for one chunk's forward stays the same all along the prompt.
-
-    Args:
-        weight: w, a cached key's cost per row (0 = every chunk gets ``budget`` rows).
-        depth: L, tokens the sequence has cached.
-        budget: rows a chunk at depth 0 may have.
-    Returns:
-        r in 1..budget (0 when budget <= 0).
-    """
-    if budget <= 0:
-        return 0
-    if weight <= 0 or depth <= 0:
-        return budget
-    limit = budget * (1.0 + weight * budget / 2)
-    a, b = weight / 2, 1.0 + weight * depth  # solve a r^2 + b r = limit for r
-    r = int((-b + (b * b + 4 * a * limit) ** 0.5) / (2 * a))
-    return max(1, min(budget, r))
 
 
 class BatchedTarget(HFTarget):
