@@ -11,8 +11,10 @@ The FLOP count behind :func:`key_weight` undercounts attention on a CPU, whose a
 matrix products' FLOP rate (measured for SmolLM2-135M, one thread: a chunk of 256 rows after 3,000 cached tokens
 took 5.9 ms a row against 2.9 ms at depth 0, 2.1x where the count's w = 3.3e-4 says 1.9x; w = 4.2e-4 fits, and the
 count's chunk sizes made the deepest steps 8% dearer than the first). :class:`KeyWeightFit` learns
-the weight from the batcher's own steps: seconds = a + u R + v K over the steps that carried a chunk (R rows,
-K = sum of r (L + r / 2)), w = v / u, within bounds around the count's value.
+the weight from the batcher's own steps: seconds = u R + v K over the steps that carried a chunk (R rows,
+K = sum of r (L + r / 2)), w = v / u, within bounds around the count's value. The step's fixed cost (reading
+the weights once, ~40 ms here) is left out of the fit: beside a chunk's ~1.5 s it would only add a third unknown to
+fit from a handful of noisy steps.
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ class KeyWeightFit:
         if depth.max() - depth.min() < FIT_MIN_SPREAD:
             return
         scale = 1e-3  # K is ~1e3 x R: scaled for the least squares' conditioning
-        x = np.column_stack([np.ones(len(obs)), obs[:, 0], obs[:, 1] * scale])
-        (_, u, v), *_ = np.linalg.lstsq(x, obs[:, 2], rcond=None)
+        x = np.column_stack([obs[:, 0], obs[:, 1] * scale])
+        (u, v), *_ = np.linalg.lstsq(x, obs[:, 2], rcond=None)
         if not (u > 0 and np.isfinite(v)):
             return
         lo, hi = FIT_BOUNDS
