@@ -86,9 +86,10 @@ def register(sub) -> None:
     p.add_argument("--kv-tokens", type=positive, default=None, metavar="N",
                    help=f"KV capacity in tokens, shared by running requests (each reserves prompt + max_tokens "
                         f"when admitted; requests wait in the queue until theirs fits) and the prefix cache (which "
-                        f"keeps what they leave); a request that can never fit is a 400 (default "
-                        f"{DEFAULT_KV_TOKENS:,}, or the model's context length if larger; float32 SmolLM2-135M "
-                        f"takes ~46 KB a token)")
+                        f"keeps what they leave); a request that can never fit is a 400 (default: --max-running "
+                        f"requests at the model's full context, within a quarter of the machine's memory, at least "
+                        f"{DEFAULT_KV_TOKENS:,} and one context; float32 SmolLM2-135M takes ~46 KB a token: 16 x "
+                        f"8,192 tokens = 6 GB)")
     p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
                    metavar="N",
                    help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
@@ -196,11 +197,18 @@ def build_server(args, loaded=None):
 
 def kv_capacity(args, loaded) -> int:
     """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`)."""
-    from redraft.server.admission import default_kv_tokens
+    import psutil
+
+    from redraft.server.admission import default_kv_tokens, kv_bytes_per_token
 
     if args.kv_tokens is not None:
         return args.kv_tokens
-    return default_kv_tokens(getattr(loaded.model.config, "max_position_embeddings", None))
+    config = loaded.model.config
+    param = next(loaded.model.parameters())
+    return default_kv_tokens(getattr(config, "max_position_embeddings", None), max_running=args.max_running,
+                             bytes_per_token=kv_bytes_per_token(getattr(config, "text_config", None) or config,
+                                                                param.element_size()),
+                             memory_bytes=psutil.virtual_memory().total)
 
 
 def step_batcher(args, loaded):

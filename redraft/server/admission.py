@@ -30,10 +30,30 @@ def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
     return 2 * layers * kv_heads * int(head_dim) * int(dtype_bytes)
 
 
-def default_kv_tokens(context_length: int | None) -> int:
-    """The default ``--kv-tokens``: :data:`DEFAULT_KV_TOKENS`, raised to the model's context length so that any
-    request the context allows can run."""
-    return max(DEFAULT_KV_TOKENS, int(context_length or 0))
+KV_MEMORY_SHARE = 0.25  # the default KV budget's most share of the machine's memory
+
+
+def default_kv_tokens(context_length: int | None, *, max_running: int = 1, bytes_per_token: int | None = None,
+                      memory_bytes: int | None = None) -> int:
+    """The default ``--kv-tokens``: room for ``max_running`` requests at the full context (a chat request without
+    max_tokens reserves up to the context's end), within :data:`KV_MEMORY_SHARE` of the machine's memory (vLLM sizes
+    its KV cache from memory too), and never under :data:`DEFAULT_KV_TOKENS` nor one context (any request the context
+    allows can run).
+
+    Args:
+        context_length: the model's context in tokens (None: unknown).
+        max_running: requests generating at once (``--max-running``).
+        bytes_per_token: the model's KV bytes a token (:func:`kv_bytes_per_token`); None: no memory bound.
+        memory_bytes: the machine's memory in bytes; None: no memory bound.
+    Returns:
+        tokens.
+    """
+    context = int(context_length or 0)
+    floor = max(DEFAULT_KV_TOKENS, context)
+    want = max(floor, max(1, int(max_running)) * context)
+    if bytes_per_token and memory_bytes:
+        want = min(want, max(floor, int(memory_bytes * KV_MEMORY_SHARE) // int(bytes_per_token)))
+    return want
 
 
 class KVBudget:
