@@ -37,7 +37,7 @@ from collections import deque
 import torch
 
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
-from redraft.decoding.stepcost import KeyWeightFit, key_weight, row_cost, rows_within
+from redraft.decoding.stepcost import StepCostFit, key_weight, row_cost, rows_within
 from redraft.decoding.target import HFTarget
 
 CANCEL_POLL_S = 0.005  # how often a waiting sequence looks at its cancel event
@@ -108,7 +108,7 @@ class StepBatcher:
         enable_packed_attention(model)  # the model's own attention, unchanged unless a forward is packed
         self.model = model
         self.key_weight = key_weight(model)  # the FLOP count's; the fit below learns the host's from the steps
-        self.key_fit = KeyWeightFit(self.key_weight)
+        self.cost_fit = StepCostFit(self.key_weight)
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0
         self.forward_seconds = 0.0
@@ -256,28 +256,29 @@ class StepBatcher:
         left = self.gather_s - (time.monotonic() - oldest)
         if len(waiting) < len(self._targets) and left > 0:
             return None, left
-        w = self.weight
-        budget = row_cost(w, 0, self.max_batch_tokens)  # every step costs at most a first chunk's forward
+        w, extra = self.weight, self.cost_fit.participant_rows
+        budget = row_cost(w, 0, self.max_batch_tokens)  # every step costs at most a first chunk's forward alone
         step: list[tuple[_Request, int]] = []
         rest = []
         for r in sorted(pending, key=lambda r: (r.rows_left, r.order)):
             depth = r.n_cached + r.done_rows
-            if r.rows_left <= rows_within(w, depth, budget):
+            left = budget - (extra if step else 0.0)  # a participant beyond the first costs beyond its rows
+            if r.rows_left <= rows_within(w, depth, left):
                 step.append((r, r.rows_left))
-                budget -= row_cost(w, depth, r.rows_left)
+                budget = left - row_cost(w, depth, r.rows_left)
             else:
                 rest.append(r)
         if rest:
             big = min(rest, key=lambda r: r.order)
-            rows = rows_within(w, big.n_cached + big.done_rows, budget)
+            rows = rows_within(w, big.n_cached + big.done_rows, budget - (extra if step else 0.0))
             step.append((big, min(big.rows_left, max(rows, self.min_chunk))))
         step.sort(key=lambda p: p[0].order)
         return step, None
 
     @property
     def weight(self) -> float:
-        """The per-key weight chunks are priced with: :attr:`key_weight` scaled as :attr:`key_fit` learned it."""
-        fit = self.key_fit
+        """The per-key weight chunks are priced with: :attr:`key_weight` scaled as :attr:`cost_fit` learned it."""
+        fit = self.cost_fit
         return self.key_weight * (fit.weight / fit.prior if fit.prior > 0 else 1.0)
 
     @torch.inference_mode()
@@ -290,7 +291,7 @@ class StepBatcher:
         finally:
             seconds = time.perf_counter() - t0
             self.forward_seconds += seconds
-        self.key_fit.observe(parts, seconds)
+        self.cost_fit.observe(parts, seconds)
 
     def _forward(self, work: list[tuple[_Request, int]]) -> None:
         """Run one step's forward and deliver each participant's rows (called without the lock)."""

@@ -10,9 +10,11 @@ and every step over it costs about what the first one did: running streams wait 
 The FLOP count behind :func:`key_weight` undercounts attention on a CPU, whose attention kernels run below the
 matrix products' FLOP rate (measured for SmolLM2-135M, one thread: a chunk of 256 rows after 3,000 cached tokens
 took 5.9 ms a row against 2.9 ms at depth 0, 2.1x where the count's w = 3.3e-4 says 1.9x; w = 4.2e-4 fits, and the
-count's chunk sizes made the deepest steps 8% dearer than the first). :class:`KeyWeightFit` learns
-the weight from the batcher's own steps: seconds = u R + v K over the steps that carried a chunk (R rows,
-K = sum of r (L + r / 2)), w = v / u, within bounds around the count's value. The step's fixed cost (reading
+count's chunk sizes made the deepest steps 8% dearer than the first). :class:`StepCostFit` learns
+the weight from the batcher's own steps: seconds = u R + v K + p (P - 1) over the steps that carried a chunk (R rows,
+K = sum of r (L + r / 2), P participants), w = v / u, within bounds around the count's value; p / u is what each
+participant beyond the first adds in rows (its attention calls and cache appends, measured: a 508-row chunk beside
+4 decoding sequences took 2-4% more than 512 rows alone), which the batcher takes off a chunk's budget. The step's fixed cost (reading
 the weights once, ~40 ms here) is left out of the fit: beside a chunk's ~1.5 s it would only add a third unknown to
 fit from a handful of noisy steps.
 """
@@ -29,6 +31,7 @@ FIT_WINDOW = 64  # the most recent such steps kept
 FIT_MIN_STEPS = 6  # fitted only from this many steps on
 FIT_MIN_SPREAD = 256.0  # ... whose mean depths (K / R) span at least this many tokens
 FIT_BOUNDS = (0.5, 4.0)  # the learned weight stays within these multiples of the FLOP count's
+FIT_MAX_PARTICIPANT_ROWS = 32.0  # the most a participant's overhead is taken to cost, in rows
 
 
 def key_weight(model) -> float:
@@ -84,22 +87,27 @@ def chunk_rows(weight: float, depth: int, budget: int) -> int:
     return max(1, min(budget, rows_within(weight, depth, row_cost(weight, 0, budget))))
 
 
-class KeyWeightFit:
-    """The per-key weight w learned from timed steps (module docstring), starting from ``prior``.
+class StepCostFit:
+    """The per-key weight w, and what each participant beyond the first adds to a step, learned from timed steps
+    (module docstring), starting from ``prior`` and nothing.
 
     Args:
         prior: w from the FLOP count (:func:`key_weight`); 0 keeps w at 0 (nothing is learned).
     Attributes:
         weight: the weight to price rows with now: ``prior`` until enough chunk-carrying steps were seen, then the
             fitted value, clipped to ``FIT_BOUNDS`` times ``prior``.
+        participant_rows: what one more sequence in a step costs beyond its rows' own price, in rows at depth 0
+            (its attention calls, its cache appends, its logits): 0 until steps with one and with several
+            participants were seen, then fitted, within 0..``FIT_MAX_PARTICIPANT_ROWS``.
         fitted: whether ``weight`` comes from the fit.
     """
 
     def __init__(self, prior: float) -> None:
         self.prior = float(prior)
         self.weight = self.prior
+        self.participant_rows = 0.0
         self.fitted = False
-        self._steps: deque[tuple[float, float, float]] = deque(maxlen=FIT_WINDOW)
+        self._steps: deque[tuple[float, float, float, float]] = deque(maxlen=FIT_WINDOW)
 
     def observe(self, parts: Sequence[tuple[int, int]], seconds: float) -> None:
         """Take one step's time into the fit.
@@ -112,7 +120,7 @@ class KeyWeightFit:
             return
         rows = float(sum(r for _, r in parts))
         keys = float(sum(r * (d + r / 2.0) for d, r in parts))
-        self._steps.append((rows, keys, float(seconds)))
+        self._steps.append((rows, keys, float(len(parts) - 1), float(seconds)))
         self._refit()
 
     def _refit(self) -> None:
@@ -123,10 +131,13 @@ class KeyWeightFit:
         if depth.max() - depth.min() < FIT_MIN_SPREAD:
             return
         scale = 1e-3  # K is ~1e3 x R: scaled for the least squares' conditioning
-        x = np.column_stack([obs[:, 0], obs[:, 1] * scale])
-        (u, v), *_ = np.linalg.lstsq(x, obs[:, 2], rcond=None)
-        if not (u > 0 and np.isfinite(v)):
+        others = obs[:, 2].max() > obs[:, 2].min()  # participants vary: their overhead can be told apart
+        cols = [obs[:, 0], obs[:, 1] * scale] + ([obs[:, 2]] if others else [])
+        coef, *_ = np.linalg.lstsq(np.column_stack(cols), obs[:, 3], rcond=None)
+        u, v = coef[0], coef[1]
+        if not (u > 0 and np.all(np.isfinite(coef))):
             return
         lo, hi = FIT_BOUNDS
         self.weight = float(np.clip(v * scale / u, lo * self.prior, hi * self.prior))
+        self.participant_rows = float(np.clip(coef[2] / u, 0.0, FIT_MAX_PARTICIPANT_ROWS)) if others else 0.0
         self.fitted = True
