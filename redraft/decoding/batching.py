@@ -95,7 +95,7 @@ class StepBatcher:
             runs with those that did.
     Attributes (read-only, for metrics): running (registered sequences), kv_tokens (their cached tokens, summed),
         steps (forwards run), rows (rows carried by them), forward_seconds (wall seconds in them), step_log (recent steps: per step a tuple of
-        (sequence number, rows) per participant).
+        (sequence number, rows) per participant), step_seconds (the same steps' forward seconds).
     Raises:
         ValueError: max_batch_tokens < 1, min_chunk < 1 or gather_s < 0, or a model whose attention implementation
             has no mask function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
@@ -115,6 +115,7 @@ class StepBatcher:
         self.last_step_rows = 0
         self._last_end = 0.0  # time.monotonic() when the last step ended
         self.step_log: deque[tuple[tuple[int, int], ...]] = deque(maxlen=4096)
+        self.step_seconds: deque[float] = deque(maxlen=4096)  # each logged step's forward, in step_log's order
         self._cv = threading.Condition()
         self._targets: set[BatchedTarget] = set()
         self._pending: list[_Request] = []
@@ -291,6 +292,7 @@ class StepBatcher:
         finally:
             seconds = time.perf_counter() - t0
             self.forward_seconds += seconds
+            self.step_seconds.append(seconds)
         self.cost_fit.observe(parts, seconds)
 
     def _forward(self, work: list[tuple[_Request, int]]) -> None:
