@@ -696,3 +696,50 @@ def test_a_packed_forward_that_fails_part_way_leaves_every_cache_as_it_was(model
     finally:
         hook.remove()
     assert [{layer.keys.shape[-2] for layer in t.cache.layers} for t in ts] == [{3}, {2}]
+
+
+def _waiting(rows, depth, order):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(rows_left=rows, n_cached=depth, done_rows=0, order=order, skipped=0)
+
+
+def _plan_and_advance(pending, **kw):
+    """One plan_step, then what the batcher does after it: rows done, skipped counts, finished requests gone."""
+    from redraft.decoding.batching import plan_step
+
+    step = plan_step(pending, **kw)
+    placed = {id(r) for r, _ in step}
+    for r in pending:
+        r.skipped = 0 if id(r) in placed else r.skipped + 1
+    for r, rows in step:
+        r.done_rows += rows
+        r.rows_left -= rows
+    pending[:] = [r for r in pending if r.rows_left > 0]
+    return step
+
+
+def test_a_verify_tree_beside_a_long_prefill_waits_one_step_at_most():
+    """Deep streams priced at their depth leave a 56-row verify tree no room beside a long prompt's chunk: the next
+    step's chunk goes to the tree (it waited), not to the prompt again."""
+    kw = dict(weight=1.3e-3, extra=8.0, max_batch_tokens=512, min_chunk=32)
+    prompt, tree = _waiting(4000, 0, 0), _waiting(56, 6000, 16)
+    pending = [prompt, tree]
+    got_place = None
+    for step_no in range(6):
+        streams = [_waiting(1, 6000, 1 + i) for i in range(15)]  # every stream's next row, each step
+        step = _plan_and_advance(pending + streams, **kw)
+        assert sum(rows for _, rows in step) <= 512 + 32
+        if any(r is tree for r, _ in step):
+            got_place = step_no
+            break
+    assert got_place is not None and got_place <= 1
+
+
+def test_a_step_carries_at_most_max_batch_tokens_rows():
+    """Small requests at depth 0 pay almost nothing for attention; rows still stop at max_batch_tokens (+ one
+    chunk's minimum)."""
+    for weight in (3.3e-4, 1.3e-3):
+        pending = [_waiting(40, 0, i) for i in range(16)]
+        step = _plan_and_advance(pending, weight=weight, extra=0.0, max_batch_tokens=512, min_chunk=32)
+        assert 512 - 40 < sum(rows for _, rows in step) <= 512 + 32

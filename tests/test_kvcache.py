@@ -133,3 +133,21 @@ def test_keep_gathers_then_appends(tiny_llama_sdpa):
         idx = torch.tensor(list(range(len(PROMPT))) + [len(PROMPT) + 1, len(PROMPT) + 3])
         assert torch.equal(a.keys[:, :, :-1], b.keys.index_select(-2, idx))
     assert row.shape == (1, t.vocab_size) and t.length == len(PROMPT) + 3
+
+
+def test_reset_drops_entries_without_writing_them():
+    layer = GrowingLayer()
+    k = torch.randn(1, 2, 6, 3)
+    layer.update(k, -k)
+    keys, values = held_views(layer, 6, slack=1e9)
+    layer.reset()
+    assert torch.equal(keys, k) and torch.equal(values, -k)  # transformers' base reset zeroes in place; not here
+    assert layer.get_seq_length() == 0 and layer.capacity == 0
+    layer.update(k[:, :, :2], k[:, :, :2])
+    assert layer.keys.shape[-2] == 2 and torch.equal(keys, k)
+
+
+def test_an_empty_append_allocates_nothing():
+    layer = GrowingLayer()
+    layer.update(torch.randn(1, 2, 0, 3), torch.randn(1, 2, 0, 3))
+    assert layer.capacity == 0 and layer.get_seq_length() == 0

@@ -343,9 +343,9 @@ def test_kv_sizes():
     assert default_kv_tokens(8192) == 32_768 and default_kv_tokens(131_072) == 131_072
     gib = 2**30
     # room for every running request at the full context when memory allows ...
-    assert default_kv_tokens(8192, max_running=16, bytes_per_token=46_080, memory_bytes=24 * gib) == 16 * 8192
-    # ... within a quarter of the memory (8 GiB: 2 GiB / 46 KB = 46,603 tokens) ...
-    assert default_kv_tokens(8192, max_running=16, bytes_per_token=46_080, memory_bytes=8 * gib) == 46_603
+    assert default_kv_tokens(8192, max_running=16, bytes_per_token=46_080, memory_bytes=32 * gib) == 16 * 8192
+    # ... within a quarter of the memory, room to grow included (8 GiB: 2 GiB / 1.25 / 46 KB = 37,282 tokens) ...
+    assert default_kv_tokens(8192, max_running=16, bytes_per_token=46_080, memory_bytes=8 * gib) == 37_282
     # ... but never under the floor nor one context, and without a memory figure no bound
     assert default_kv_tokens(8192, max_running=16, bytes_per_token=46_080, memory_bytes=gib) == 32_768
     assert default_kv_tokens(65_536, max_running=4, bytes_per_token=10**6, memory_bytes=gib) == 65_536

@@ -38,7 +38,6 @@ def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]]
     """The prompts decoded at once, each in its own thread: (ids, wall seconds, the batcher's steps, rows and
     forward seconds during the run, and the prompts' rows)."""
     before = (batcher.steps, batcher.rows, batcher.forward_seconds)
-    logged = len(batcher.step_log)
     out: list = [None] * len(prompts)
     targets = [batcher.sequence() for _ in prompts]
 
@@ -57,10 +56,12 @@ def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]]
     wall = time.perf_counter() - t0
     steps, rows, fwd = (now - then for now, then in zip((batcher.steps, batcher.rows, batcher.forward_seconds), before,
                                                            strict=True))
-    log = list(batcher.step_log)[logged:]
-    times = list(batcher.step_seconds)[logged:]
+    # this run's steps, the last ones logged (the logs keep 4,096); a step with a participant of min_chunk rows or
+    # more carried a prompt's chunk (or a verify tree that large, rare on novel text)
+    last = min(steps, len(batcher.step_log))
+    log, times = list(batcher.step_log)[-last:] if last else [], list(batcher.step_seconds)[-last:] if last else []
     chunked = [i for i, step in enumerate(log) if max(r for _, r in step) >= batcher.min_chunk]
-    decode = [i for i in range(len(log)) if i not in set(chunked)]
+    decode = sorted(set(range(len(log))) - set(chunked))
     return out, wall, {"steps": steps, "rows": rows, "prompt_rows": sum(map(len, prompts)),
                        "forward_share_of_wall": round(fwd / wall, 3) if wall else None,
                        "steps_carrying_a_chunk": {"steps": len(chunked), "seconds": round(sum(times[i] for i in chunked), 2),

@@ -87,9 +87,10 @@ def register(sub) -> None:
                    help=f"KV capacity in tokens, shared by running requests (each reserves prompt + max_tokens "
                         f"when admitted; requests wait in the queue until theirs fits) and the prefix cache (which "
                         f"keeps what they leave); a request that can never fit is a 400 (default: --max-running "
-                        f"requests at the model's full context, within a quarter of the machine's memory, at least "
-                        f"{DEFAULT_KV_TOKENS:,} and one context; float32 SmolLM2-135M takes ~46 KB a token: 16 x "
-                        f"8,192 tokens = 6 GB)")
+                        f"requests at the model's full context, within a quarter of the memory the cache lives in "
+                        f"(the machine's or the container's, or the GPU's free memory), at least "
+                        f"{DEFAULT_KV_TOKENS:,} and one context; float32 SmolLM2-135M takes ~46 KB a token, and a "
+                        f"running sequence's cache up to a quarter more for room to grow)")
     p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
                    metavar="N",
                    help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
@@ -197,8 +198,6 @@ def build_server(args, loaded=None):
 
 def kv_capacity(args, loaded) -> int:
     """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`)."""
-    import psutil
-
     from redraft.server.admission import default_kv_tokens, kv_bytes_per_token
 
     if args.kv_tokens is not None:
@@ -208,7 +207,29 @@ def kv_capacity(args, loaded) -> int:
     return default_kv_tokens(getattr(config, "max_position_embeddings", None), max_running=args.max_running,
                              bytes_per_token=kv_bytes_per_token(getattr(config, "text_config", None) or config,
                                                                 param.element_size()),
-                             memory_bytes=psutil.virtual_memory().total)
+                             memory_bytes=kv_memory_bytes(param.device))
+
+
+def kv_memory_bytes(device) -> int | None:
+    """The memory the KV cache lives in, in bytes: on a GPU what is free there after the model loaded; on the CPU
+    the machine's memory, or the container's limit (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``) when
+    lower. None when unknown."""
+    import psutil
+    import torch
+
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    total = int(psutil.virtual_memory().total)
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 def step_batcher(args, loaded):

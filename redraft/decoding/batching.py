@@ -50,7 +50,7 @@ class SequenceCancelled(Exception):
 class _Request:
     """One ``forward`` call waiting for the batcher (possibly over several steps when chunked)."""
 
-    __slots__ = ("target", "ids", "positions", "mask", "n_logits", "solo", "n_cached", "done_rows", "pieces",
+    __slots__ = ("target", "ids", "positions", "mask", "n_logits", "solo", "n_cached", "done_rows", "pieces", "skipped",
                  "arrived", "in_flight", "finished", "result", "error", "plain", "carried", "order", "given")
 
     def __init__(self, target: BatchedTarget, ids, positions, mask, n_logits: int, solo: bool, order: int) -> None:
@@ -70,6 +70,7 @@ class _Request:
         self.error: BaseException | None = None
         self.plain = True
         self.carried = 1
+        self.skipped = 0  # steps planned while it waited and did not get a place in them
 
     @property
     def rows_left(self) -> int:
@@ -89,7 +90,8 @@ class StepBatcher:
 
     Args:
         model: the transformers causal LM (eval mode) every sequence decodes with.
-        max_batch_tokens: most rows in one packed step (>= 1); a forward with more rows is chunked over steps.
+        max_batch_tokens: most rows in one packed step (>= 1), and a step costs at most what that many rows cost
+            at depth 0 (:mod:`redraft.decoding.stepcost`); a forward with more rows is chunked over steps.
         min_chunk: fewest rows of a chunk (>= 1; a step may exceed ``max_batch_tokens`` by up to this much).
         gather_s: longest wait, in seconds, for every running sequence to ask for its next forward before a step
             runs with those that did.
@@ -257,23 +259,10 @@ class StepBatcher:
         left = self.gather_s - (time.monotonic() - oldest)
         if len(waiting) < len(self._targets) and left > 0:
             return None, left
-        w, extra = self.weight, self.cost_fit.participant_rows
-        budget = row_cost(w, 0, self.max_batch_tokens)  # every step costs at most a first chunk's forward alone
-        step: list[tuple[_Request, int]] = []
-        rest = []
-        for r in sorted(pending, key=lambda r: (r.rows_left, r.order)):
-            depth = r.n_cached + r.done_rows
-            left = budget - (extra if step else 0.0)  # a participant beyond the first costs beyond its rows
-            if r.rows_left <= rows_within(w, depth, left):
-                step.append((r, r.rows_left))
-                budget = left - row_cost(w, depth, r.rows_left)
-            else:
-                rest.append(r)
-        if rest:
-            big = min(rest, key=lambda r: r.order)
-            rows = rows_within(w, big.n_cached + big.done_rows, budget - (extra if step else 0.0))
-            step.append((big, min(big.rows_left, max(rows, self.min_chunk))))
-        step.sort(key=lambda p: p[0].order)
+        step = plan_step(pending, self.weight, self.cost_fit.participant_rows, self.max_batch_tokens, self.min_chunk)
+        placed = {id(r) for r, _ in step}
+        for r in pending:
+            r.skipped = 0 if id(r) in placed else r.skipped + 1
         return step, None
 
     @property
@@ -325,6 +314,43 @@ class StepBatcher:
             if req.rows_left == 0:
                 req.result = torch.cat(req.pieces) if req.pieces else torch.empty(0, req.target.vocab_size)
                 req.pieces = []
+
+
+def plan_step(pending, weight: float, extra: float, max_batch_tokens: int, min_chunk: int) -> list:
+    """Which waiting forwards a step carries, and how many rows of each (the module docstring's rules).
+
+    Args:
+        pending: the waiting forwards; each has ``rows_left``, ``n_cached`` + ``done_rows`` (its depth), ``order``
+            (arrival) and ``skipped`` (steps planned since it last had a place).
+        weight: w, a cached key's cost per row (:mod:`redraft.decoding.stepcost`).
+        extra: what each participant beyond the first costs beyond its rows, in rows.
+        max_batch_tokens: the step's rows at most, and its cost at most theirs at depth 0.
+        min_chunk: the fewest rows a chunk gets (the step may exceed both bounds by up to this much).
+    Returns:
+        [(request, rows)] in arrival order: smallest requests whole while both bounds allow, then at most one chunk
+        of the request that waited most steps without a place (the oldest among equals): a long prompt's prefill
+        takes it step after step, so a verify tree that did not fit beside it gets the next one instead of waiting the
+        whole prefill out.
+    """
+    budget = row_cost(weight, 0, max_batch_tokens)
+    rows_left = max_batch_tokens
+    step: list = []
+    rest = []
+    for r in sorted(pending, key=lambda r: (r.rows_left, r.order)):
+        depth = r.n_cached + r.done_rows
+        left = budget - (extra if step else 0.0)  # a participant beyond the first costs beyond its rows
+        if r.rows_left <= min(rows_left, rows_within(weight, depth, left)):
+            step.append((r, r.rows_left))
+            budget = left - row_cost(weight, depth, r.rows_left)
+            rows_left -= r.rows_left
+        else:
+            rest.append(r)
+    if rest:
+        big = max(rest, key=lambda r: (r.skipped, -r.order))
+        rows = min(rows_left, rows_within(weight, big.n_cached + big.done_rows, budget - (extra if step else 0.0)))
+        step.append((big, min(big.rows_left, max(rows, min_chunk))))
+    step.sort(key=lambda p: p[0].order)
+    return step
 
 
 class BatchedTarget(HFTarget):

@@ -67,6 +67,8 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys = self.keys
+        if key_states.shape[-2] == 0 and not self._writable(0, 0):  # nothing to append (seed creates layers so)
+            return keys, self.values
         n = int(keys.shape[-2]) if keys is not None and keys.dim() == 4 else 0
         s = int(key_states.shape[-2])
         if not self._writable(n, s):
@@ -88,9 +90,12 @@ class GrowingLayer(DynamicLayer):
         self.frozen = max(self.frozen, int(n))
 
     def reset(self) -> None:
+        """Drop every entry (the layer starts empty, as before its first append). Nothing is written: the buffer
+        and any views of it handed out stay as they were."""
         self._key_buf = self._value_buf = None
+        self.keys = self.values = None
         self.frozen = 0
-        super().reset()
+        self.is_initialized = False
 
 
 def growing_cache() -> DynamicCache:
@@ -108,8 +113,12 @@ def held_views(layer, n: int, *, slack: float = 0.125) -> tuple[torch.Tensor, to
     ``(1 + slack) x n`` positions: a view would keep that room allocated for as long as the reader keeps it, so the
     entries are copied out instead. Any other layer gives views (its tensors are replaced, never written).
 
+    Args:
+        layer: a cache layer holding at least ``n`` positions (``keys``/``values`` [1, H_kv, L, D], L >= n).
+        n: positions to hand out, from the first.
+        slack: the most unused room, as a share of ``n``, that a view may keep allocated.
     Returns:
-        (keys, values): FloatTensor [1, H_kv, n, D] each.
+        (keys, values): FloatTensor [1, H_kv, n, D] each, in the layer's dtype and on its device.
     """
     keys, values = layer.keys[:, :, :n], layer.values[:, :, :n]
     if isinstance(layer, GrowingLayer):

@@ -55,12 +55,28 @@ def key_weight(model) -> float:
 
 def row_cost(weight: float, depth: int, rows: int) -> float:
     """r (1 + w (L + r / 2)): a forward of ``rows`` rows after ``depth`` cached tokens, in units of one row's matrix
-    products at depth 0."""
+    products at depth 0.
+
+    Args:
+        weight: w, a cached key's cost per row (:func:`key_weight`, or learned by :class:`StepCostFit`).
+        depth: L, tokens cached before the rows.
+        rows: r, rows in the forward (each attends causally to the ones before it).
+    Returns:
+        the cost in rows' matrix products (float, >= rows).
+    """
     return rows * (1.0 + weight * (depth + rows / 2.0))
 
 
 def rows_within(weight: float, depth: int, cost: float) -> int:
-    """The most rows r >= 0 whose :func:`row_cost` after ``depth`` cached tokens stays within ``cost`` units."""
+    """The most rows r >= 0 whose :func:`row_cost` after ``depth`` cached tokens stays within ``cost`` units.
+
+    Args:
+        weight: w, a cached key's cost per row (>= 0).
+        depth: L, tokens cached before the rows.
+        cost: the units to spend (<= 0: nothing fits).
+    Returns:
+        r (int >= 0).
+    """
     if cost <= 0:
         return 0
     a, b = weight / 2, 1.0 + weight * depth  # solve a r^2 + b r = cost for r

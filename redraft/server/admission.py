@@ -30,7 +30,8 @@ def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
     return 2 * layers * kv_heads * int(head_dim) * int(dtype_bytes)
 
 
-KV_MEMORY_SHARE = 0.25  # the default KV budget's most share of the machine's memory
+KV_MEMORY_SHARE = 0.25  # the default KV budget's most share of the memory the cache lives in
+KV_ROOM = 1.25  # a growing cache's memory over its tokens' at most (its room to grow)
 
 
 def default_kv_tokens(context_length: int | None, *, max_running: int = 1, bytes_per_token: int | None = None,
@@ -44,7 +45,8 @@ def default_kv_tokens(context_length: int | None, *, max_running: int = 1, bytes
         context_length: the model's context in tokens (None: unknown).
         max_running: requests generating at once (``--max-running``).
         bytes_per_token: the model's KV bytes a token (:func:`kv_bytes_per_token`); None: no memory bound.
-        memory_bytes: the machine's memory in bytes; None: no memory bound.
+        memory_bytes: the memory the cache lives in, in bytes (the machine's or container's, or a GPU's free
+            memory); None: no memory bound.
     Returns:
         tokens.
     """
@@ -52,7 +54,8 @@ def default_kv_tokens(context_length: int | None, *, max_running: int = 1, bytes
     floor = max(DEFAULT_KV_TOKENS, context)
     want = max(floor, max(1, int(max_running)) * context)
     if bytes_per_token and memory_bytes:
-        want = min(want, max(floor, int(memory_bytes * KV_MEMORY_SHARE) // int(bytes_per_token)))
+        # a running sequence's cache keeps up to a quarter more room than its tokens (redraft.decoding.kvcache)
+        want = min(want, max(floor, int(memory_bytes * KV_MEMORY_SHARE / KV_ROOM) // int(bytes_per_token)))
     return want
 
 
