@@ -108,3 +108,30 @@ def test_proposer_reads_max_num_seqs(tmp_path):
     assert RedraftProposer(cfg, environ={}).max_num_seqs is None
     cfg.scheduler_config = SimpleNamespace(max_num_seqs=7)
     assert RedraftProposer(cfg, environ={}).max_num_seqs == 7
+
+
+def test_no_draft_can_pay_ahead_of_the_slowest_on_a_line():
+    from redraft.policy.load import LoadAwarePolicy
+
+    pricing = LoadPricing(OVERHEAD, 8)
+    assert pricing.fewest_paying(10, 0) == 9  # c(n) = 1 + n: none
+    assert pricing.fewest_paying(10) == 1 and pricing.fewest_paying(10, 1) == 1
+    policy = LoadAwarePolicy(pricing)
+    assert not policy.at_load(10, 0).may_pay(8) and policy.at_load(10, 3).may_pay(1)
+    knee = LoadPricing(CostCurve((0, 7, 15, 63), (1.0, 1.1, 3.0, 20.0)), 16)
+    assert knee.fewest_paying(1) == 1 and knee.fewest_paying(9) > 16  # the knee's steep part: no row pays
+
+
+def test_requests_ahead_of_the_slowest_skip_their_lookups(tmp_path, monkeypatch):
+    from redraft.drafters.frozen_corpus import CorpusDrafter
+
+    calls = []
+    original = CorpusDrafter.propose
+
+    def spy(self, context, max_depth):
+        calls.append(len(context))
+        return original(self, context, max_depth)
+
+    monkeypatch.setattr(CorpusDrafter, "propose", spy)
+    lengths, _ = run_cohort(tmp_path, max_num_seqs=64, steps=4)
+    assert len(calls) == 4 + 3, (calls, lengths)  # all four at first, then the slowest one alone

@@ -75,9 +75,8 @@ class PlannedDrafts:
         already carrying ``carried`` rows (this request's own root row included), an accepted token credited as
         ``critical`` says (:func:`redraft.policy.load.load_costs`; None: the row's share of the step). Empty: no
         draft pays."""
-        if cap <= 0:
-            return []
-        self.policy.at_load(carried, critical)
+        if cap <= 0 or not self.policy.at_load(carried, critical).may_pay(cap):
+            return []  # not even a certain draft pays here: the lookups are skipped (a step's Python time counts)
         for j, drafter in enumerate(self.drafters):
             prop = drafter.propose(context, cap)
             if prop is None or len(prop) == 0:

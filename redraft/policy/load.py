@@ -93,6 +93,7 @@ class LoadPricing:
     def __init__(self, curve: CostCurve, n_max: int, remember: int = 4096) -> None:
         self.curve, self.n_max, self.remember = curve, int(n_max), remember
         self._tables: dict[tuple[int, int | None], np.ndarray] = {}
+        self._paying: dict[tuple[int, int | None], int] = {}  # per table: the fewest draft rows that may pay
         self._lock = threading.Lock()  # requests decoding in several threads share one pricing
 
     def costs(self, carried: int, critical: int | None = None) -> np.ndarray:
@@ -103,11 +104,22 @@ class LoadPricing:
         if table is None:
             table = load_costs(self.curve, carried, self.n_max, critical)
             table.setflags(write=False)
+            n = np.arange(1, self.n_max + 1)
+            below = np.flatnonzero(table[1:] < 1.0 + n - 1e-9)
             with self._lock:
                 if len(self._tables) >= self.remember:
-                    self._tables.pop(next(iter(self._tables)))
+                    old = next(iter(self._tables))
+                    self._tables.pop(old)
+                    self._paying.pop(old, None)
+                self._paying.setdefault(key, int(n[below[0]]) if len(below) else self.n_max + 1)
                 table = self._tables.setdefault(key, table)
         return table
+
+    def fewest_paying(self, carried: int, critical: int | None = None) -> int:
+        """The fewest draft rows whose cost at this load is below one plain step per row, c(n) < 1 + n; n_max + 1
+        when there is none. A draft shorter than it cannot pay even if every token is accepted (E(n) <= 1 + n)."""
+        self.costs(carried, critical)
+        return self._paying.get((carried, critical), 1)
 
 
 class LoadAwarePolicy(SpeculationPolicy):
@@ -124,11 +136,17 @@ class LoadAwarePolicy(SpeculationPolicy):
     def __init__(self, pricing: LoadPricing, **kwargs) -> None:
         super().__init__(pricing.curve, max_nodes=max(1, pricing.n_max), **kwargs)
         self.pricing = pricing
-        self.carried = 1
+        self.carried, self.critical = 1, None
 
     def at_load(self, carried: int, critical: int | None = None) -> LoadAwarePolicy:
         """Price the next plan for a step already carrying ``carried`` rows (>= 1), this request's share of the
         step's fixed part given by ``critical`` (:func:`load_costs`; None: c_B). Returns self."""
         self.costs = self.pricing.costs(max(1, int(carried)), critical)
-        self.carried = carried
+        self.carried, self.critical = carried, critical
         return self
+
+    def may_pay(self, depth: int) -> bool:
+        """False when no draft of at most ``depth`` tokens can beat a plain step at the load set by :meth:`at_load`,
+        even with every token accepted (a row costs a whole token: c(n) >= 1 + n); only a probe could draft then,
+        and it would cost what it might save. The caller may skip its drafters for this step."""
+        return self.pricing.fewest_paying(max(1, int(self.carried)), self.critical) <= depth
