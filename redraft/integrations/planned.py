@@ -70,12 +70,13 @@ class PlannedDrafts:
         self.draft, self.source, self.key = [], -1, ""
         return p, a
 
-    def propose(self, context: np.ndarray, cap: int, carried: int) -> list[int]:
+    def propose(self, context: np.ndarray, cap: int, carried: int, critical: int | None = None) -> list[int]:
         """The draft for ``context`` (int [L], prompt + output so far): at most ``cap`` ids, as many as pay in a step
-        already carrying ``carried`` rows (this request's own root row included). Empty: no draft pays."""
-        if cap <= 0:
-            return []
-        self.policy.at_load(carried)
+        already carrying ``carried`` rows (this request's own root row included), an accepted token credited as
+        ``critical`` says (:func:`redraft.policy.load.load_costs`; None: the row's share of the step). Empty: no
+        draft pays."""
+        if cap <= 0 or not self.policy.at_load(carried, critical).may_pay(cap):
+            return []  # not even a certain draft pays here: the lookups are skipped (a step's Python time counts)
         for j, drafter in enumerate(self.drafters):
             prop = drafter.propose(context, cap)
             if prop is None or len(prop) == 0:

@@ -29,7 +29,7 @@ class TrackedRequest:
     Attributes:
         n_prompt: ids before the first sampled id at first sight (the prompt, for a request seen from its start).
         data: whatever the owner attaches (the proposer's per-request draft sources); None when new.
-        last_call: number of the last call that saw it.
+        first_call, last_call: numbers of the first and the last call that saw it.
     """
 
     def __init__(self, context: np.ndarray, n_prompt: int, call: int) -> None:
@@ -37,7 +37,7 @@ class TrackedRequest:
         self.n = len(self._buf)
         self.n_prompt = n_prompt
         self.data: Any = None
-        self.last_call = call
+        self.first_call = self.last_call = call
 
     @property
     def tokens(self) -> np.ndarray:

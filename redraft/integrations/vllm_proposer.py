@@ -73,6 +73,7 @@ from redraft.corpus.directory import (
 )
 from redraft.corpus.online import OnlineCorpus
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
+from redraft.integrations.draining import critical_counts
 from redraft.integrations.planned import PlannedDrafts, load_step_curve, verified
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
@@ -295,6 +296,8 @@ class RedraftProposer:
                                               os.environ if environ is None else environ)
         mc = vllm_config.model_config
         self.max_model_len = int(mc.max_model_len)
+        sched = getattr(vllm_config, "scheduler_config", None)
+        self.max_num_seqs = getattr(sched, "max_num_seqs", None)  # None: unknown, the batch never counts as full
         self.vocab_size = int(mc.get_vocab_size())
         eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
         self.eos = frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
@@ -350,6 +353,11 @@ class RedraftProposer:
         requests = self.tracker.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = []
         carried = len(sampled_token_ids)  # every request's root row
+        critical: list[int | None] = [None] * len(requests)
+        if self.settings.policy:
+            full = self.max_num_seqs is not None and len(requests) >= self.max_num_seqs
+            critical = critical_counts([(r.n - r.n_prompt, r.first_call) if r is not None and sampled_token_ids[i]
+                                        else None for i, r in enumerate(requests)], full)
         for i, r in enumerate(requests):
             sampled = sampled_token_ids[i]
             if r is None or not sampled:
@@ -367,7 +375,7 @@ class RedraftProposer:
             n = int(num_tokens_no_spec[i])
             cap = min(self.settings.k, self.max_model_len - n)
             if self.settings.policy:
-                draft = r.data.propose(token_ids_cpu[i, :n], cap, carried)
+                draft = r.data.propose(token_ids_cpu[i, :n], cap, carried, critical[i])
             else:
                 draft = r.data.propose(token_ids_cpu[i, :n], cap)
             carried += len(draft)

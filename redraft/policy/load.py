@@ -19,7 +19,24 @@ limit) c_B = 1 and drafts pay at any load. A marginal cost below zero (a non-mon
 zero. The same idea, verify only what the step's survival probability pays for, is vLLM's adaptive verification on
 GPUs; here the price comes from the measured curve of the host.
 
-numpy only; used per request by the vLLM proposer (:mod:`redraft.integrations.planned`), which passes B.
+What an accepted token saves depends on what the batch does with the time. c_B values it at the row's share of the
+step, C(B) / B: right while finished requests are replaced from a queue (throughput), and for the sum of the
+requests' latencies (an accepted token saves this request a step of C(B); n draft rows delay all B requests by
+C(B + n) - C(B)). A batch that is only draining (every request came in together, none waits) is done when its last
+request is: an accepted token of a request that is ahead of the slowest saves only the row it no longer needs,
+C(B) - C(B - 1), and the step's fixed part F = C(B) - B (C(B) - C(B - 1)) is saved only when the m slowest requests
+all advance. Each of those m is credited F / m. With the value v of an accepted token,
+
+    c(n) = 1 + max(0, C(B + n) - C(B)) / v,   v = (C(B) - F) / B + s F,
+
+where s is the request's share of the fixed part: 1 / B for every request in a replaced or latency-bound batch (v =
+C(B) / B: c_B above), 1 / m for the m slowest requests of a draining batch, 0 for the ones ahead of them. Measured
+with vLLM's CPU build (ten novel requests at once, SmolLM2-135M): C(T) = 23.4 + 1.55 T ms, so a request ahead of the
+slowest values an accepted token at 1.55 ms instead of 3.9 ms and drafts only what is nearly certain; the n-gram and
+corpus drafts that c_B kept there added 13% rows for one step saved in 127.
+
+numpy only; used per request by the vLLM proposer (:mod:`redraft.integrations.planned`), which passes B and the
+share.
 """
 
 from __future__ import annotations
@@ -32,23 +49,36 @@ from redraft.policy.costcurve import CostCurve
 from redraft.policy.speculation import SpeculationPolicy
 
 
-def load_costs(curve: CostCurve, carried: int, n_max: int) -> np.ndarray:
-    """c_B(0..n_max) for a request adding draft rows to a step that already carries ``carried`` rows (module doc).
+def load_costs(curve: CostCurve, carried: int, n_max: int, critical: int | None = None) -> np.ndarray:
+    """The cost in plain steps of this request's n = 0..n_max draft rows in a step already carrying ``carried`` rows.
 
     Args:
         curve: the step's cost curve, c(n) = C(1 + n) (time of a step over 1 + n rows / a one-row step).
         carried: B, rows the step carries before this request's drafts, this request's root row included (>= 1).
         n_max: most draft rows considered (>= 0).
+        critical: how the step's fixed part is credited to this request's accepted tokens (module doc): None, a
+            share 1 / B (c_B: a batch whose finished requests are replaced, or a latency-bound one); m >= 1, this
+            request is one of the m slowest of a draining batch (share 1 / m); 0, it is ahead of them (share 0).
     Returns:
-        float64 [n_max + 1], c_B(0) = 1, each entry >= 1 (plain steps of this request's share).
+        float64 [n_max + 1], c(0) = 1, each entry >= 1 (plain steps of this request's share). With B = 1 it is the
+        curve itself, whatever ``critical`` says.
     Raises:
-        ValueError: carried < 1 or n_max < 0.
+        ValueError: carried < 1, n_max < 0 or critical < 0.
     """
-    if carried < 1 or n_max < 0:
-        raise ValueError(f"load_costs needs carried >= 1 row and n_max >= 0, got carried={carried}, n_max={n_max}")
+    if carried < 1 or n_max < 0 or (critical is not None and critical < 0):
+        raise ValueError(f"load_costs needs carried >= 1 row, n_max >= 0 and critical None or >= 0, got "
+                         f"carried={carried}, n_max={n_max}, critical={critical}")
     base = curve.cost(carried - 1)
     total = np.array([curve.cost(carried - 1 + n) for n in range(int(n_max) + 1)], dtype=np.float64)
-    return 1.0 + carried * np.maximum(0.0, total - base) / base
+    extra = np.maximum(0.0, total - base)
+    if critical is None or carried == 1:
+        return 1.0 + carried * extra / base
+    row = max(0.0, base - curve.cost(carried - 2))  # C(B) - C(B - 1), the row this request's step costs
+    fixed = max(0.0, base - carried * row)
+    value = (base - fixed) / carried + (fixed / critical if critical else 0.0)
+    if value <= 0.0:  # a flat curve: rows are free, and so are drafts
+        return np.where(extra > 0.0, np.inf, 1.0)
+    return 1.0 + extra / value
 
 
 class LoadPricing:
@@ -62,20 +92,34 @@ class LoadPricing:
 
     def __init__(self, curve: CostCurve, n_max: int, remember: int = 4096) -> None:
         self.curve, self.n_max, self.remember = curve, int(n_max), remember
-        self._tables: dict[int, np.ndarray] = {}
+        self._tables: dict[tuple[int, int | None], np.ndarray] = {}
+        self._paying: dict[tuple[int, int | None], int] = {}  # per table: the fewest draft rows that may pay
         self._lock = threading.Lock()  # requests decoding in several threads share one pricing
 
-    def costs(self, carried: int) -> np.ndarray:
-        """float64 [n_max + 1]: c_B for B = ``carried`` rows (read-only; shared between callers and threads)."""
-        table = self._tables.get(carried)
+    def costs(self, carried: int, critical: int | None = None) -> np.ndarray:
+        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``critical`` (read-only; shared
+        between callers and threads)."""
+        key = (carried, critical)
+        table = self._tables.get(key)
         if table is None:
-            table = load_costs(self.curve, carried, self.n_max)
+            table = load_costs(self.curve, carried, self.n_max, critical)
             table.setflags(write=False)
+            n = np.arange(1, self.n_max + 1)
+            below = np.flatnonzero(table[1:] < 1.0 + n - 1e-9)
             with self._lock:
                 if len(self._tables) >= self.remember:
-                    self._tables.pop(next(iter(self._tables)))
-                table = self._tables.setdefault(carried, table)
+                    old = next(iter(self._tables))
+                    self._tables.pop(old)
+                    self._paying.pop(old, None)
+                self._paying.setdefault(key, int(n[below[0]]) if len(below) else self.n_max + 1)
+                table = self._tables.setdefault(key, table)
         return table
+
+    def fewest_paying(self, carried: int, critical: int | None = None) -> int:
+        """The fewest draft rows whose cost at this load is below one plain step per row, c(n) < 1 + n; n_max + 1
+        when there is none. A draft shorter than it cannot pay even if every token is accepted (E(n) <= 1 + n)."""
+        self.costs(carried, critical)
+        return self._paying.get((carried, critical), 1)
 
 
 class LoadAwarePolicy(SpeculationPolicy):
@@ -92,10 +136,17 @@ class LoadAwarePolicy(SpeculationPolicy):
     def __init__(self, pricing: LoadPricing, **kwargs) -> None:
         super().__init__(pricing.curve, max_nodes=max(1, pricing.n_max), **kwargs)
         self.pricing = pricing
-        self.carried = 1
+        self.carried, self.critical = 1, None
 
-    def at_load(self, carried: int) -> LoadAwarePolicy:
-        """Price the next plan for a step already carrying ``carried`` rows (>= 1). Returns self."""
-        self.costs = self.pricing.costs(max(1, int(carried)))
-        self.carried = carried
+    def at_load(self, carried: int, critical: int | None = None) -> LoadAwarePolicy:
+        """Price the next plan for a step already carrying ``carried`` rows (>= 1), this request's share of the
+        step's fixed part given by ``critical`` (:func:`load_costs`; None: c_B). Returns self."""
+        self.costs = self.pricing.costs(max(1, int(carried)), critical)
+        self.carried, self.critical = carried, critical
         return self
+
+    def may_pay(self, depth: int) -> bool:
+        """False when no draft of at most ``depth`` tokens can beat a plain step at the load set by :meth:`at_load`,
+        even with every token accepted (a row costs a whole token: c(n) >= 1 + n); only a probe could draft then,
+        and it would cost what it might save. The caller may skip its drafters for this step."""
+        return self.pricing.fewest_paying(max(1, int(self.carried)), self.critical) <= depth

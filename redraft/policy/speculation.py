@@ -70,9 +70,10 @@ class SpeculationPolicy:
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
 
-    def at_load(self, carried: int) -> SpeculationPolicy:
-        """Price the next plan for a step already carrying ``carried`` rows: a single stream's cost curve does not
-        depend on other sequences, so nothing changes here (:class:`redraft.policy.load.LoadAwarePolicy` reprices).
+    def at_load(self, carried: int, critical: int | None = None) -> SpeculationPolicy:
+        """Price the next plan for a step already carrying ``carried`` rows (``critical``: this request's place in
+        a draining batch, :func:`redraft.policy.load.load_costs`): a single stream's cost curve does not depend on
+        other sequences, so nothing changes here (:class:`redraft.policy.load.LoadAwarePolicy` reprices).
         Returns self."""
         return self
 
@@ -85,23 +86,26 @@ class SpeculationPolicy:
             sources: the drafter name per node.
             priors: per node, the source's own P(accept | parent), or NaN / None where it has none.
         """
-        depths = node_depths(parents)
+        # Python floats and lists in the loop (per-element numpy indexing costs more than the arithmetic here);
+        # the operations and their order are those of float64, so the values are the same
+        depths = node_depths(parents).tolist()
         tr = self.tracker
-        top = min(int(depths.max(initial=0)), tr.max_depth)
-        levels = {s: tr.conditional(s, top) for s in set(sources)}
-        weights = {s: tr.weights(s) for s in levels} if priors is not None else {}
-        prior = None if priors is None else np.array([np.nan if p is None else p for p in priors], dtype=float)
+        top = min(max(depths, default=0), tr.max_depth)
+        levels = {s: tr.conditional(s, top).tolist() for s in set(sources)}
+        counts = {s: tuple(a.tolist() for a in tr.counts(s)) for s in levels} if priors is not None else {}
+        weights = {s: tr.weights(s).tolist() for s in levels} if priors is not None else {}
+        prior = None if priors is None else [math.nan if p is None else float(p) for p in priors]
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
-        scale = np.ones(len(parents))  # learned estimate / prior along the path, at most 1 (see the module notes)
-        cond = np.empty(len(parents))
+        scale = [1.0] * len(parents)  # learned estimate / prior along the path, at most 1 (see the module notes)
+        cond = [0.0] * len(parents)
         for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
-            lvl = min(int(depths[i]), tr.max_depth) - 1
+            lvl = min(depths[i], tr.max_depth) - 1
             above = 1.0 if p < 0 else scale[p]
-            if prior is not None and not np.isnan(prior[i]):
+            if prior is not None and not math.isnan(prior[i]):
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))
                 used[p] = used.get(p, 0.0) + max(0.0, prior[i])
-                succ, trials = tr.counts(s)
+                succ, trials = counts[s]
                 w = weights[s][lvl]
                 q = (succ[lvl] + w * share * above) / (trials[lvl] + w)
                 # level 1 says whether the lookup found the right place at all; what follows a right first token
@@ -113,7 +117,7 @@ class SpeculationPolicy:
             fail = left.get(p, 1.0)
             cond[i] = q * fail
             left[p] = fail * (1.0 - q)
-        return cond
+        return np.array(cond, dtype=np.float64)
 
     def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
              max_depth: int | None = None, budget: int | None = None, fed: int = 1) -> Selection:

@@ -1,0 +1,46 @@
+"""Which requests of a draining batch hold it up: the share of the step's fixed cost their accepted tokens save.
+
+A batch whose requests all came in together and that no other request waits to join (vLLM's offline ``generate``
+over fewer prompts than ``max_num_seqs``) runs until its slowest request is done, every step paying the step's fixed
+cost. An accepted token of a request that is ahead of the slowest saves only its own row in a later step; the step
+itself (its fixed cost) goes away only when every one of the slowest advances. The load rule prices a draft with
+that value (:func:`redraft.policy.load.load_costs`, argument ``critical``): m for each of the m slowest requests, 0
+for the others. Anywhere else (a request joined later, or the batch is full and finished requests are replaced from
+a queue) every request keeps its row's share of the step (None: c_B), which is also the price that minimises the sum
+of the requests' latencies. The slowest are those with the fewest generated tokens: with a common length limit
+they finish last. numpy-free; used by :class:`redraft.integrations.vllm_proposer.RedraftProposer` once per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Requests first seen within this many calls of each other count as one batch (a prefill split over steps).
+COHORT_CALLS = 4
+# Requests within this many generated tokens of the slowest count among the slowest.
+SLACK_TOKENS = 0
+
+
+def critical_counts(rows: Sequence[tuple[int, int] | None], full: bool, *, cohort_calls: int = COHORT_CALLS,
+                    slack: int = SLACK_TOKENS) -> list[int | None]:
+    """Per row, ``critical`` for :func:`redraft.policy.load.load_costs`.
+
+    Args:
+        rows: per batch row, (generated tokens so far, number of the call that first saw the request), or None for a
+            row without a tracked request (a prefill chunk: a request is still coming in).
+        full: the batch holds as many requests as the runtime schedules at once (others may be waiting to join).
+        cohort_calls: the most calls between the first sightings of the batch's requests for it to count as draining.
+        slack: requests within this many tokens of the fewest generated count among the slowest.
+    Returns:
+        one entry per row: None everywhere unless the batch is draining (no row without a request, not full, at
+        least two requests, all first seen within ``cohort_calls`` calls); then m (>= 1) for each of the m slowest
+        requests and 0 for the others.
+    """
+    if full or len(rows) < 2 or any(r is None for r in rows):
+        return [None] * len(rows)
+    firsts = [r[1] for r in rows]
+    if max(firsts) - min(firsts) > cohort_calls:
+        return [None] * len(rows)
+    least = min(r[0] for r in rows) + slack
+    m = sum(1 for r in rows if r[0] <= least)
+    return [m if r[0] <= least else 0 for r in rows]

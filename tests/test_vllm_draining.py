@@ -1,0 +1,137 @@
+"""The load rule's price in a draining batch (redraft/policy/load.py, argument ``critical``) and who holds such a
+batch up (redraft/integrations/draining.py), then the vLLM proposer on synthetic batches: in a batch whose requests
+all came in together and that is not full, the requests ahead of the slowest stop sending drafts that are not
+certain while the slowest keeps drafting; a full batch (others may wait to join) and a batch whose requests came in
+at different times keep the row-share price c_B; output ids stay the greedy outputs.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from redraft.integrations.draining import critical_counts
+from redraft.policy import CostCurve
+from redraft.policy.load import LoadPricing, load_costs
+from tests.test_vllm_proposer import FakeBatch, rng_ids, step
+from tests.test_vllm_proposer_policy import make_policy_proposer
+
+# C(T) = 1 + 0.02 (T - 1): a step that is mostly fixed cost (F = 0.98 of a one-row step, 0.02 a row).
+OVERHEAD = CostCurve((0, 1000), (1.0, 21.0))
+
+
+def test_share_of_every_row_is_the_row_share_price():
+    for b in (2, 10, 40):
+        np.testing.assert_allclose(load_costs(OVERHEAD, b, 8, critical=b), load_costs(OVERHEAD, b, 8))
+    knee = CostCurve((0, 7, 15, 63), (1.0, 1.1, 3.0, 20.0))
+    np.testing.assert_allclose(load_costs(knee, 1, 20, critical=0), knee.table(20))  # one row: the curve itself
+
+
+def test_ahead_of_the_slowest_a_draft_row_costs_a_whole_token():
+    # an accepted token saves only the row it no longer needs (0.02), which is what each draft row adds
+    np.testing.assert_allclose(load_costs(OVERHEAD, 10, 6, critical=0), 1.0 + np.arange(7))
+    # the one slowest request saves the whole fixed part with each accepted token: the single-stream price
+    np.testing.assert_allclose(load_costs(OVERHEAD, 10, 6, critical=1), OVERHEAD.table(6))
+    # m slowest share it: between the two
+    mid = load_costs(OVERHEAD, 10, 6, critical=4)
+    assert (OVERHEAD.table(6)[1:] < mid[1:]).all() and (mid[1:] < load_costs(OVERHEAD, 10, 6)[1:]).all()
+
+
+def test_flat_curve_and_bad_critical():
+    np.testing.assert_allclose(load_costs(CostCurve.flat(), 10, 8, critical=0), np.ones(9))
+    with pytest.raises(ValueError, match="critical None or >= 0"):
+        load_costs(OVERHEAD, 3, 4, critical=-1)
+    pricing = LoadPricing(OVERHEAD, 8)
+    assert pricing.costs(10, 0) is pricing.costs(10, 0)
+    assert not np.allclose(pricing.costs(10, 0), pricing.costs(10))
+
+
+def test_critical_counts():
+    assert critical_counts([(5, 1), (3, 1), (3, 2), (9, 1)], full=False) == [0, 2, 2, 0]
+    assert critical_counts([(5, 1), (3, 1), (4, 1)], full=False, slack=1) == [0, 2, 2]
+    assert critical_counts([(5, 1), (3, 1)], full=True) == [None, None]  # others may be waiting to join
+    assert critical_counts([(5, 1), None], full=False) == [None, None]  # a request is still coming in
+    assert critical_counts([(5, 1), (3, 9)], full=False) == [None, None]  # came in at different times
+    assert critical_counts([(5, 1)], full=False) == [None]
+
+
+def run_cohort(tmp_path, max_num_seqs, join_late=False, steps=6):
+    """Four requests whose answers the corpus holds, except the last one's, whose stored span goes elsewhere: the
+    first three race ahead at once, the last one falls behind. Returns the draft lengths per step and the batch."""
+    prompts = [rng_ids(60 + i, 20) for i in range(4)]
+    outs = [rng_ids(70 + i, 200) for i in range(4)]
+    spans = [p + o for p, o in zip(prompts[:3], outs[:3], strict=True)]
+    spans.append(prompts[3] + outs[3][:2] + rng_ids(99, 198))  # the last request's stored answer is wrong
+    tmp_path.mkdir(exist_ok=True)
+    prop = make_policy_proposer(tmp_path, spans, 8, OVERHEAD, redraft_ngram=0)
+    prop.max_num_seqs = max_num_seqs
+    batch = FakeBatch(max_num_reqs=4)
+    drafts, lengths = None, []
+    for i in range(4):
+        batch.add(i, prompts[i], outs[i])
+        if drafts is not None:
+            drafts = drafts + [[]]
+        if join_late and i == 2:  # the slowest request comes in six steps after the others
+            for _ in range(6):
+                sampled, drafts = step(prop, batch, drafts)
+    for _ in range(steps):
+        sampled, drafts = step(prop, batch, drafts)
+        lengths.append([len(d) for d in drafts])
+    for i in range(4):
+        ctx = list(batch.context(i))
+        assert ctx == prompts[i] + outs[i][:len(ctx) - len(prompts[i])]
+    return lengths, batch
+
+
+def test_draining_batch_stops_drafts_ahead_of_the_slowest(tmp_path):
+    lengths, batch = run_cohort(tmp_path, max_num_seqs=64)
+    assert all(n == 8 for n in lengths[0][:3]), lengths  # all tied at first: every replay drafts at the cap
+    ahead = [row[:3] for row in lengths[1:]]
+    assert all(n == 0 for row in ahead for n in row), lengths  # then they only wait for the slowest
+    assert sum(row[3] for row in lengths) > 0, lengths  # the slowest still drafts what its corpus offers
+
+
+def test_full_or_staggered_batch_keeps_the_row_share_price(tmp_path):
+    full, _ = run_cohort(tmp_path / "a", max_num_seqs=4)
+    assert all(n == 8 for row in full[1:3] for n in row[:3]), full  # replaced from a queue: drafting pays
+    late, _ = run_cohort(tmp_path / "b", max_num_seqs=64, join_late=True)
+    assert sum(n for row in late for n in row[:3]) > 3 * 8, late
+
+
+def test_proposer_reads_max_num_seqs(tmp_path):
+    from redraft.integrations.vllm_proposer import RedraftProposer
+    from tests.test_vllm_proposer import vllm_config
+
+    cfg = vllm_config(k=8)
+    assert RedraftProposer(cfg, environ={}).max_num_seqs is None
+    cfg.scheduler_config = SimpleNamespace(max_num_seqs=7)
+    assert RedraftProposer(cfg, environ={}).max_num_seqs == 7
+
+
+def test_no_draft_can_pay_ahead_of_the_slowest_on_a_line():
+    from redraft.policy.load import LoadAwarePolicy
+
+    pricing = LoadPricing(OVERHEAD, 8)
+    assert pricing.fewest_paying(10, 0) == 9  # c(n) = 1 + n: none
+    assert pricing.fewest_paying(10) == 1 and pricing.fewest_paying(10, 1) == 1
+    policy = LoadAwarePolicy(pricing)
+    assert not policy.at_load(10, 0).may_pay(8) and policy.at_load(10, 3).may_pay(1)
+    knee = LoadPricing(CostCurve((0, 7, 15, 63), (1.0, 1.1, 3.0, 20.0)), 16)
+    assert knee.fewest_paying(1) == 1 and knee.fewest_paying(9) > 16  # the knee's steep part: no row pays
+
+
+def test_requests_ahead_of_the_slowest_skip_their_lookups(tmp_path, monkeypatch):
+    from redraft.drafters.frozen_corpus import CorpusDrafter
+
+    calls = []
+    original = CorpusDrafter.propose
+
+    def spy(self, context, max_depth):
+        calls.append(len(context))
+        return original(self, context, max_depth)
+
+    monkeypatch.setattr(CorpusDrafter, "propose", spy)
+    lengths, _ = run_cohort(tmp_path, max_num_seqs=64, steps=4)
+    assert len(calls) == 4 + 3, (calls, lengths)  # all four at first, then the slowest one alone
