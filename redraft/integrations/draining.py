@@ -44,3 +44,18 @@ def critical_counts(rows: Sequence[tuple[int, int] | None], full: bool, *, cohor
     least = min(r[0] for r in rows) + slack
     m = sum(1 for r in rows if r[0] <= least)
     return [m if r[0] <= least else 0 for r in rows]
+
+
+def batch_critical(requests: Sequence, sampled: Sequence, max_num_seqs: int | None) -> list[int | None]:
+    """:func:`critical_counts` for one proposer call.
+
+    Args:
+        requests: per batch row, its tracked request (``n`` ids so far, ``n_prompt``, ``first_call``) or None.
+        sampled: per batch row, the ids vLLM sampled this step (empty for a prefill chunk).
+        max_num_seqs: the most requests vLLM schedules at once (None: unknown, the batch never counts as full).
+    Returns:
+        per row, ``critical`` for :func:`redraft.policy.load.load_costs`.
+    """
+    full = max_num_seqs is not None and len(requests) >= max_num_seqs
+    return critical_counts([(r.n - r.n_prompt, r.first_call) if r is not None and sampled[i] else None
+                            for i, r in enumerate(requests)], full)

@@ -31,12 +31,11 @@ REDRAFT_COST_CURVE          JSON cost curve of vLLM's step over its rows ({"size
                             unset: a flat curve (a step costs the same whatever its rows, as on a GPU)
 =========================  =========================================================================================
 
-Under the policy (the default) the draft length per request is the engine's rule: learned acceptance per source
-and match length against the step's cost, priced at the load the step already carries for other requests
-(:mod:`redraft.policy.load`, :mod:`redraft.integrations.planned`), capped by num_speculative_tokens.
-
-The COLI_* aliases of the CLI (COLI_DRAFT_CORPUS, COLI_CORPUS_K, COLI_CORPUS_MINACC) are read too.
-Nothing on the hot path imports torch or transformers: numpy, redraft.corpus and the lookup drafters only.
+Under the policy (the default) the draft length per request is the engine's rule: learned acceptance per source and
+match length against the step's cost, priced at the load the step already carries for other requests (and in a
+draining batch by what an accepted token saves: :mod:`redraft.policy.load`, :mod:`redraft.integrations.planned`,
+:mod:`redraft.integrations.draining`), capped by num_speculative_tokens. The CLI's COLI_* aliases (COLI_DRAFT_CORPUS,
+COLI_CORPUS_K, COLI_CORPUS_MINACC) are read too. Nothing on the hot path imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ from redraft.corpus.directory import (
 )
 from redraft.corpus.online import OnlineCorpus
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
-from redraft.integrations.draining import critical_counts
+from redraft.integrations.draining import batch_critical
 from redraft.integrations.planned import PlannedDrafts, load_step_curve, verified
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
@@ -292,12 +291,11 @@ class RedraftProposer:
         spec = getattr(vllm_config, "speculative_config", None)
         if spec is None:
             raise ProposerConfigError("RedraftProposer needs a speculative_config (method 'custom_class')")
-        self.settings = s = settings_from_env(spec.num_speculative_tokens,
-                                              os.environ if environ is None else environ)
+        self.settings = s = settings_from_env(spec.num_speculative_tokens, os.environ if environ is None else environ)
         mc = vllm_config.model_config
         self.max_model_len = int(mc.max_model_len)
-        sched = getattr(vllm_config, "scheduler_config", None)
-        self.max_num_seqs = getattr(sched, "max_num_seqs", None)  # None: unknown, the batch never counts as full
+        # None: unknown, the batch never counts as full (redraft.integrations.draining)
+        self.max_num_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
         self.vocab_size = int(mc.get_vocab_size())
         eos = getattr(getattr(mc, "hf_config", None), "eos_token_id", None)
         self.eos = frozenset(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
@@ -353,11 +351,8 @@ class RedraftProposer:
         requests = self.tracker.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         drafts: list[list[int]] = []
         carried = len(sampled_token_ids)  # every request's root row
-        critical: list[int | None] = [None] * len(requests)
-        if self.settings.policy:
-            full = self.max_num_seqs is not None and len(requests) >= self.max_num_seqs
-            critical = critical_counts([(r.n - r.n_prompt, r.first_call) if r is not None and sampled_token_ids[i]
-                                        else None for i, r in enumerate(requests)], full)
+        critical = (batch_critical(requests, sampled_token_ids, self.max_num_seqs) if self.settings.policy
+                    else [None] * len(requests))
         for i, r in enumerate(requests):
             sampled = sampled_token_ids[i]
             if r is None or not sampled:
