@@ -136,7 +136,8 @@ class LoadAwarePolicy(SpeculationPolicy):
     def __init__(self, pricing: LoadPricing, **kwargs) -> None:
         super().__init__(pricing.curve, max_nodes=max(1, pricing.n_max), **kwargs)
         self.pricing = pricing
-        self.carried, self.critical = 1, None
+        self.carried = 1
+        self.critical: int | None = None
 
     def at_load(self, carried: int, critical: int | None = None) -> LoadAwarePolicy:
         """Price the next plan for a step already carrying ``carried`` rows (>= 1), this request's share of the
