@@ -350,6 +350,10 @@ def test_kv_sizes():
     assert default_kv_tokens(8192, max_running=16, bytes_per_token=46_080, memory_bytes=gib) == 32_768
     assert default_kv_tokens(65_536, max_running=4, bytes_per_token=10**6, memory_bytes=gib) == 65_536
     assert default_kv_tokens(8192, max_running=16) == 16 * 8192
+    from redraft.cli.serve import full_context_note
+
+    assert "holds 13 requests at the full 8,192-token context" in full_context_note(109_704, 8192, 16)
+    assert full_context_note(16 * 8192, 8192, 16) == "" and full_context_note(1000, None, 16) == ""
 
 
 def test_concurrent_learning_keeps_every_span(tmp_path):

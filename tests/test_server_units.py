@@ -84,13 +84,16 @@ def test_cancelled_failed_and_overflowing_jobs(loop):
 
     s = Scheduler(runner, max_queue=2)
     gone = make_job(loop, "t", "never")
-    gone.cancel.set()
     s.submit(gone)
     s.submit(make_job(loop, "t", "x"))
     with pytest.raises(QueueFull):
         s.submit(make_job(loop, "t", "y"))
-    s.start()
+    gone.cancel.set()  # its client left while it waited: its place frees at once, not when the queue reaches it
+    assert s.waiting == 1
+    s.submit(make_job(loop, "u", "y"))
+    assert s.waiting == 2
     assert drain(loop, gone) == [("aborted", None)]
+    s.start()
     s.max_queue = 10
     jobs = [make_job(loop, "t", p) for p in ("boom", "leave", "fine")]
     for j in jobs:

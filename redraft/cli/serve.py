@@ -200,14 +200,27 @@ def kv_capacity(args, loaded) -> int:
     """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`)."""
     from redraft.server.admission import default_kv_tokens, kv_bytes_per_token
 
-    if args.kv_tokens is not None:
-        return args.kv_tokens
     config = loaded.model.config
+    if args.kv_tokens is not None:
+        context = getattr(config, "max_position_embeddings", None)
+        if context and args.kv_tokens < context:
+            print(f"redraft serve: warning: --kv-tokens {args.kv_tokens:,} is under the model's {context:,}-token "
+                  f"context: a request whose prompt + max_tokens exceeds it is refused (400)", file=sys.stderr)
+        return args.kv_tokens
     param = next(loaded.model.parameters())
     return default_kv_tokens(getattr(config, "max_position_embeddings", None), max_running=args.max_running,
                              bytes_per_token=kv_bytes_per_token(getattr(config, "text_config", None) or config,
                                                                 param.element_size()),
                              memory_bytes=kv_memory_bytes(param.device))
+
+
+def full_context_note(capacity: int, context: int | None, max_running: int) -> str:
+    """A note for the start-up line when the KV budget holds fewer than ``max_running`` requests at the full
+    context (a chat request without max_tokens reserves up to the context's end), else ''."""
+    if not context or capacity // context >= max_running:
+        return ""
+    return (f"; it holds {capacity // context} requests at the full {context:,}-token context: requests without "
+            f"max_tokens beyond those wait, set max_tokens or --max-tokens-default to run more")
 
 
 def kv_memory_bytes(device) -> int | None:
@@ -278,13 +291,14 @@ def cmd_serve(args) -> int:
     where = args.corpus_dir or "memory only"
     capacity = server.generator.budget.capacity
     prefix = min(args.prefix_cache_tokens, capacity)  # the prefix cache keeps what the KV budget leaves
+    note = full_context_note(capacity, server.generator.context_length, args.max_running)
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
           f"{f'{prefix:,} tokens at most' if args.prefix_cache_tokens else 'off'}, answer cache "
           f"{'on' if server.generator.answers is not None else 'off'}, "
           f"{args.max_running} running at most, KV budget {capacity:,} tokens = "
-          f"{kv_gib(server):.2f} GiB at most)", file=sys.stderr, flush=True)
+          f"{kv_gib(server):.2f} GiB at most{note})", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

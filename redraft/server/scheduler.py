@@ -129,7 +129,32 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
+        """Jobs waiting to start (a job whose client left is dropped from the queue at once)."""
+        with self._cond:
+            purged = self._purge_cancelled()
+        if purged:
+            self._queue_changed()
         return self._waiting
+
+    def _purge_cancelled(self) -> int:
+        """Drop waiting jobs whose ``cancel`` is set (their client left) and tell their handlers; returns how many.
+        Called under the lock: a client that leaves while queued frees its place at once, not when the queue
+        reaches it."""
+        dropped = 0
+        for tenant in list(self._queues):
+            q = self._queues[tenant]
+            keep = deque(j for j in q if not j.cancel.is_set())
+            for j in q:
+                if j.cancel.is_set():
+                    j.post("aborted")
+            dropped += len(q) - len(keep)
+            if keep:
+                self._queues[tenant] = keep
+            else:
+                del self._queues[tenant]
+                self._turns.remove(tenant)
+        self._waiting -= dropped
+        return dropped
 
     @property
     def running(self) -> int:
@@ -161,6 +186,7 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
+            self._purge_cancelled()
             full = self._waiting >= self.max_queue
             if not full:
                 q = self._queues.setdefault(job.tenant, deque())
@@ -199,10 +225,12 @@ class Scheduler:
             while True:
                 if self._stopping:
                     return None
+                if self._purge_cancelled():
+                    self._cond.notify_all()
                 job = self._admissible()
                 if job is not None:
                     break
-                self._cond.wait(0.25)  # also wakes to drop cancelled jobs from the head
+                self._cond.wait(0.25)  # also wakes to drop jobs whose client left
             tenant = self._turns.popleft()
             q = self._queues[tenant]
             q.popleft()
