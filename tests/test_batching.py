@@ -28,7 +28,7 @@ from redraft.decoding.packing import Block, causal_positions, enable_packed_atte
 from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
-from redraft.decoding.stepcost import chunk_rows, key_weight
+from redraft.decoding.stepcost import StepCostFit, key_weight
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
@@ -207,7 +207,7 @@ def test_a_chunked_tree_forward_gives_its_rows_across_chunks(model):
         t = b.sequence()
         t.forward(prompt)
         assert t.last_forward_plain  # 5 rows > 3, but the only sequence: whole, HFTarget's path
-        b.key_weight = 0.0  # chunks of max_batch_tokens rows at any depth (chunk_rows is tested on its own)
+        b.cost_fit = StepCostFit(0.0)  # chunks of max_batch_tokens rows at any depth
         idle = b.sequence()  # another registered sequence (not asking): long forwards are chunked now
         got = t.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
         assert not t.last_forward_plain and got.shape == want.shape
@@ -358,7 +358,7 @@ def test_a_long_prompt_is_chunked_beside_running_sequences(model):
     jobs = [_job(p, n_short, "plain", w) for p, w in zip(short, wants[:3], strict=True)]
     jobs.append(_job(long_prompt, n_long, "plain", wants[-1]))
     b = started(model, max_batch_tokens=budget, min_chunk=chunk, gather_s=2.0)  # every thread makes each step
-    b.key_weight = 0.0  # chunks of the budget at any depth (the shrinking deeper in: the next test)
+    b.cost_fit = StepCostFit(0.0)  # chunks of the budget at any depth (the shrinking deeper in: the next test)
     try:
         got = run_concurrently(b, jobs, starts=[0, 0, 0, 4])
     finally:
@@ -381,7 +381,7 @@ def test_deeper_chunks_of_a_long_prompt_get_fewer_rows(model):
     long_prompt = [(5 * i + 1) % VOCAB for i in range(120)]
     wants = [plain_greedy(model, [3, 4, 5], 40), plain_greedy(model, long_prompt, 4)]
     b = started(model, max_batch_tokens=32, min_chunk=2, gather_s=2.0)
-    assert b.key_weight > 0
+    assert b.cost_fit.prior > 0
     try:
         got = run_concurrently(b, [_job([3, 4, 5], 40, "plain", wants[0]), _job(long_prompt, 4, "plain", wants[1])],
                                starts=[0, 3])
@@ -653,22 +653,6 @@ def test_build_engine_on_batched_targets_with_the_default_config(model):
     finally:
         b.stop()
     assert [r.output_ids for r in got] == wants
-
-
-@given(st.floats(1e-6, 1e-2), st.integers(0, 20000), st.integers(1, 2048))
-@_settings(200)
-def test_chunk_rows_cost_what_a_first_chunk_costs(w, depth, budget):
-    """A chunk after ``depth`` cached tokens gets as many rows as keep its cost r (1 + w (L + r / 2)) within that of
-    ``budget`` rows at depth 0, and no more rows deeper into the prompt."""
-    r = chunk_rows(w, depth, budget)
-    assert 1 <= r <= budget
-    limit = budget * (1 + w * budget / 2)
-    assert r == 1 or r * (1 + w * (depth + r / 2)) <= limit * (1 + 1e-9)
-    if r < budget:  # one row more would cost more than the first chunk
-        assert (r + 1) * (1 + w * (depth + (r + 1) / 2)) > limit * (1 - 1e-9)
-    assert chunk_rows(w, depth + 100, budget) <= r
-    assert chunk_rows(0.0, depth, budget) == budget
-    assert chunk_rows(w, depth, 0) == chunk_rows(w, depth, -3) == 0  # nothing fits a spent budget
 
 
 def test_key_weight_follows_the_model_sizes(model):

@@ -109,8 +109,7 @@ class StepBatcher:
                              f"{max_batch_tokens}, {min_chunk}, {gather_s}")
         enable_packed_attention(model)  # the model's own attention, unchanged unless a forward is packed
         self.model = model
-        self.key_weight = key_weight(model)  # the FLOP count's; the fit below learns the host's from the steps
-        self.cost_fit = StepCostFit(self.key_weight)
+        self.cost_fit = StepCostFit(key_weight(model))  # from the FLOP count's weight to the host's, learned
         self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
         self.steps = self.rows = 0
         self.forward_seconds = 0.0
@@ -259,17 +258,12 @@ class StepBatcher:
         left = self.gather_s - (time.monotonic() - oldest)
         if len(waiting) < len(self._targets) and left > 0:
             return None, left
-        step = plan_step(pending, self.weight, self.cost_fit.participant_rows, self.max_batch_tokens, self.min_chunk)
+        fit = self.cost_fit
+        step = plan_step(pending, fit.weight, fit.participant_rows, self.max_batch_tokens, self.min_chunk)
         placed = {id(r) for r, _ in step}
         for r in pending:
             r.skipped = 0 if id(r) in placed else r.skipped + 1
         return step, None
-
-    @property
-    def weight(self) -> float:
-        """The per-key weight chunks are priced with: :attr:`key_weight` scaled as :attr:`cost_fit` learned it."""
-        fit = self.cost_fit
-        return self.key_weight * (fit.weight / fit.prior if fit.prior > 0 else 1.0)
 
     @torch.inference_mode()
     def _run(self, work: list[tuple[_Request, int]]) -> None:

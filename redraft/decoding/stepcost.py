@@ -88,21 +88,6 @@ def rows_within(weight: float, depth: int, cost: float) -> int:
     return r
 
 
-def chunk_rows(weight: float, depth: int, budget: int) -> int:
-    """Rows of a prefill chunk at ``depth`` cached tokens whose forward costs what ``budget`` rows cost at depth 0.
-
-    Args:
-        weight: w, a cached key's cost per row (0 = every chunk gets ``budget`` rows).
-        depth: L, tokens the sequence has cached.
-        budget: rows a chunk at depth 0 may have.
-    Returns:
-        r in 1..budget (0 when budget <= 0).
-    """
-    if budget <= 0:
-        return 0
-    return max(1, min(budget, rows_within(weight, depth, row_cost(weight, 0, budget))))
-
-
 class StepCostFit:
     """The per-key weight w, and what each participant beyond the first adds to a step, learned from timed steps
     (module docstring), starting from ``prior`` and nothing.

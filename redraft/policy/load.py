@@ -92,34 +92,34 @@ class LoadPricing:
 
     def __init__(self, curve: CostCurve, n_max: int, remember: int = 4096) -> None:
         self.curve, self.n_max, self.remember = curve, int(n_max), remember
-        self._tables: dict[tuple[int, int | None], np.ndarray] = {}
-        self._paying: dict[tuple[int, int | None], int] = {}  # per table: the fewest draft rows that may pay
+        # per (load, critical): the read-only table and the fewest draft rows that may pay at it
+        self._tables: dict[tuple[int, int | None], tuple[np.ndarray, int]] = {}
         self._lock = threading.Lock()  # requests decoding in several threads share one pricing
 
-    def costs(self, carried: int, critical: int | None = None) -> np.ndarray:
-        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``critical`` (read-only; shared
-        between callers and threads)."""
+    def _entry(self, carried: int, critical: int | None) -> tuple[np.ndarray, int]:
         key = (carried, critical)
-        table = self._tables.get(key)
-        if table is None:
+        entry = self._tables.get(key)
+        if entry is None:
             table = load_costs(self.curve, carried, self.n_max, critical)
             table.setflags(write=False)
             n = np.arange(1, self.n_max + 1)
             below = np.flatnonzero(table[1:] < 1.0 + n - 1e-9)
+            entry = (table, int(n[below[0]]) if len(below) else self.n_max + 1)
             with self._lock:
                 if len(self._tables) >= self.remember:
-                    old = next(iter(self._tables))
-                    self._tables.pop(old)
-                    self._paying.pop(old, None)
-                self._paying.setdefault(key, int(n[below[0]]) if len(below) else self.n_max + 1)
-                table = self._tables.setdefault(key, table)
-        return table
+                    self._tables.pop(next(iter(self._tables)))
+                entry = self._tables.setdefault(key, entry)
+        return entry
+
+    def costs(self, carried: int, critical: int | None = None) -> np.ndarray:
+        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``critical`` (read-only; shared
+        between callers and threads)."""
+        return self._entry(carried, critical)[0]
 
     def fewest_paying(self, carried: int, critical: int | None = None) -> int:
         """The fewest draft rows whose cost at this load is below one plain step per row, c(n) < 1 + n; n_max + 1
         when there is none. A draft shorter than it cannot pay even if every token is accepted (E(n) <= 1 + n)."""
-        self.costs(carried, critical)
-        return self._paying.get((carried, critical), 1)
+        return self._entry(carried, critical)[1]
 
 
 class LoadAwarePolicy(SpeculationPolicy):
