@@ -1,4 +1,4 @@
-"""The load rule's price in a draining batch (redraft/policy/load.py, argument ``critical``) and who holds such a
+"""The load rule's price in a draining batch (redraft/policy/load.py, argument ``share``) and who holds such a
 batch up (redraft/integrations/draining.py), then the vLLM proposer on synthetic batches: in a batch whose requests
 all came in together and that is not full, the requests ahead of the slowest stop sending drafts that are not
 certain while the slowest keeps drafting; a full batch (others may wait to join) and a batch whose requests came in
@@ -24,28 +24,29 @@ OVERHEAD = CostCurve((0, 1000), (1.0, 21.0))
 
 def test_share_of_every_row_is_the_row_share_price():
     for b in (2, 10, 40):
-        np.testing.assert_allclose(load_costs(OVERHEAD, b, 8, critical=b), load_costs(OVERHEAD, b, 8))
+        np.testing.assert_allclose(load_costs(OVERHEAD, b, 8, share=1 / b), load_costs(OVERHEAD, b, 8))
     knee = CostCurve((0, 7, 15, 63), (1.0, 1.1, 3.0, 20.0))
-    np.testing.assert_allclose(load_costs(knee, 1, 20, critical=0), knee.table(20))  # one row: the curve itself
+    np.testing.assert_allclose(load_costs(knee, 1, 20, share=0.0), knee.table(20))  # one row: the curve itself
 
 
 def test_ahead_of_the_slowest_a_draft_row_costs_a_whole_token():
     # an accepted token saves only the row it no longer needs (0.02), which is what each draft row adds
-    np.testing.assert_allclose(load_costs(OVERHEAD, 10, 6, critical=0), 1.0 + np.arange(7))
+    np.testing.assert_allclose(load_costs(OVERHEAD, 10, 6, share=0.0), 1.0 + np.arange(7))
     # the one slowest request saves the whole fixed part with each accepted token: the single-stream price
-    np.testing.assert_allclose(load_costs(OVERHEAD, 10, 6, critical=1), OVERHEAD.table(6))
+    np.testing.assert_allclose(load_costs(OVERHEAD, 10, 6, share=1.0), OVERHEAD.table(6))
     # m slowest share it: between the two
-    mid = load_costs(OVERHEAD, 10, 6, critical=4)
+    mid = load_costs(OVERHEAD, 10, 6, share=0.25)
     assert (OVERHEAD.table(6)[1:] < mid[1:]).all() and (mid[1:] < load_costs(OVERHEAD, 10, 6)[1:]).all()
 
 
 def test_flat_curve_and_bad_critical():
-    np.testing.assert_allclose(load_costs(CostCurve.flat(), 10, 8, critical=0), np.ones(9))
-    with pytest.raises(ValueError, match="critical None or >= 0"):
-        load_costs(OVERHEAD, 3, 4, critical=-1)
+    np.testing.assert_allclose(load_costs(CostCurve.flat(), 10, 8, share=0.0), np.ones(9))
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="share None or within 0..1"):
+            load_costs(OVERHEAD, 3, 4, share=bad)
     pricing = LoadPricing(OVERHEAD, 8)
-    assert pricing.costs(10, 0) is pricing.costs(10, 0)
-    assert not np.allclose(pricing.costs(10, 0), pricing.costs(10))
+    assert pricing.costs(10, 0.0) is pricing.costs(10, 0.0)
+    assert not np.allclose(pricing.costs(10, 0.0), pricing.costs(10))
 
 
 def test_critical_counts():
@@ -114,10 +115,10 @@ def test_no_draft_can_pay_ahead_of_the_slowest_on_a_line():
     from redraft.policy.load import LoadAwarePolicy
 
     pricing = LoadPricing(OVERHEAD, 8)
-    assert pricing.fewest_paying(10, 0) == 9  # c(n) = 1 + n: none
-    assert pricing.fewest_paying(10) == 1 and pricing.fewest_paying(10, 1) == 1
+    assert pricing.fewest_paying(10, 0.0) == 9  # c(n) = 1 + n: none
+    assert pricing.fewest_paying(10) == 1 and pricing.fewest_paying(10, 1.0) == 1
     policy = LoadAwarePolicy(pricing)
-    assert not policy.at_load(10, 0).may_pay(8) and policy.at_load(10, 3).may_pay(1)
+    assert not policy.at_load(10, 0.0).may_pay(8) and policy.at_load(10, 1 / 3).may_pay(1)
     knee = LoadPricing(CostCurve((0, 7, 15, 63), (1.0, 1.1, 3.0, 20.0)), 16)
     assert knee.fewest_paying(1) == 1 and knee.fewest_paying(9) > 16  # the knee's steep part: no row pays
 
@@ -135,3 +136,58 @@ def test_requests_ahead_of_the_slowest_skip_their_lookups(tmp_path, monkeypatch)
     monkeypatch.setattr(CorpusDrafter, "propose", spy)
     lengths, _ = run_cohort(tmp_path, max_num_seqs=64, steps=4)
     assert len(calls) == 4 + 3, (calls, lengths)  # all four at first, then the slowest one alone
+
+
+def test_tied_shares():
+    from redraft.integrations.draining import tied_shares
+
+    asked = []
+
+    def chance(i):
+        asked.append(i)
+        return [0.0, 0.5, 0.8, 0.9][i]
+
+    # outside a draining batch, ahead of the slowest, and a lone slowest request: no chance is asked for
+    assert tied_shares([None, None], chance) == [None, None]
+    assert tied_shares([0, 1, 0, 0], chance) == [0.0, 1.0, 0.0, 0.0] and asked == []
+    # three tied slowest: each one's share is the chance that the other two advance
+    shares = tied_shares([0, 3, 3, 3], chance)
+    assert shares[0] == 0.0 and sorted(asked) == [1, 2, 3]
+    np.testing.assert_allclose(shares[1:], [0.8 * 0.9, 0.5 * 0.9, 0.5 * 0.8])
+    # one of the tied has no draft: the batch's end cannot move this step, whatever the others send; nobody else
+    # is asked
+    asked.clear()
+    assert tied_shares([2, 2, 0, 0], chance) == [0.0, 0.0, 0.0, 0.0] and asked == [0]
+    # shares that are all bound to fall below the floor stop the asking early
+    asked.clear()
+    tiny = [0.01, 0.01, 0.9, 0.9]
+    assert tied_shares([4] * 4, lambda i: asked.append(i) or tiny[i]) == [0.0] * 4 and asked == [0, 1]
+
+
+def test_tied_requests_do_not_draft_while_one_of_them_has_no_draft(tmp_path):
+    """Four requests come in together; three have their answers in the corpus, the fourth has nothing to draft from.
+    Under the row's share each replay drafted at the cap; in a draining batch nothing it accepts could end the batch
+    sooner, so none drafts. The same batch full (others could join) keeps the row-share price and drafts."""
+    prompts = [rng_ids(80 + i, 20) for i in range(4)]
+    outs = [rng_ids(90 + i, 40) for i in range(4)]
+    spans = [p + o for p, o in zip(prompts[:3], outs[:3], strict=True)]
+
+    def run(max_num_seqs):
+        (tmp_path / str(max_num_seqs)).mkdir(exist_ok=True)
+        prop = make_policy_proposer(tmp_path / str(max_num_seqs), spans, 8, OVERHEAD, redraft_ngram=0)
+        prop.max_num_seqs = max_num_seqs
+        batch = FakeBatch(max_num_reqs=4)
+        for i in range(4):
+            batch.add(i, prompts[i], outs[i])
+        drafts, lengths = None, []
+        for _ in range(4):
+            sampled, drafts = step(prop, batch, drafts)
+            lengths.append([len(d) for d in drafts])
+        for i in range(4):
+            ctx = list(batch.context(i))
+            assert ctx == prompts[i] + outs[i][:len(ctx) - len(prompts[i])]
+        return lengths
+
+    draining, full = run(64), run(4)
+    assert all(n == 0 for row in draining for n in row), draining
+    assert all(row[:3] == [8, 8, 8] for row in full), full

@@ -19,7 +19,8 @@ import pytest
 
 from redraft.corpus import Corpus
 from redraft.corpus.directory import read_directory
-from redraft.integrations.vllm_proposer import ProposerConfigError, RedraftProposer, RequestDrafts
+from redraft.integrations.planned import RequestDrafts
+from redraft.integrations.vllm_proposer import ProposerConfigError, RedraftProposer
 
 K, VOCAB, MAX_LEN, EOS = 8, 500, 400, 2
 
@@ -426,3 +427,28 @@ def test_requests_still_tracked_are_learned_when_the_worker_process_exits(tmp_pa
     proc.join(60)
     assert proc.exitcode == 0
     assert learned_spans(learn) == [prompt + out]
+
+
+def test_vllm_check_merges_processes_by_their_median_and_refuses_differing_outputs():
+    from redraft.integrations.vllm_check import merge_processes
+
+    def engine(seconds, outputs=((1, 2), (3,))):
+        one = {"outputs": [list(o) for o in outputs], "seconds": seconds, "round_seconds": [seconds, seconds + 1],
+               "tokens": 3, "spec": {"drafts": 1}}
+        return {"replay": one, "novel": dict(one), "curve": None}
+
+    merged = merge_processes([engine(7.0), engine(5.0), engine(9.0)])
+    assert merged["replay"]["seconds"] == 7.0 and merged["novel"]["process_seconds"] == [7.0, 5.0, 9.0]
+    assert merged["replay"]["round_seconds"] == [7.0, 8.0, 5.0, 6.0, 9.0, 10.0]
+    with pytest.raises(RuntimeError, match="novel"):
+        bad = engine(6.0)
+        bad["novel"] = dict(bad["novel"], outputs=[[1, 2], [4]])
+        merge_processes([engine(7.0), bad])
+
+
+def test_vllm_check_refuses_zero_processes(capsys):
+    from redraft.integrations.vllm_check import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "x", "--processes", "0"])
+    assert "--processes 0: expected an integer >= 1" in capsys.readouterr().err

@@ -4,16 +4,19 @@ A batch whose requests all came in together and that no other request waits to j
 over fewer prompts than ``max_num_seqs``) runs until its slowest request is done, every step paying the step's fixed
 cost. An accepted token of a request that is ahead of the slowest saves only its own row in a later step; the step
 itself (its fixed cost) goes away only when every one of the slowest advances. The load rule prices a draft with
-that value (:func:`redraft.policy.load.load_costs`, argument ``critical``): m for each of the m slowest requests, 0
-for the others. Anywhere else (a request joined later, or the batch is full and finished requests are replaced from
-a queue) every request keeps its row's share of the step (None: c_B), which is also the price that minimises the sum
-of the requests' latencies. The slowest are those with the fewest generated tokens: with a common length limit
-they finish last. numpy-free; used by :class:`redraft.integrations.vllm_proposer.RedraftProposer` once per call.
+that value (:func:`redraft.policy.load.load_costs`, argument ``share``): for each of the m slowest requests the chance
+that the other m - 1 advance too (:func:`tied_shares`), 0 for the others. Anywhere else (a request joined later, or
+the batch is full and finished requests are replaced from a queue) every request keeps its row's share of the step
+(None: c_B), which is also the price that minimises the sum of the requests' latencies. The slowest are those with
+the fewest generated tokens: with a common length limit they finish last. numpy-free; used by
+:class:`redraft.integrations.vllm_proposer.RedraftProposer` once per call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from redraft.policy.load import SHARE_STEPS
 
 # Requests first seen within this many calls of each other count as one batch (a prefill split over steps).
 COHORT_CALLS = 4
@@ -23,7 +26,7 @@ SLACK_TOKENS = 0
 
 def critical_counts(rows: Sequence[tuple[int, int] | None], full: bool, *, cohort_calls: int = COHORT_CALLS,
                     slack: int = SLACK_TOKENS) -> list[int | None]:
-    """Per row, ``critical`` for :func:`redraft.policy.load.load_costs`.
+    """Per row, how many requests hold a draining batch up if this row is one of them.
 
     Args:
         rows: per batch row, (generated tokens so far, number of the call that first saw the request), or None for a
@@ -54,8 +57,47 @@ def batch_critical(requests: Sequence, sampled: Sequence, max_num_seqs: int | No
         sampled: per batch row, the ids vLLM sampled this step (empty for a prefill chunk).
         max_num_seqs: the most requests vLLM schedules at once (None: unknown, the batch never counts as full).
     Returns:
-        per row, ``critical`` for :func:`redraft.policy.load.load_costs`.
+        per row, as :func:`critical_counts` (the input of :func:`tied_shares`).
     """
     full = max_num_seqs is not None and len(requests) >= max_num_seqs
     return critical_counts([(r.n - r.n_prompt, r.first_call) if r is not None and sampled[i] else None
                             for i, r in enumerate(requests)], full)
+
+
+def tied_shares(critical: Sequence[int | None], chance: Callable[[int], float], *,
+                floor: float = 1.0 / SHARE_STEPS) -> list[float | None]:
+    """Per row, ``share`` for :func:`redraft.policy.load.load_costs`: the part of the step's fixed cost an accepted
+    token of this row saves.
+
+    The fixed cost goes away only if every one of the m slowest requests advances, so a slowest request's accepted
+    token saves it with the chance that the other m - 1 advance too: the product of their chances. Rows ahead of
+    the slowest save none of it (0), a lone slowest request all of it (1), and outside a draining batch (None) every
+    row keeps its row's share.
+
+    Args:
+        critical: per row, :func:`critical_counts` (None, 0, or m >= 1 for each of the m slowest).
+        chance: row -> P(the row's next draft has its first token accepted), 0 where it has none; called for the
+            slowest rows in order, only when there are two or more, and no further once every share is known to be
+            below ``floor`` (a request without a draft settles it at once).
+        floor: shares below it count as 0 (the load rule's grid rounds them down to 0 anyway).
+    Returns:
+        per row, None or a share within 0..1.
+    """
+    slow = [i for i, m in enumerate(critical) if m]
+    chances: dict[int, float] = {}
+    if len(slow) > 1:
+        product, least = 1.0, 1.0
+        for i in slow:
+            chances[i] = q = max(0.0, min(1.0, chance(i)))
+            product, least = product * q, min(least, q)
+            # every share, asked for or not, is at most the product of the chances seen without the smallest one
+            if q == 0.0 or (len(chances) > 1 and product < floor * least):
+                return [None if m is None else 0.0 for m in critical]
+    out: list[float | None] = []
+    for i, m in enumerate(critical):
+        share: float | None = None if m is None else float(bool(m))
+        for j in chances:
+            if j != i and m:
+                share = (share or 0.0) * chances[j]
+        out.append(share)
+    return out

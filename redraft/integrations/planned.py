@@ -1,4 +1,5 @@
-"""One request's drafts inside vLLM, the draft length chosen by the cost-aware policy at the step's load.
+"""One request's drafts inside vLLM: at a fixed depth (:class:`RequestDrafts`), or with the draft length chosen by
+the cost-aware policy at the step's load (:class:`PlannedDrafts`).
 
 The engine's policy rule (:mod:`redraft.policy`): each draft source's proposal is a candidate, and the policy keeps
 the leading tokens whose expected accepted tokens pay for their verify cost, from acceptance learned online per
@@ -40,6 +41,41 @@ def verified(draft: Sequence[int], sampled: Sequence[int]) -> tuple[int, int]:
     return p, a
 
 
+class RequestDrafts:
+    """One request's draft sources (corpus first, then n-gram, each with its guard) and its last draft."""
+
+    def __init__(self, drafters: list) -> None:
+        self.drafters = drafters
+        self.learned = False  # its span went into the corpus (when it sampled EOS)
+        self.draft: list[int] = []
+        self.source = -1  # index of the drafter that made self.draft
+
+    def settle(self, sampled: Sequence[int]) -> tuple[int, int]:
+        """Account the last draft against the ids vLLM sampled for this request (accepted drafts + bonus).
+
+        Returns (proposed, accepted) for the last draft's source. vLLM may verify only a prefix of a draft (its
+        scheduler trims drafts to the token budget and the model length); a sampled id that is not a drafted one,
+        or a bonus equal to the draft id at that position, tells where verification stopped, so a cut-short draft
+        counts only what was verified.
+        """
+        p, a = verified(self.draft, sampled)
+        for j, drafter in enumerate(self.drafters):
+            mine = j == self.source
+            drafter.observe(p if mine else 0, a if mine else 0, len(sampled))
+        self.draft, self.source = [], -1
+        return p, a
+
+    def propose(self, context: np.ndarray, depth: int) -> list[int]:
+        """The first source's chain for ``context`` (int [L], prompt + output so far), at most ``depth`` ids."""
+        if depth > 0:
+            for j, drafter in enumerate(self.drafters):
+                prop = drafter.propose(context, depth)
+                if prop is not None and len(prop):
+                    self.draft, self.source = [int(t) for t in list(prop.tokens)[:depth]], j
+                    return self.draft
+        return []
+
+
 class PlannedDrafts:
     """One request's draft sources (corpus first, then n-gram) under a :class:`LoadAwarePolicy`.
 
@@ -57,6 +93,8 @@ class PlannedDrafts:
         self.draft: list[int] = []
         self.source = -1
         self.key = ""
+        self._looked = False  # lookup ran since the last propose; _found: the proposal it found
+        self._found: tuple[int, Candidates] | None = None
 
     def settle(self, sampled: Sequence[int]) -> tuple[int, int]:
         """Account the last draft against the ids vLLM sampled (accepted drafts + bonus): the drafters' guards and
@@ -70,24 +108,46 @@ class PlannedDrafts:
         self.draft, self.source, self.key = [], -1, ""
         return p, a
 
-    def propose(self, context: np.ndarray, cap: int, carried: int, critical: int | None = None) -> list[int]:
+    def lookup(self, context: np.ndarray, cap: int) -> float:
+        """P(the first token of this request's draft is accepted), before its price is known: the first source with a
+        proposal for ``context`` (int [L]) and the policy's estimate for its first node; 0.0 when no source proposes.
+        The proposal is kept for the next :meth:`propose`, which must get the same context and cap."""
+        self._looked, self._found = True, self._find(context, cap, 0) if cap > 0 else None
+        if self._found is None:
+            return 0.0
+        cand = self._found[1]
+        prior = cand.priors[0]
+        return float(self.policy.conditionals([-1], cand.keys[:1], None if np.isnan(prior) else [prior])[0])
+
+    def propose(self, context: np.ndarray, cap: int, carried: int, share: float | None = None) -> list[int]:
         """The draft for ``context`` (int [L], prompt + output so far): at most ``cap`` ids, as many as pay in a step
-        already carrying ``carried`` rows (this request's own root row included), an accepted token credited as
-        ``critical`` says (:func:`redraft.policy.load.load_costs`; None: the row's share of the step). Empty: no
-        draft pays."""
-        if cap <= 0 or not self.policy.at_load(carried, critical).may_pay(cap):
+        already carrying ``carried`` rows (this request's own root row included), an accepted token saving ``share``
+        of the step's fixed cost (:func:`redraft.policy.load.load_costs`; None: the row's share of the step). Empty:
+        no draft pays."""
+        looked, found, self._looked, self._found = self._looked, self._found, False, None
+        if cap <= 0 or not self.policy.at_load(carried, share).may_pay(cap):
             return []  # not even a certain draft pays here: the lookups are skipped (a step's Python time counts)
-        for j, drafter in enumerate(self.drafters):
-            prop = drafter.propose(context, cap)
-            if prop is None or len(prop) == 0:
-                continue
-            cand = Candidates()
-            cand.add(prop.first_path(), drafter.name, budget=self.policy.max_nodes, max_depth=cap)
+        start = len(self.drafters) if looked and found is None else 0  # the lookup found no proposal
+        while (hit := found or self._find(context, cap, start)) is not None:
+            found = None
+            j, cand = hit
             tree, keys = cut(self.policy, cand, max_depth=cap, budget=cap)
             if len(tree):
                 self.draft, self.source, self.key = [int(t) for t in tree.tokens[:cap]], j, keys[0]
                 return self.draft
+            start = j + 1
         return []
+
+    def _find(self, context: np.ndarray, cap: int, start: int) -> tuple[int, Candidates] | None:
+        """The first of the drafters from ``start`` on with a proposal: (its index, the proposal's first path as
+        candidates), None when none proposes."""
+        for j in range(start, len(self.drafters)):
+            prop = self.drafters[j].propose(context, cap)
+            if prop is not None and len(prop):
+                cand = Candidates()
+                cand.add(prop.first_path(), self.drafters[j].name, budget=self.policy.max_nodes, max_depth=cap)
+                return j, cand
+        return None
 
 
 def load_step_curve(path: str | None, k: int) -> CostCurve:

@@ -6,7 +6,10 @@ over a corpus frozen from the first pass (prompt + output per question, as ``red
 engine runs two question sets: the replayed ones (the corpus holds their answers) and as many novel ones (the next
 questions of the file, not in the corpus). Prints tokens/s both ways per set, vLLM's own acceptance counters
 (drafts, draft tokens, accepted tokens, mean acceptance length = 1 + accepted / drafts) and whether the output ids
-are identical. Each engine runs in its own process (a fresh vLLM engine).
+are identical. Each engine runs in its own process (a fresh vLLM engine); ``--processes P`` starts each engine P
+times, alternating (plain, proposer, plain, ...), and compares the medians over processes: on a shared CPU a fresh
+process's steps run up to ~10% faster or slower than another's for the whole of its life, which rounds within one
+process do not average out.
 
 The proposer drafts under the cost-aware policy with the cost curve of vLLM's step measured by the plain engine
 after its passes (:func:`measure_step_curve`: decode steps over 1..64 rows fitted as a line, REDRAFT_COST_CURVE for the proposer),
@@ -157,6 +160,31 @@ def run_pass(llm, prompts: list[list[int]], args) -> dict:
             "tokens": sum(len(o) for o in outputs), "spec": spec_stats}
 
 
+def merge_processes(runs: list[dict]) -> dict:
+    """One engine's results over several processes (each as :func:`run_engine` returns it) as one.
+
+    Per question set: the first process's pass, with "seconds" the median over processes of each one's (median
+    round) seconds, "process_seconds" each one's, and "round_seconds" every round of every process. vLLM's counters
+    are the first process's.
+
+    Raises:
+        RuntimeError: a later process's outputs differ from the first's (greedy decoding must repeat itself).
+    """
+    merged = dict(runs[0])
+    for name in ("replay", "novel"):
+        passes = [r.get(name) for r in runs]
+        if any(p is None for p in passes):
+            continue
+        if any(p["outputs"] != passes[0]["outputs"] for p in passes[1:]):
+            raise RuntimeError(f"vllm-check: another process gave other outputs than the first on the {name} set")
+        first = dict(passes[0])
+        first["process_seconds"] = [round(p["seconds"], 3) for p in passes]
+        first["round_seconds"] = [s for p in passes for s in p.get("round_seconds", [p["seconds"]])]
+        first["seconds"] = statistics.median(p["seconds"] for p in passes)
+        merged[name] = first
+    return merged
+
+
 def _spec_counters(llm) -> dict:
     totals: dict = {}
     for m in llm.get_metrics():
@@ -214,6 +242,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over each question set per engine; times are the median round's (default 1; a "
                         "single pair of runs swings by +-10%% on a shared CPU: use 5 to compare within a few %%)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="processes per engine, alternating plain and proposer; times are the median process's "
+                        "(default 1; a fresh process can run ~10%% faster or slower for its whole life on a shared "
+                        "CPU: use 3 to compare within a few %%)")
     p.add_argument("--no-novel", dest="novel", action="store_false",
                    help="skip the novel-text pass (the next --n questions, not in the corpus)")
     p.add_argument("--no-policy", action="store_true",
@@ -226,6 +258,9 @@ def main(argv=None) -> int:
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cost-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for flag in ("rounds", "processes"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} {getattr(args, flag)}: expected an integer >= 1")
     if args.child:
         args.k = args.k or None
         return child(args)
@@ -242,6 +277,7 @@ def main(argv=None) -> int:
     plain = spawn(args, 0, work / "plain.json", env, cost_out=measure)
     if plain is None:
         return 2
+    plains = [plain]
     env_policy = {"REDRAFT_POLICY": "0"} if args.no_policy else {"REDRAFT_POLICY": "1"}
     if not args.no_policy:
         curve_file = args.cost_curve or work / "step-curve.json"
@@ -258,8 +294,19 @@ def main(argv=None) -> int:
     spec = spawn(args, args.k, work / "replay.json", env_replay)
     if spec is None:
         return 2
+    specs = [spec]
+    for i in range(2, args.processes + 1):  # alternate, so a slow stretch of the machine hits both engines
+        plains.append(spawn(args, 0, work / f"plain-{i}.json", env))
+        specs.append(spawn(args, args.k, work / f"replay-{i}.json", env_replay))
+        if plains[-1] is None or specs[-1] is None:
+            return 2
+    try:
+        plain, spec = merge_processes(plains), merge_processes(specs)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     summary = {"model": args.model, "questions": args.n, "ngen": args.ngen, "k": args.k, "batch": args.batch,
-               "rounds": args.rounds,
+               "rounds": args.rounds, "processes": args.processes,
                "policy": not args.no_policy, "dtype": args.dtype,
                "threads": env.get("OMP_NUM_THREADS"), "step_curve": plain.get("curve"), "passes": {}}
     rc = 0
@@ -290,8 +337,11 @@ def report(name: str, plain: dict, spec: dict, args, corpus: Path) -> dict:
     print(f"  without speculation : {plain['tokens']} tokens in {plain['seconds']:.2f} s = {tps_plain:.1f} tokens/s")
     print(f"  redraft proposer ({how}): {spec['tokens']} tokens in {spec['seconds']:.2f} s = "
           f"{tps_spec:.1f} tokens/s ({tps_spec / tps_plain:.2f}x)")
+    if plain.get("process_seconds") and len(plain["process_seconds"]) > 1:
+        print(f"  processes (median taken): without {plain['process_seconds']} s, proposer "
+              f"{spec['process_seconds']} s")
     if plain.get("round_seconds") and len(plain["round_seconds"]) > 1:
-        print(f"  rounds (median taken): without {plain['round_seconds']} s, proposer {spec['round_seconds']} s")
+        print(f"  rounds: without {plain['round_seconds']} s, proposer {spec['round_seconds']} s")
     print(f"  vLLM spec decode: {drafts} drafts, {drafted} draft tokens, {accepted} accepted "
           f"({100 * accepted / drafted if drafted else 0:.1f}%), mean acceptance length {mal:.2f}")
     print(f"  identical ids: {sum(same)}/{len(same)}")
@@ -304,6 +354,8 @@ def report(name: str, plain: dict, spec: dict, args, corpus: Path) -> dict:
             "plain_seconds": round(plain["seconds"], 3), "spec_tokens": spec["tokens"],
             "spec_seconds": round(spec["seconds"], 3), "speedup": round(tps_spec / tps_plain, 3),
             "plain_round_seconds": plain.get("round_seconds"), "spec_round_seconds": spec.get("round_seconds"),
+            "plain_process_seconds": plain.get("process_seconds"),
+            "spec_process_seconds": spec.get("process_seconds"),
             "drafts": drafts, "draft_tokens": drafted, "accepted": accepted}
 
 if __name__ == "__main__":

@@ -72,8 +72,8 @@ from redraft.corpus.directory import (
 )
 from redraft.corpus.online import OnlineCorpus
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
-from redraft.integrations.draining import batch_critical
-from redraft.integrations.planned import PlannedDrafts, load_step_curve, verified
+from redraft.integrations.draining import batch_critical, tied_shares
+from redraft.integrations.planned import PlannedDrafts, RequestDrafts, load_step_curve
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
 from redraft.policy.load import LoadPricing
@@ -215,41 +215,6 @@ def _load(path: str, var: str, vocab_size, fingerprint, force) -> Corpus:
         raise ProposerConfigError(f"{var}: {e}") from None
 
 
-class RequestDrafts:
-    """One request's draft sources (corpus first, then n-gram, each with its guard) and its last draft."""
-
-    def __init__(self, drafters: list) -> None:
-        self.drafters = drafters
-        self.learned = False  # its span went into the corpus (when it sampled EOS)
-        self.draft: list[int] = []
-        self.source = -1  # index of the drafter that made self.draft
-
-    def settle(self, sampled: Sequence[int]) -> tuple[int, int]:
-        """Account the last draft against the ids vLLM sampled for this request (accepted drafts + bonus).
-
-        Returns (proposed, accepted) for the last draft's source. vLLM may verify only a prefix of a draft (its
-        scheduler trims drafts to the token budget and the model length); a sampled id that is not a drafted one,
-        or a bonus equal to the draft id at that position, tells where verification stopped, so a cut-short draft
-        counts only what was verified.
-        """
-        p, a = verified(self.draft, sampled)
-        for j, drafter in enumerate(self.drafters):
-            mine = j == self.source
-            drafter.observe(p if mine else 0, a if mine else 0, len(sampled))
-        self.draft, self.source = [], -1
-        return p, a
-
-    def propose(self, context: np.ndarray, depth: int) -> list[int]:
-        """The first source's chain for ``context`` (int [L], prompt + output so far), at most ``depth`` ids."""
-        if depth > 0:
-            for j, drafter in enumerate(self.drafters):
-                prop = drafter.propose(context, depth)
-                if prop is not None and len(prop):
-                    self.draft, self.source = [int(t) for t in list(prop.tokens)[:depth]], j
-                    return self.draft
-        return []
-
-
 class SpanLearner:
     """Finished requests into the learned corpus (:class:`~redraft.corpus.online.OnlineCorpus`): drafted from at
     once and, on the writing rank, appended to its journal. A span the corpus already holds is not stored again
@@ -349,14 +314,10 @@ class RedraftProposer:
             the next step carries so far: one row per request plus the drafts of the rows before it.
         """
         requests = self.tracker.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        drafts: list[list[int]] = []
-        carried = len(sampled_token_ids)  # every request's root row
-        critical = (batch_critical(requests, sampled_token_ids, self.max_num_seqs) if self.settings.policy
-                    else [None] * len(requests))
+        live: dict[int, tuple[TrackedRequest, int]] = {}  # row -> (request, cap) of the rows that may draft
         for i, r in enumerate(requests):
             sampled = sampled_token_ids[i]
             if r is None or not sampled:
-                drafts.append([])
                 continue
             if r.data is None:
                 r.data = self._new_request()
@@ -365,17 +326,25 @@ class RedraftProposer:
                 # finished (unless it ignores EOS): learn it now, vLLM may kill this process before it leaves
                 _learn(self.learner, [r], self.eos)
                 r.data.learned = True
-            self.totals["proposed"] += p
-            self.totals["accepted"] += a
-            n = int(num_tokens_no_spec[i])
-            cap = min(self.settings.k, self.max_model_len - n)
+            self.totals["proposed"], self.totals["accepted"] = self.totals["proposed"] + p, self.totals["accepted"] + a
+            live[i] = (r, min(self.settings.k, self.max_model_len - int(num_tokens_no_spec[i])))
+
+        def chance(i: int) -> float:  # P(row i's draft starts right): a tied slowest request of a draining batch
+            return live[i][0].data.lookup(token_ids_cpu[i, :int(num_tokens_no_spec[i])], live[i][1])
+
+        shares = (tied_shares(batch_critical(requests, sampled_token_ids, self.max_num_seqs), chance)
+                  if self.settings.policy else [None] * len(requests))
+        drafts: list[list[int]] = [[] for _ in requests]
+        carried = len(sampled_token_ids)  # every request's root row
+        for i, (r, cap) in live.items():
+            context = token_ids_cpu[i, :int(num_tokens_no_spec[i])]
             if self.settings.policy:
-                draft = r.data.propose(token_ids_cpu[i, :n], cap, carried, critical[i])
+                draft = r.data.propose(context, cap, carried, shares[i])
             else:
-                draft = r.data.propose(token_ids_cpu[i, :n], cap)
+                draft = r.data.propose(context, cap)
             carried += len(draft)
             self.totals["drafts"] += bool(draft)
-            drafts.append(draft)
+            drafts[i] = draft
         gone = self.tracker.expired()
         if gone and self.learner is not None:
             _learn(self.learner, gone, self.eos)

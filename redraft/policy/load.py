@@ -25,18 +25,23 @@ requests' latencies (an accepted token saves this request a step of C(B); n draf
 C(B + n) - C(B)). A batch that is only draining (every request came in together, none waits) is done when its last
 request is: an accepted token of a request that is ahead of the slowest saves only the row it no longer needs,
 C(B) - C(B - 1), and the step's fixed part F = C(B) - B (C(B) - C(B - 1)) is saved only when the m slowest requests
-all advance. Each of those m is credited F / m. With the value v of an accepted token,
+all advance. With the value v of an accepted token,
 
     c(n) = 1 + max(0, C(B + n) - C(B)) / v,   v = (C(B) - F) / B + s F,
 
 where s is the request's share of the fixed part: 1 / B for every request in a replaced or latency-bound batch (v =
-C(B) / B: c_B above), 1 / m for the m slowest requests of a draining batch, 0 for the ones ahead of them. Measured
+C(B) / B: c_B above), 0 for the requests ahead of the slowest of a draining batch, and for each of the m slowest the
+chance that every other one of them advances too, the product of their first draft tokens' acceptance (1 for a lone
+slowest request; :func:`redraft.integrations.draining.tied_shares`). Ten novel requests tied at the start of a batch
+each hold a chance draft now and then, so their product is near 0 and none drafts on its own; ten replays, each
+with a draft the policy trusts, get nearly the whole of F each, since each one's draft is what the others' need.
+Measured
 with vLLM's CPU build (ten novel requests at once, SmolLM2-135M): C(T) = 23.4 + 1.55 T ms, so a request ahead of the
 slowest values an accepted token at 1.55 ms instead of 3.9 ms and drafts only what is nearly certain; the n-gram and
 corpus drafts that c_B kept there added 13% rows for one step saved in 127.
 
 numpy only; used per request by the vLLM proposer (:mod:`redraft.integrations.planned`), which passes B and the
-share.
+share s.
 """
 
 from __future__ import annotations
@@ -49,36 +54,40 @@ from redraft.policy.costcurve import CostCurve
 from redraft.policy.speculation import SpeculationPolicy
 
 
-def load_costs(curve: CostCurve, carried: int, n_max: int, critical: int | None = None) -> np.ndarray:
+def load_costs(curve: CostCurve, carried: int, n_max: int, share: float | None = None) -> np.ndarray:
     """The cost in plain steps of this request's n = 0..n_max draft rows in a step already carrying ``carried`` rows.
 
     Args:
         curve: the step's cost curve, c(n) = C(1 + n) (time of a step over 1 + n rows / a one-row step).
         carried: B, rows the step carries before this request's drafts, this request's root row included (>= 1).
         n_max: most draft rows considered (>= 0).
-        critical: how the step's fixed part is credited to this request's accepted tokens (module doc): None, a
-            share 1 / B (c_B: a batch whose finished requests are replaced, or a latency-bound one); m >= 1, this
-            request is one of the m slowest of a draining batch (share 1 / m); 0, it is ahead of them (share 0).
+        share: s, the part of the step's fixed cost an accepted token of this request saves (module doc): None, the
+            row's share 1 / B (c_B: a batch whose finished requests are replaced, or a latency-bound one); 0..1 in a
+            draining batch (0: ahead of the slowest; 1: the lone slowest request).
     Returns:
         float64 [n_max + 1], c(0) = 1, each entry >= 1 (plain steps of this request's share). With B = 1 it is the
-        curve itself, whatever ``critical`` says.
+        curve itself, whatever ``share`` says.
     Raises:
-        ValueError: carried < 1, n_max < 0 or critical < 0.
+        ValueError: carried < 1, n_max < 0 or a share outside 0..1.
     """
-    if carried < 1 or n_max < 0 or (critical is not None and critical < 0):
-        raise ValueError(f"load_costs needs carried >= 1 row, n_max >= 0 and critical None or >= 0, got "
-                         f"carried={carried}, n_max={n_max}, critical={critical}")
+    if carried < 1 or n_max < 0 or (share is not None and not 0.0 <= share <= 1.0):
+        raise ValueError(f"load_costs needs carried >= 1 row, n_max >= 0 and share None or within 0..1, got "
+                         f"carried={carried}, n_max={n_max}, share={share}")
     base = curve.cost(carried - 1)
     total = np.array([curve.cost(carried - 1 + n) for n in range(int(n_max) + 1)], dtype=np.float64)
     extra = np.maximum(0.0, total - base)
-    if critical is None or carried == 1:
+    if share is None or carried == 1:
         return 1.0 + carried * extra / base
     row = max(0.0, base - curve.cost(carried - 2))  # C(B) - C(B - 1), the row this request's step costs
     fixed = max(0.0, base - carried * row)
-    value = (base - fixed) / carried + (fixed / critical if critical else 0.0)
+    value = (base - fixed) / carried + share * fixed
     if value <= 0.0:  # a flat curve: rows are free, and so are drafts
         return np.where(extra > 0.0, np.inf, 1.0)
     return 1.0 + extra / value
+
+
+# Shares are priced on a grid of 1 / SHARE_STEPS, rounded down (a table per grid point, never a dearer draft).
+SHARE_STEPS = 64
 
 
 class LoadPricing:
@@ -92,15 +101,16 @@ class LoadPricing:
 
     def __init__(self, curve: CostCurve, n_max: int, remember: int = 4096) -> None:
         self.curve, self.n_max, self.remember = curve, int(n_max), remember
-        # per (load, critical): the read-only table and the fewest draft rows that may pay at it
+        # per (load, share on its grid): the read-only table and the fewest draft rows that may pay at it
         self._tables: dict[tuple[int, int | None], tuple[np.ndarray, int]] = {}
         self._lock = threading.Lock()  # requests decoding in several threads share one pricing
 
-    def _entry(self, carried: int, critical: int | None) -> tuple[np.ndarray, int]:
-        key = (carried, critical)
+    def _entry(self, carried: int, share: float | None) -> tuple[np.ndarray, int]:
+        grid = None if share is None else int(min(1.0, max(0.0, share)) * SHARE_STEPS + 1e-9)
+        key = (carried, grid)
         entry = self._tables.get(key)
         if entry is None:
-            table = load_costs(self.curve, carried, self.n_max, critical)
+            table = load_costs(self.curve, carried, self.n_max, None if grid is None else grid / SHARE_STEPS)
             table.setflags(write=False)
             n = np.arange(1, self.n_max + 1)
             below = np.flatnonzero(table[1:] < 1.0 + n - 1e-9)
@@ -111,15 +121,15 @@ class LoadPricing:
                 entry = self._tables.setdefault(key, entry)
         return entry
 
-    def costs(self, carried: int, critical: int | None = None) -> np.ndarray:
-        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``critical`` (read-only; shared
-        between callers and threads)."""
-        return self._entry(carried, critical)[0]
+    def costs(self, carried: int, share: float | None = None) -> np.ndarray:
+        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``share`` (rounded down to
+        1 / SHARE_STEPS; read-only, shared between callers and threads)."""
+        return self._entry(carried, share)[0]
 
-    def fewest_paying(self, carried: int, critical: int | None = None) -> int:
+    def fewest_paying(self, carried: int, share: float | None = None) -> int:
         """The fewest draft rows whose cost at this load is below one plain step per row, c(n) < 1 + n; n_max + 1
         when there is none. A draft shorter than it cannot pay even if every token is accepted (E(n) <= 1 + n)."""
-        return self._entry(carried, critical)[1]
+        return self._entry(carried, share)[1]
 
 
 class LoadAwarePolicy(SpeculationPolicy):
@@ -137,17 +147,17 @@ class LoadAwarePolicy(SpeculationPolicy):
         super().__init__(pricing.curve, max_nodes=max(1, pricing.n_max), **kwargs)
         self.pricing = pricing
         self.carried = 1
-        self.critical: int | None = None
+        self.share: float | None = None
 
-    def at_load(self, carried: int, critical: int | None = None) -> LoadAwarePolicy:
-        """Price the next plan for a step already carrying ``carried`` rows (>= 1), this request's share of the
-        step's fixed part given by ``critical`` (:func:`load_costs`; None: c_B). Returns self."""
-        self.costs = self.pricing.costs(max(1, int(carried)), critical)
-        self.carried, self.critical = carried, critical
+    def at_load(self, carried: int, share: float | None = None) -> LoadAwarePolicy:
+        """Price the next plan for a step already carrying ``carried`` rows (>= 1), with ``share`` the part of the
+        step's fixed cost this request's accepted tokens save (:func:`load_costs`; None: c_B). Returns self."""
+        self.costs = self.pricing.costs(max(1, int(carried)), share)
+        self.carried, self.share = carried, share
         return self
 
     def may_pay(self, depth: int) -> bool:
         """False when no draft of at most ``depth`` tokens can beat a plain step at the load set by :meth:`at_load`,
         even with every token accepted (a row costs a whole token: c(n) >= 1 + n); only a probe could draft then,
         and it would cost what it might save. The caller may skip its drafters for this step."""
-        return self.pricing.fewest_paying(max(1, int(self.carried)), self.critical) <= depth
+        return self.pricing.fewest_paying(max(1, int(self.carried)), self.share) <= depth

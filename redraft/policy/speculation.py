@@ -70,9 +70,9 @@ class SpeculationPolicy:
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
 
-    def at_load(self, carried: int, critical: int | None = None) -> SpeculationPolicy:
-        """Price the next plan for a step already carrying ``carried`` rows (``critical``: this request's place in
-        a draining batch, :func:`redraft.policy.load.load_costs`): a single stream's cost curve does not depend on
+    def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
+        """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
+        tokens save of the step, :func:`redraft.policy.load.load_costs`): a single stream's cost curve does not depend on
         other sequences, so nothing changes here (:class:`redraft.policy.load.LoadAwarePolicy` reprices).
         Returns self."""
         return self
