@@ -10,6 +10,8 @@
    tokens/forward, acceptance per draft source, forwards, peak RSS and whether the output ids equal plain greedy's;
 5. times, per question right after its methods, the replay ceiling: one forward over the prompt and plain greedy's
    answer (:mod:`redraft.bench.ceiling`), and reports each method's generation time against it (``of_ceiling``).
+6. with ``rounds`` > 1, does 3 and 5 that many times with freshly built methods and merges the rounds per question
+   (:mod:`redraft.bench.rounds`: median seconds, fastest ceiling, decisions and outputs checked against round 1's).
 
 Everything raw goes to results.json (schema ``redraft-bench/1``); results.md and PNG plots are derived from it.
 """
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from tqdm import tqdm
 from redraft.bench.ceiling import CeilingTimer
 from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, build_methods
 from redraft.bench.report import BASELINE, differing, markdown, summarize, write_plots
+from redraft.bench.rounds import first_diff, merge_rounds, rounds_differing
 from redraft.bench.workloads import Encoder, Workload, build_workloads, item_for, replay_questions
 from redraft.corpus import Corpus
 from redraft.decoding.runstats import RunSummary
@@ -88,17 +92,9 @@ class RssSampler:
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
-def first_diff(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """First index where a and b differ (the shorter length if one is a prefix of the other); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: int, *, progress: bool = True,
                 rss_interval: float = 0.02, warmup: bool = True,
-                ceiling: Callable[[list[int], list[int]], float | None] | None = None) -> dict:
+                ceiling: Callable[[list[int], list[int]], float | None] | None = None, desc: str = "bench") -> dict:
     """Run every method on every item, interleaved per item; returns {workload: {"description", "questions", "runs"}}.
 
     ``methods[0]`` must be plain greedy (name ``plain``): every other method's output ids are compared with its
@@ -109,6 +105,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
         ceiling: (prompt ids, plain greedy's answer ids) -> seconds of the replay ceiling
             (:class:`redraft.bench.ceiling.CeilingTimer`), timed after the methods of each item; each run then
             holds ``ceiling_seconds`` and ``of_ceiling`` = ceiling seconds / its generation seconds. None = not timed.
+        desc: the progress bar's label.
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r} (the reference for speedup and identical output)")
@@ -122,7 +119,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
             m.generate(ids, min(8, ngen))
         if ceiling is not None:
             ceiling(ids, list(ids[:min(8, ngen)]))
-    bar = tqdm(total=len(items) * len(methods), desc="bench", unit="run", file=sys.stderr, disable=not progress,
+    bar = tqdm(total=len(items) * len(methods), desc=desc, unit="run", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)
     out: dict[str, dict] = {}
     qn = 0
@@ -189,8 +186,9 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
           counts: dict[str, int], ngen: int, methods: Sequence[str] = ALL_METHODS, cfg: MethodConfig | None = None,
           freeze: int | None = None, max_prompt_tokens: int | None = None, extra_methods: Sequence[Method] = (),
           vocab_size: int | None = None, progress: bool = True, rss_interval: float = 0.02,
-          warmup: bool = True, ceiling: bool = True) -> dict:
-    """Freeze, build workloads, run the methods; returns the full results dict (without writing anything).
+          warmup: bool = True, ceiling: bool = True, rounds: int = 1) -> dict:
+    """Freeze, build workloads, run the methods ``rounds`` times; returns the full results dict (without writing
+    anything).
 
     Args:
         model: the target model (transformers causal LM).
@@ -198,9 +196,18 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
         questions: Spec-Bench questions.
         counts: workload name -> question count.
         freeze: how many questions to freeze (default: the replay count, else the largest count).
-        extra_methods: more :class:`Method` objects run after the named ones (tests inject broken ones here).
+        extra_methods: more :class:`Method` objects run after the named ones (tests inject broken ones here); the
+            same objects run in every round.
         ceiling: time the replay ceiling of every question (:class:`redraft.bench.ceiling.CeilingTimer`).
+        rounds: how many times every method runs on every question. The corpus is frozen once; each round builds the
+            named methods afresh (the policy method learns across the questions of a round and starts over in the
+            next, deciding with the cost curve of round 1), and the rounds are merged per question by
+            :func:`redraft.bench.rounds.merge_rounds` (median seconds, fastest ceiling).
+    Raises:
+        ValueError: rounds < 1.
     """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     cfg = cfg or MethodConfig()
     n_freeze = freeze if freeze is not None else counts.get("replay", max(counts.values()))
     t0 = time.perf_counter()
@@ -209,19 +216,32 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
     corpus = Corpus.from_spans(spans, vocab_size=vocab_size) if spans else None
     t_freeze = time.perf_counter() - t0
     workloads = build_workloads(questions, counts, encoder, frozen, max_prompt_tokens=max_prompt_tokens)
-    ms, skipped = build_methods(methods, model, eos_token_ids, corpus, cfg)
-    ms = ms + list(extra_methods)
-    # the cost curve each policy-driven method decides with (measured here, or injected)
-    curves = {m.name: m.engine.policy.curve.to_dict() for m in ms
-              if getattr(getattr(m, "engine", None), "policy", None) is not None}
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
+    timer = CeilingTimer(model) if ceiling else None
+    per_round: list[dict] = []
+    curves: dict[str, dict] = {}
     try:
-        timer = CeilingTimer(model) if ceiling else None
-        runs = run_methods(workloads, ms, ngen, progress=progress, rss_interval=rss_interval, warmup=warmup,
-                           ceiling=timer)
+        for n in range(rounds):
+            built, skipped = build_methods(methods, model, eos_token_ids, corpus, cfg)
+            ms = built + list(extra_methods)
+            # the cost curve each policy-driven method decides with (measured in round 1, or injected)
+            policies = {m.name: m.engine.policy for m in ms
+                        if getattr(getattr(m, "engine", None), "policy", None) is not None}
+            if n == 0:
+                curves = {name: p.curve.to_dict() for name, p in policies.items()}
+                if cfg.curve is None and "policy" in policies:  # later rounds reuse it: no second measurement
+                    cfg = replace(cfg, curve=policies["policy"].curve)
+            try:
+                per_round.append(run_methods(workloads, ms, ngen, progress=progress, rss_interval=rss_interval,
+                                             warmup=warmup, ceiling=timer,
+                                             desc=f"bench round {n + 1}/{rounds}" if rounds > 1 else "bench"))
+            finally:
+                for m in built:
+                    m.close()
     finally:
-        for m in ms:
+        for m in extra_methods:
             m.close()
+    runs = merge_rounds(per_round)
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     exact = {m.name: m.exact_expected for m in ms}
     for w in runs.values():
@@ -234,8 +254,9 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
         "model": {},
         "config": {"ngen": ngen, "workloads": counts, "methods": [m.name for m in ms], "k": cfg.k,
                    "minacc": cfg.minacc, "tree_branches": cfg.tree_branches, "tree_budget": cfg.tree_budget,
-                   "pld_tokens": cfg.pld_tokens, "max_prompt_tokens": max_prompt_tokens,
-                   "interleave": "per question, all methods, start rotated by one each question"},
+                   "pld_tokens": cfg.pld_tokens, "max_prompt_tokens": max_prompt_tokens, "rounds": rounds,
+                   "interleave": "per question, all methods, start rotated by one each question"
+                                 + (f"; {rounds} rounds, seconds the median per question" if rounds > 1 else "")},
         "corpus": {"question_ids": [q["question_id"] for q, _ in frozen], "spans": len(spans),
                    "ids": int(corpus.n_tokens) if corpus is not None else 0, "freeze_seconds": t_freeze},
         "methods": {m.name: {"description": m.description, "exact_expected": m.exact_expected} for m in ms},
@@ -245,6 +266,7 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
         "process": {"peak_rss_mb": max_rss_mb()},
     }
     results["differing"] = differing(results)
+    results["rounds_differing"] = rounds_differing(runs)
     return results
 
 

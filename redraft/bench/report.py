@@ -117,6 +117,12 @@ def markdown(results: dict) -> str:
              f"questions {', '.join(map(str, results['corpus']['question_ids']))}",
              "- methods run interleaved per question (rotated start), speedup = median tok/s / median plain "
              "tok/s over the same questions in this run", ""]
+    if cfg.get("rounds", 1) > 1:
+        changed = "; ".join(f"{d['workload']} / `{d['method']}`: questions {', '.join(map(str, d['questions']))}"
+                            for d in results.get("rounds_differing", [])) or "none"
+        lines[-1:-1] = [f"- {cfg['rounds']} rounds: a question's seconds are the median over rounds (each round's in "
+                        f"`round_seconds`), its ceiling the fastest; forwards or outputs changed between rounds: "
+                        f"{changed}"]
     for m, c in results.get("cost_curves", {}).items():
         lines.append(f"- `{m}` decided with the cost curve c(n) (verify time of n draft tokens / a plain step): "
                      + ", ".join(f"c({n}) {v:.2f}" for n, v in zip(c["sizes"], c["costs"], strict=True)))

@@ -99,7 +99,7 @@ def cmd_bench_run(args) -> int:
     results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, load_questions(), counts=counts,
                     ngen=args.ngen, methods=methods, cfg=cfg, freeze=args.freeze,
                     max_prompt_tokens=args.max_prompt_tokens, vocab_size=loaded.vocab_size,
-                    progress=not args.no_progress, ceiling=not args.no_ceiling)
+                    progress=not args.no_progress, ceiling=not args.no_ceiling, rounds=args.rounds)
     results["command"] = command_line()
     results["model"] = {"name": model_name(loaded), "path": str(loaded.path), "gguf": gguf,
                         "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
@@ -110,6 +110,9 @@ def cmd_bench_run(args) -> int:
     print(text_table(results))
     for p in write_outputs(results, Path(args.out) if args.out else None, args.json):
         print(f"wrote {p}", file=sys.stderr)
+    for d in results.get("rounds_differing", []):
+        print(f"redraft bench: WARNING: {d['workload']}/{d['method']} forwards or output changed between rounds on "
+              f"questions {', '.join(map(str, d['questions']))}", file=sys.stderr)
     bad = [d for d in results["differing"] if not d["expected"]]
     for d in results["differing"]:
         note = " (expected: different runtime)" if d["expected"] else ""
@@ -252,8 +255,10 @@ methods (--methods, comma-separated; default all; plain always runs, it is the r
 
 The corpus is built first from plain greedy answers to the replay questions (--freeze N of them). Methods run
 interleaved per question (A B C ... on question 1, then on question 2, start rotated) so machine noise hits all
-alike; speedup = median per-question tok/s / median plain tok/s of the same run. Exit status 1 when a method
-that should be exact produced ids different from plain greedy (also flagged in the tables and JSON)."""
+alike; speedup = median per-question tok/s / median plain tok/s of the same run. With --rounds R the whole run
+repeats R times and each question's seconds are the median over rounds. Exit status 1 when a method that should be
+exact produced ids different from plain greedy, in any round, or ids that changed between rounds (also flagged in
+the tables and JSON)."""
 
 
 def register(sub) -> None:
@@ -307,6 +312,11 @@ def register(sub) -> None:
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="also write the results JSON here")
     p.add_argument("--no-ceiling", action="store_true",
                    help="do not time the replay ceiling (one forward over prompt + answer) of each question")
+    p.add_argument("--rounds", type=positive, default=1, metavar="R",
+                   help="run every method on every question R times (the corpus frozen once, the methods built "
+                        "afresh each round, the policy's cost curve measured once) and report per question the "
+                        "median seconds and the fastest ceiling; decisions and outputs that change between rounds "
+                        "are flagged (default 1)")
     add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench_run)
