@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from redraft.bench.harness import SCHEMA, bench, first_diff, run_methods, write_outputs
+from redraft.bench.harness import SCHEMA, bench, run_methods, write_outputs
 from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, RunRecord, parse_methods
 from redraft.bench.report import acceptance_by_position, markdown, summarize
+from redraft.bench.rounds import first_diff
 from redraft.bench.workloads import ByteEncoder, Item, Workload, build_workloads, parse_workloads, replay_questions
 from redraft.io.questions import load_questions
 from redraft.policy import CostCurve

@@ -160,7 +160,7 @@ def test_tied_shares():
     assert tied_shares([2, 2, 0, 0], chance) == [0.0, 0.0, 0.0, 0.0] and asked == [0]
     # shares that are all bound to fall below the floor stop the asking early
     asked.clear()
-    tiny = [0.01, 0.01, 0.9, 0.9]
+    tiny = [0.0005, 0.0005, 0.9, 0.9]  # two chances whose product is below the floor times the smaller one
     assert tied_shares([4] * 4, lambda i: asked.append(i) or tiny[i]) == [0.0] * 4 and asked == [0, 1]
 
 
@@ -191,3 +191,38 @@ def test_tied_requests_do_not_draft_while_one_of_them_has_no_draft(tmp_path):
     draining, full = run(64), run(4)
     assert all(n == 0 for row in draining for n in row), draining
     assert all(row[:3] == [8, 8, 8] for row in full), full
+
+
+def test_share_grid_rounds_down_geometrically():
+    from redraft.policy.load import SHARE_FLOOR, grid_share, share_grid
+
+    for share in (1.0, 0.999, 0.5, 0.3, 0.01, SHARE_FLOOR, SHARE_FLOOR / 2, 0.0):
+        got = grid_share(share_grid(share))
+        assert got <= share and (share < SHARE_FLOOR or got > share / 2 ** (1 / 8) - 1e-12), (share, got)
+    assert grid_share(share_grid(SHARE_FLOOR / 2)) == 0.0 and grid_share(share_grid(1.0)) == 1.0
+    pricing = LoadPricing(OVERHEAD, 8)
+    assert pricing.costs(10, 0.999) is pricing.costs(10, 0.95)  # one grid point
+    assert (pricing.costs(10, 0.5)[1:] >= load_costs(OVERHEAD, 10, 8, share=0.52)[1:]).all()  # never cheaper
+    with pytest.raises(ValueError, match="share None or within 0..1"):
+        pricing.costs(10, 1.5)
+
+
+def test_lookup_counts_no_chance_for_a_first_token_that_cannot_pay_its_row(tmp_path):
+    """A tied request whose draft would not be sent even at the whole fixed part's price gives the others no
+    reason to draft: its chance is 0. The proposal it found is reused by propose on the same context only."""
+    prompt, out = rng_ids(5, 20), rng_ids(6, 60)
+    steep = CostCurve((0, 100), (1.0, 16.0))  # a draft row costs 15% of a step: c(1) = 1.15 at B = 2, share 1
+    prop = make_policy_proposer(tmp_path, [prompt + out], 8, steep, redraft_ngram=0)
+    req = prop._new_request()
+    ctx = np.array(prompt + out[:3])
+    for q, want in ((0.1, 0.0), (0.3, 0.3)):
+        req.policy.conditionals = lambda *a, q=q: np.array([q])
+        assert req.lookup(ctx, 8, 2) == pytest.approx(want)
+    calls = []
+    original = req.drafters[0].propose
+    req.drafters[0].propose = lambda c, d: calls.append(len(c)) or original(c, d)
+    req.lookup(ctx, 8, 2)
+    req.propose(ctx, 8, 2, 1.0)
+    req.lookup(ctx, 8, 2)
+    req.propose(ctx[:-1], 8, 2, 1.0)  # another context: searched again, not the stored proposal
+    assert calls == [len(ctx), len(ctx), len(ctx) - 1]

@@ -94,7 +94,8 @@ class RssSampler:
 # ---- the run ----------------------------------------------------------------------------------------------------
 def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: int, *, progress: bool = True,
                 rss_interval: float = 0.02, warmup: bool = True,
-                ceiling: Callable[[list[int], list[int]], float | None] | None = None, desc: str = "bench") -> dict:
+                ceiling: Callable[[list[int], list[int]], float | None] | None = None, desc: str = "bench",
+                rotate: int = 0) -> dict:
     """Run every method on every item, interleaved per item; returns {workload: {"description", "questions", "runs"}}.
 
     ``methods[0]`` must be plain greedy (name ``plain``): every other method's output ids are compared with its
@@ -106,6 +107,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
             (:class:`redraft.bench.ceiling.CeilingTimer`), timed after the methods of each item; each run then
             holds ``ceiling_seconds`` and ``of_ceiling`` = ceiling seconds / its generation seconds. None = not timed.
         desc: the progress bar's label.
+        rotate: added to each item's start rotation (a round number: each round starts the methods elsewhere).
     """
     if not methods or methods[0].name != BASELINE:
         raise ValueError(f"the first method must be {BASELINE!r} (the reference for speedup and identical output)")
@@ -126,7 +128,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
     for w in workloads:
         runs: list[dict] = []
         for item in w.items:
-            r0 = qn % len(methods)
+            r0 = (qn + rotate) % len(methods)
             order = list(methods[r0:]) + list(methods[:r0])
             qn += 1
             got: dict[str, tuple] = {}
@@ -217,10 +219,10 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
     t_freeze = time.perf_counter() - t0
     workloads = build_workloads(questions, counts, encoder, frozen, max_prompt_tokens=max_prompt_tokens)
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
-    timer = CeilingTimer(model) if ceiling else None
     per_round: list[dict] = []
     curves: dict[str, dict] = {}
     try:
+        timer = CeilingTimer(model) if ceiling else None
         for n in range(rounds):
             built, skipped = build_methods(methods, model, eos_token_ids, corpus, cfg)
             ms = built + list(extra_methods)
@@ -233,7 +235,7 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
                     cfg = replace(cfg, curve=policies["policy"].curve)
             try:
                 per_round.append(run_methods(workloads, ms, ngen, progress=progress, rss_interval=rss_interval,
-                                             warmup=warmup, ceiling=timer,
+                                             warmup=warmup, ceiling=timer, rotate=n,
                                              desc=f"bench round {n + 1}/{rounds}" if rounds > 1 else "bench"))
             finally:
                 for m in built:

@@ -11,7 +11,7 @@ method on every question (:func:`redraft.bench.harness.run_methods`); :func:`mer
   already the fastest of its forwards); ``round_ceiling_seconds``: every round's; ``of_ceiling`` recomputed against
   the median seconds.
 - ``rss_peak_mb``: the largest over rounds.
-- Forwards, accepted tokens and draft depths per forward, sources, order and output ids: round 1's.
+- Forwards, accepted tokens and draft depths per forward, sources, stop reason, order and output ids: round 1's.
   ``rounds_identical`` is False and ``rounds_differing`` lists the rounds (numbered from 1) whose output ids,
   tokens, forwards, accepted tokens or draft depths per forward differ from round 1's.
 - ``identical``: the output equals plain greedy's in every round and is the same in every round, so plain greedy

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from redraft.policy.load import SHARE_STEPS
+from redraft.policy.load import SHARE_FLOOR
 
 # Requests first seen within this many calls of each other count as one batch (a prefill split over steps).
 COHORT_CALLS = 4
@@ -65,7 +65,7 @@ def batch_critical(requests: Sequence, sampled: Sequence, max_num_seqs: int | No
 
 
 def tied_shares(critical: Sequence[int | None], chance: Callable[[int], float], *,
-                floor: float = 1.0 / SHARE_STEPS) -> list[float | None]:
+                floor: float = SHARE_FLOOR) -> list[float | None]:
     """Per row, ``share`` for :func:`redraft.policy.load.load_costs`: the part of the step's fixed cost an accepted
     token of this row saves.
 
@@ -79,7 +79,7 @@ def tied_shares(critical: Sequence[int | None], chance: Callable[[int], float], 
         chance: row -> P(the row's next draft has its first token accepted), 0 where it has none; called for the
             slowest rows in order, only when there are two or more, and no further once every share is known to be
             below ``floor`` (a request without a draft settles it at once).
-        floor: shares below it count as 0 (the load rule's grid rounds them down to 0 anyway).
+        floor: shares below it count as 0 (the load rule's grid prices them as 0 anyway).
     Returns:
         per row, None or a share within 0..1.
     """
@@ -88,7 +88,8 @@ def tied_shares(critical: Sequence[int | None], chance: Callable[[int], float], 
     if len(slow) > 1:
         product, least = 1.0, 1.0
         for i in slow:
-            chances[i] = q = max(0.0, min(1.0, chance(i)))
+            q = chance(i)
+            chances[i] = q = max(0.0, min(1.0, q)) if q == q else 0.0  # NaN: no chance
             product, least = product * q, min(least, q)
             # every share, asked for or not, is at most the product of the chances seen without the smallest one
             if q == 0.0 or (len(chances) > 1 and product < floor * least):

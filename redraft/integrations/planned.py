@@ -93,8 +93,8 @@ class PlannedDrafts:
         self.draft: list[int] = []
         self.source = -1
         self.key = ""
-        self._looked = False  # lookup ran since the last propose; _found: the proposal it found
-        self._found: tuple[int, Candidates] | None = None
+        # what lookup found since the last propose: (context length, cap, (drafter index, candidates) or None)
+        self._looked: tuple[int, int, tuple[int, Candidates] | None] | None = None
 
     def settle(self, sampled: Sequence[int]) -> tuple[int, int]:
         """Account the last draft against the ids vLLM sampled (accepted drafts + bonus): the drafters' guards and
@@ -108,26 +108,32 @@ class PlannedDrafts:
         self.draft, self.source, self.key = [], -1, ""
         return p, a
 
-    def lookup(self, context: np.ndarray, cap: int) -> float:
+    def lookup(self, context: np.ndarray, cap: int, carried: int) -> float:
         """P(the first token of this request's draft is accepted), before its price is known: the first source with a
-        proposal for ``context`` (int [L]) and the policy's estimate for its first node; 0.0 when no source proposes.
-        The proposal is kept for the next :meth:`propose`, which must get the same context and cap."""
-        self._looked, self._found = True, self._find(context, cap, 0) if cap > 0 else None
-        if self._found is None:
+        proposal for ``context`` (int [L]) and the policy's estimate q for its first node. 0.0 when no source
+        proposes, or when that first token would not pay for its own row even at the best price this request can
+        get in a step carrying ``carried`` rows (the whole fixed part saved: share 1), so that the other requests
+        are not priced as if it drafted. The proposal is kept for the next :meth:`propose` on the same context."""
+        found = self._find(context, cap, 0) if cap > 0 else None
+        self._looked = (len(context), cap, found)
+        if found is None:
             return 0.0
-        cand = self._found[1]
+        cand = found[1]
         prior = cand.priors[0]
-        return float(self.policy.conditionals([-1], cand.keys[:1], None if np.isnan(prior) else [prior])[0])
+        q = float(self.policy.conditionals([-1], cand.keys[:1], None if np.isnan(prior) else [prior])[0])
+        return q if 1.0 + q > self.policy.pricing.costs(max(1, carried), 1.0)[1] else 0.0
 
     def propose(self, context: np.ndarray, cap: int, carried: int, share: float | None = None) -> list[int]:
         """The draft for ``context`` (int [L], prompt + output so far): at most ``cap`` ids, as many as pay in a step
         already carrying ``carried`` rows (this request's own root row included), an accepted token saving ``share``
         of the step's fixed cost (:func:`redraft.policy.load.load_costs`; None: the row's share of the step). Empty:
         no draft pays."""
-        looked, found, self._looked, self._found = self._looked, self._found, False, None
+        looked, self._looked = self._looked, None
         if cap <= 0 or not self.policy.at_load(carried, share).may_pay(cap):
-            return []  # not even a certain draft pays here: the lookups are skipped (a step's Python time counts)
-        start = len(self.drafters) if looked and found is None else 0  # the lookup found no proposal
+            return []  # not even a certain draft pays here: no (further) lookup (a step's Python time counts)
+        same = looked is not None and looked[:2] == (len(context), cap)  # a lookup of this context ran
+        found = looked[2] if same else None
+        start = len(self.drafters) if same and found is None else 0  # it found nothing: no second search
         while (hit := found or self._find(context, cap, start)) is not None:
             found = None
             j, cand = hit

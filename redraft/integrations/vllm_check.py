@@ -296,10 +296,10 @@ def main(argv=None) -> int:
         return 2
     specs = [spec]
     for i in range(2, args.processes + 1):  # alternate, so a slow stretch of the machine hits both engines
-        plains.append(spawn(args, 0, work / f"plain-{i}.json", env))
-        specs.append(spawn(args, args.k, work / f"replay-{i}.json", env_replay))
-        if plains[-1] is None or specs[-1] is None:
-            return 2
+        for runs, k, name, run_env in ((plains, 0, "plain", env), (specs, args.k, "replay", env_replay)):
+            runs.append(spawn(args, k, work / f"{name}-{i}.json", run_env))
+            if runs[-1] is None:
+                return 2
     try:
         plain, spec = merge_processes(plains), merge_processes(specs)
     except RuntimeError as e:
@@ -342,7 +342,7 @@ def report(name: str, plain: dict, spec: dict, args, corpus: Path) -> dict:
               f"{spec['process_seconds']} s")
     if plain.get("round_seconds") and len(plain["round_seconds"]) > 1:
         print(f"  rounds: without {plain['round_seconds']} s, proposer {spec['round_seconds']} s")
-    print(f"  vLLM spec decode: {drafts} drafts, {drafted} draft tokens, {accepted} accepted "
+    print(f"  vLLM spec decode{' (first process)' if spec.get('process_seconds') else ''}: {drafts} drafts, {drafted} draft tokens, {accepted} accepted "
           f"({100 * accepted / drafted if drafted else 0:.1f}%), mean acceptance length {mal:.2f}")
     print(f"  identical ids: {sum(same)}/{len(same)}")
     for i, ok in enumerate(same):

@@ -330,7 +330,7 @@ class RedraftProposer:
             live[i] = (r, min(self.settings.k, self.max_model_len - int(num_tokens_no_spec[i])))
 
         def chance(i: int) -> float:  # P(row i's draft starts right): a tied slowest request of a draining batch
-            return live[i][0].data.lookup(token_ids_cpu[i, :int(num_tokens_no_spec[i])], live[i][1])
+            return live[i][0].data.lookup(token_ids_cpu[i, :int(num_tokens_no_spec[i])], live[i][1], len(requests))
 
         shares = (tied_shares(batch_critical(requests, sampled_token_ids, self.max_num_seqs), chance)
                   if self.settings.policy else [None] * len(requests))

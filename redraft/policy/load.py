@@ -34,8 +34,7 @@ C(B) / B: c_B above), 0 for the requests ahead of the slowest of a draining batc
 chance that every other one of them advances too, the product of their first draft tokens' acceptance (1 for a lone
 slowest request; :func:`redraft.integrations.draining.tied_shares`). Ten novel requests tied at the start of a batch
 each hold a chance draft now and then, so their product is near 0 and none drafts on its own; ten replays, each
-with a draft the policy trusts, get nearly the whole of F each, since each one's draft is what the others' need.
-Measured
+with a draft the policy trusts, get nearly the whole of F each, since each one's draft is what the others' need. Measured
 with vLLM's CPU build (ten novel requests at once, SmolLM2-135M): C(T) = 23.4 + 1.55 T ms, so a request ahead of the
 slowest values an accepted token at 1.55 ms instead of 3.9 ms and drafts only what is nearly certain; the n-gram and
 corpus drafts that c_B kept there added 13% rows for one step saved in 127.
@@ -46,6 +45,7 @@ share s.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -86,8 +86,23 @@ def load_costs(curve: CostCurve, carried: int, n_max: int, share: float | None =
     return 1.0 + extra / value
 
 
-# Shares are priced on a grid of 1 / SHARE_STEPS, rounded down (a table per grid point, never a dearer draft).
-SHARE_STEPS = 64
+# Shares are priced on a geometric grid, SHARE_STEPS points an octave, rounded down (a table per grid point; never a
+# cheaper draft than the exact share gives); shares below SHARE_FLOOR count as 0.
+SHARE_STEPS = 8
+SHARE_FLOOR = 2.0 ** -10
+
+
+def share_grid(share: float) -> int:
+    """The grid point at or below ``share`` (0..1): 0 below SHARE_FLOOR, else 1 + the whole grid steps (an octave
+    is SHARE_STEPS of them) from SHARE_FLOOR up to the share; :func:`grid_share` maps it back."""
+    if share < SHARE_FLOOR:
+        return 0
+    return 1 + int(math.floor(SHARE_STEPS * math.log2(min(1.0, share)) + 1e-9)) - int(SHARE_STEPS * math.log2(SHARE_FLOOR))
+
+
+def grid_share(point: int) -> float:
+    """The share of a :func:`share_grid` point (<= the share it came from)."""
+    return 0.0 if point <= 0 else 2.0 ** ((point - 1) / SHARE_STEPS + math.log2(SHARE_FLOOR))
 
 
 class LoadPricing:
@@ -96,7 +111,7 @@ class LoadPricing:
     Args:
         curve: the step's cost curve (rows beyond one).
         n_max: most draft rows per request (the cap, e.g. vLLM's num_speculative_tokens).
-        remember: most loads whose tables are kept (the oldest is dropped beyond it).
+        remember: most (load, share) tables kept (the oldest is dropped beyond it).
     """
 
     def __init__(self, curve: CostCurve, n_max: int, remember: int = 4096) -> None:
@@ -106,11 +121,13 @@ class LoadPricing:
         self._lock = threading.Lock()  # requests decoding in several threads share one pricing
 
     def _entry(self, carried: int, share: float | None) -> tuple[np.ndarray, int]:
-        grid = None if share is None else int(min(1.0, max(0.0, share)) * SHARE_STEPS + 1e-9)
+        if share is not None and not 0.0 <= share <= 1.0:
+            raise ValueError(f"LoadPricing needs a share None or within 0..1, got {share}")
+        grid = None if share is None else share_grid(share)
         key = (carried, grid)
         entry = self._tables.get(key)
         if entry is None:
-            table = load_costs(self.curve, carried, self.n_max, None if grid is None else grid / SHARE_STEPS)
+            table = load_costs(self.curve, carried, self.n_max, None if grid is None else grid_share(grid))
             table.setflags(write=False)
             n = np.arange(1, self.n_max + 1)
             below = np.flatnonzero(table[1:] < 1.0 + n - 1e-9)
@@ -122,8 +139,9 @@ class LoadPricing:
         return entry
 
     def costs(self, carried: int, share: float | None = None) -> np.ndarray:
-        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``share`` (rounded down to
-        1 / SHARE_STEPS; read-only, shared between callers and threads)."""
+        """float64 [n_max + 1]: :func:`load_costs` for B = ``carried`` rows and ``share`` (rounded down to its
+        :func:`share_grid` point; read-only, shared between callers and threads). Raises ValueError: a share outside
+        0..1."""
         return self._entry(carried, share)[0]
 
     def fewest_paying(self, carried: int, share: float | None = None) -> int:
