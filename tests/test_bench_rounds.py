@@ -149,3 +149,14 @@ def test_cli_refuses_zero_rounds(capsys):
         p.parse_args(["bench", "run", "--rounds", "0"])
     assert e.value.code == 2
     assert "--rounds" in capsys.readouterr().err
+
+
+def test_cli_names_the_option_of_an_unknown_method_or_workload(capsys):
+    from redraft.cli import build_parser
+
+    p = build_parser()
+    for argv, flag in ((["--methods", "plain,nosuch"], "--methods"), (["--workloads", "nosuch"], "--workloads")):
+        args = p.parse_args(["bench", "run", *argv])
+        with pytest.raises(SystemExit) as e:
+            args.func(args)
+        assert e.value.code == 2 and f"error: {flag}: unknown" in capsys.readouterr().err

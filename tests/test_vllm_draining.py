@@ -86,7 +86,8 @@ def run_cohort(tmp_path, max_num_seqs, join_late=False, steps=6):
     return lengths, batch
 
 
-def test_draining_batch_stops_drafts_ahead_of_the_slowest(tmp_path):
+def test_draining_batch_stops_drafts_ahead_of_the_slowest(tmp_path, monkeypatch):
+    monkeypatch.setattr("redraft.integrations.vllm_proposer.CONFIDENT_CHANCE", 1.01)  # no draft counts as trusted
     lengths, batch = run_cohort(tmp_path, max_num_seqs=64)
     assert all(n == 8 for n in lengths[0][:3]), lengths  # all tied at first: every replay drafts at the cap
     ahead = [row[:3] for row in lengths[1:]]
@@ -123,7 +124,9 @@ def test_no_draft_can_pay_ahead_of_the_slowest_on_a_line():
     assert knee.fewest_paying(1) == 1 and knee.fewest_paying(9) > 16  # the knee's steep part: no row pays
 
 
-def test_requests_ahead_of_the_slowest_skip_their_lookups(tmp_path, monkeypatch):
+def test_each_request_looks_its_draft_up_once_a_step(tmp_path, monkeypatch):
+    """Tied requests look up before they are priced, requests ahead of the slowest to see whether their draft is
+    trusted; either way the proposal found is the one sent, never searched for twice in a step."""
     from redraft.drafters.frozen_corpus import CorpusDrafter
 
     calls = []
@@ -135,7 +138,7 @@ def test_requests_ahead_of_the_slowest_skip_their_lookups(tmp_path, monkeypatch)
 
     monkeypatch.setattr(CorpusDrafter, "propose", spy)
     lengths, _ = run_cohort(tmp_path, max_num_seqs=64, steps=4)
-    assert len(calls) == 4 + 3, (calls, lengths)  # all four at first, then the slowest one alone
+    assert len(calls) == 4 * 4, (calls, lengths)
 
 
 def test_tied_shares():
@@ -164,17 +167,23 @@ def test_tied_shares():
     assert tied_shares([4] * 4, lambda i: asked.append(i) or tiny[i]) == [0.0] * 4 and asked == [0, 1]
 
 
-def test_tied_requests_do_not_draft_while_one_of_them_has_no_draft(tmp_path):
+def test_tied_requests_do_not_draft_while_one_of_them_has_no_draft(tmp_path, monkeypatch):
     """Four requests come in together; three have their answers in the corpus, the fourth has nothing to draft from.
     Under the row's share each replay drafted at the cap; in a draining batch nothing it accepts could end the batch
-    sooner, so none drafts. The same batch full (others could join) keeps the row-share price and drafts."""
+    sooner if the fourth is the last to finish, so an untrusted draft is not sent. The same batch full (others could
+    join) keeps the row-share price and drafts; so do drafts the policy trusts (the fourth may end first)."""
+    import redraft.integrations.vllm_proposer as vp
+
     prompts = [rng_ids(80 + i, 20) for i in range(4)]
     outs = [rng_ids(90 + i, 40) for i in range(4)]
     spans = [p + o for p, o in zip(prompts[:3], outs[:3], strict=True)]
+    trusting = vp.CONFIDENT_CHANCE
 
-    def run(max_num_seqs):
-        (tmp_path / str(max_num_seqs)).mkdir(exist_ok=True)
-        prop = make_policy_proposer(tmp_path / str(max_num_seqs), spans, 8, OVERHEAD, redraft_ngram=0)
+    def run(max_num_seqs, trusted=False):
+        monkeypatch.setattr(vp, "CONFIDENT_CHANCE", trusting if trusted else 1.01)
+        work = tmp_path / f"{max_num_seqs}-{trusted}"
+        work.mkdir()
+        prop = make_policy_proposer(work, spans, 8, OVERHEAD, redraft_ngram=0)
         prop.max_num_seqs = max_num_seqs
         batch = FakeBatch(max_num_reqs=4)
         for i in range(4):
@@ -188,9 +197,10 @@ def test_tied_requests_do_not_draft_while_one_of_them_has_no_draft(tmp_path):
             assert ctx == prompts[i] + outs[i][:len(ctx) - len(prompts[i])]
         return lengths
 
-    draining, full = run(64), run(4)
+    draining, full, trusted = run(64), run(4), run(64, trusted=True)
     assert all(n == 0 for row in draining for n in row), draining
     assert all(row[:3] == [8, 8, 8] for row in full), full
+    assert trusted == full, trusted
 
 
 def test_share_grid_rounds_down_geometrically():
@@ -226,3 +236,35 @@ def test_lookup_counts_no_chance_for_a_first_token_that_cannot_pay_its_row(tmp_p
     req.lookup(ctx, 8, 2)
     req.propose(ctx[:-1], 8, 2, 1.0)  # another context: searched again, not the stored proposal
     assert calls == [len(ctx), len(ctx), len(ctx) - 1]
+
+
+def run_mixed(tmp_path, monkeypatch, trusted):
+    """A replay (128 stored tokens) and a short novel answer (20 tokens, nothing to draft) come in together: the novel
+    one has the fewest tokens at every step, yet it ends first. Returns (steps until both end, the replay's drafts)."""
+    if not trusted:
+        monkeypatch.setattr("redraft.integrations.vllm_proposer.CONFIDENT_CHANCE", 1.01)
+    pa, oa, pb, ob = rng_ids(1, 15), rng_ids(2, 128), rng_ids(3, 15), rng_ids(4, 20)
+    tmp_path.mkdir(exist_ok=True)
+    prop = make_policy_proposer(tmp_path, [pa + oa], 8, OVERHEAD, redraft_ngram=0)
+    prop.max_num_seqs = 16
+    batch = FakeBatch(max_num_reqs=2)
+    batch.add(0, pa, oa)
+    batch.add(1, pb, ob)
+    drafts, steps, replay = None, 0, []
+    while not batch.done(0):
+        sampled, drafts = step(prop, batch, drafts)
+        steps += 1
+        replay.append(len(drafts[0]))
+        if len(batch.reqs) > 1 and batch.done(1):  # the novel answer ends: it leaves the batch
+            batch.reqs, drafts = batch.reqs[:1], drafts[:1]
+    ctx = list(batch.context(0))
+    assert ctx == pa + oa[:len(ctx) - len(pa)]
+    return steps, replay
+
+
+def test_a_trusted_replay_ahead_of_a_short_answer_keeps_drafting(tmp_path, monkeypatch):
+    steps, replay = run_mixed(tmp_path / "a", monkeypatch, trusted=True)
+    assert min(replay[1:10]) == 8, replay  # ahead of the slowest, but its drafts are trusted: its row's share
+    assert steps <= 20, (steps, replay)
+    slow, held = run_mixed(tmp_path / "b", monkeypatch, trusted=False)
+    assert max(held[1:15]) == 0 and slow > steps + 5, (slow, held)  # held back until the short answer ends

@@ -446,9 +446,14 @@ def test_vllm_check_merges_processes_by_their_median_and_refuses_differing_outpu
         merge_processes([engine(7.0), bad])
 
 
-def test_vllm_check_refuses_zero_processes(capsys):
+def test_vllm_check_refuses_bad_counts_and_missing_files_before_any_engine_runs(capsys, tmp_path):
     from redraft.integrations.vllm_check import main
 
-    with pytest.raises(SystemExit):
-        main(["--model", "x", "--processes", "0"])
-    assert "--processes 0: expected an integer >= 1" in capsys.readouterr().err
+    for argv, says in ((["--processes", "0"], "--processes 0: expected an integer >= 1"),
+                       (["--k", "0"], "--k 0: expected an integer >= 1"), (["--n", "0"], "--n 0: expected"),
+                       (["--ngen", "-1"], "--ngen -1: expected"),
+                       (["--questions", str(tmp_path / "no.jsonl")], "no.jsonl: no such file"),
+                       (["--cost-curve", str(tmp_path / "no.json")], "no.json: no such file")):
+        with pytest.raises(SystemExit) as e:
+            main(["--model", str(tmp_path), *argv])
+        assert e.value.code == 2 and says in capsys.readouterr().err, argv

@@ -141,8 +141,8 @@ def test_carried_rows_count_earlier_drafts_in_the_same_step(tmp_path, monkeypatc
     seen = []
     original = PlannedDrafts.propose
 
-    def spy(self, context, cap, carried, share=None):
-        out = original(self, context, cap, carried, share)
+    def spy(self, context, cap, carried, share=None, **kw):
+        out = original(self, context, cap, carried, share, **kw)
         seen.append((carried, len(out)))
         return out
 

@@ -79,12 +79,19 @@ def check_method_flags(args, methods: list[str]) -> None:
                              f"not in --methods {args.methods}")
 
 
-def cmd_bench_run(args) -> int:
+def _parsed(flag: str, parse, *values):
+    """``parse(*values)``; a ValueError is a usage error naming ``flag``, exit status 2 as argparse gives one (1 means
+    an output that differs from plain greedy)."""
     try:
-        counts = parse_workloads(args.workloads, args.questions)
-        methods = parse_methods(args.methods)
+        return parse(*values)
     except ValueError as e:
-        raise SystemExit(f"redraft bench run: error: {e}") from None
+        print(f"redraft bench run: error: {flag}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_bench_run(args) -> int:
+    counts = _parsed("--workloads", parse_workloads, args.workloads, args.questions)
+    methods = _parsed("--methods", parse_methods, args.methods)
     check_method_flags(args, methods)
     gguf = llama_cpp_gguf(args)
     given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS

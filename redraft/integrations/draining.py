@@ -8,7 +8,8 @@ that value (:func:`redraft.policy.load.load_costs`, argument ``share``): for eac
 that the other m - 1 advance too (:func:`tied_shares`), 0 for the others. Anywhere else (a request joined later, or
 the batch is full and finished requests are replaced from a queue) every request keeps its row's share of the step
 (None: c_B), which is also the price that minimises the sum of the requests' latencies. The slowest are those with
-the fewest generated tokens: with a common length limit they finish last. numpy-free; used by
+the fewest generated tokens: with a common length limit they finish last (a guess an early EOS breaks, so a draft the
+policy trusts keeps its row's share wherever it stands: CONFIDENT_CHANCE). numpy-free; used by
 :class:`redraft.integrations.vllm_proposer.RedraftProposer` once per call.
 """
 
@@ -22,6 +23,10 @@ from redraft.policy.load import SHARE_FLOOR
 COHORT_CALLS = 4
 # Requests within this many generated tokens of the slowest count among the slowest.
 SLACK_TOKENS = 0
+# A draft whose first token the policy trusts at least this much keeps at least its row's share of the step, wherever
+# its request stands: "the fewest generated tokens finish last" is a guess that a request ending early (EOS) breaks,
+# and a replay ahead of a short novel answer may well be the one the batch waits for.
+CONFIDENT_CHANCE = 0.95
 
 
 def critical_counts(rows: Sequence[tuple[int, int] | None], full: bool, *, cohort_calls: int = COHORT_CALLS,

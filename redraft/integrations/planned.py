@@ -118,21 +118,30 @@ class PlannedDrafts:
         self._looked = (len(context), cap, found)
         if found is None:
             return 0.0
-        cand = found[1]
-        prior = cand.priors[0]
-        q = float(self.policy.conditionals([-1], cand.keys[:1], None if np.isnan(prior) else [prior])[0])
+        q = self._chance(found[1])
         return q if 1.0 + q > self.policy.pricing.costs(max(1, carried), 1.0)[1] else 0.0
 
-    def propose(self, context: np.ndarray, cap: int, carried: int, share: float | None = None) -> list[int]:
+    def _chance(self, cand: Candidates) -> float:
+        prior = cand.priors[0]
+        return float(self.policy.conditionals([-1], cand.keys[:1], None if np.isnan(prior) else [prior])[0])
+
+    def propose(self, context: np.ndarray, cap: int, carried: int, share: float | None = None, *,
+                confident: tuple[float, float] | None = None) -> list[int]:
         """The draft for ``context`` (int [L], prompt + output so far): at most ``cap`` ids, as many as pay in a step
         already carrying ``carried`` rows (this request's own root row included), an accepted token saving ``share``
         of the step's fixed cost (:func:`redraft.policy.load.load_costs`; None: the row's share of the step). Empty:
-        no draft pays."""
+        no draft pays. ``confident`` = (chance, floor): a draft whose first token's chance is at least ``chance`` is
+        priced at a share of at least ``floor``."""
         looked, self._looked = self._looked, None
-        if cap <= 0 or not self.policy.at_load(carried, share).may_pay(cap):
-            return []  # not even a certain draft pays here: no (further) lookup (a step's Python time counts)
         same = looked is not None and looked[:2] == (len(context), cap)  # a lookup of this context ran
         found = looked[2] if same else None
+        if confident is not None and share is not None and share < confident[1] and cap > 0:
+            if not same:
+                found, same = self._find(context, cap, 0), True
+            if found is not None and self._chance(found[1]) >= confident[0]:
+                share = confident[1]
+        if cap <= 0 or not self.policy.at_load(carried, share).may_pay(cap):
+            return []  # not even a certain draft pays here: no (further) lookup (a step's Python time counts)
         start = len(self.drafters) if same and found is None else 0  # it found nothing: no second search
         while (hit := found or self._find(context, cap, start)) is not None:
             found = None

@@ -240,8 +240,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--batch", action="store_true", help="submit all questions at once (default: one at a time)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="passes over each question set per engine; times are the median round's (default 1; a "
-                        "single pair of runs swings by +-10%% on a shared CPU: use 5 to compare within a few %%)")
+                   help="passes over each question set per engine process; times are the median round's (default 1; "
+                        "rounds share a process, so they do not average out the process's own speed: see "
+                        "--processes)"),
     p.add_argument("--processes", type=int, default=1,
                    help="processes per engine, alternating plain and proposer; times are the median process's "
                         "(default 1; a fresh process can run ~10%% faster or slower for its whole life on a shared "
@@ -258,9 +259,12 @@ def main(argv=None) -> int:
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cost-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for flag in ("rounds", "processes"):
+    for flag in ("rounds", "processes", "n", "ngen") + (() if args.child else ("k",)):
         if getattr(args, flag) < 1:
             p.error(f"--{flag} {getattr(args, flag)}: expected an integer >= 1")
+    for flag in ("questions", "cost_curve"):
+        if getattr(args, flag) is not None and not getattr(args, flag).is_file():
+            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: no such file")
     if args.child:
         args.k = args.k or None
         return child(args)

@@ -72,7 +72,7 @@ from redraft.corpus.directory import (
 )
 from redraft.corpus.online import OnlineCorpus
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
-from redraft.integrations.draining import batch_critical, tied_shares
+from redraft.integrations.draining import CONFIDENT_CHANCE, batch_critical, tied_shares
 from redraft.integrations.planned import PlannedDrafts, RequestDrafts, load_step_curve
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
@@ -339,7 +339,8 @@ class RedraftProposer:
         for i, (r, cap) in live.items():
             context = token_ids_cpu[i, :int(num_tokens_no_spec[i])]
             if self.settings.policy:
-                draft = r.data.propose(context, cap, carried, shares[i])
+                draft = r.data.propose(context, cap, carried, shares[i],
+                                       confident=(CONFIDENT_CHANCE, 1.0 / len(requests)))
             else:
                 draft = r.data.propose(context, cap)
             carried += len(draft)

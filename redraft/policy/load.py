@@ -95,14 +95,14 @@ SHARE_FLOOR = 2.0 ** -10
 def share_grid(share: float) -> int:
     """The grid point at or below ``share`` (0..1): 0 below SHARE_FLOOR, else 1 + the whole grid steps (an octave
     is SHARE_STEPS of them) from SHARE_FLOOR up to the share; :func:`grid_share` maps it back."""
-    if share < SHARE_FLOOR:
+    if not share >= SHARE_FLOOR:  # NaN too
         return 0
-    return 1 + int(math.floor(SHARE_STEPS * math.log2(min(1.0, share)) + 1e-9)) - int(SHARE_STEPS * math.log2(SHARE_FLOOR))
+    return 1 + math.floor(SHARE_STEPS * math.log2(min(1.0, share))) - round(SHARE_STEPS * math.log2(SHARE_FLOOR))
 
 
 def grid_share(point: int) -> float:
     """The share of a :func:`share_grid` point (<= the share it came from)."""
-    return 0.0 if point <= 0 else 2.0 ** ((point - 1) / SHARE_STEPS + math.log2(SHARE_FLOOR))
+    return 0.0 if point <= 0 else 2.0 ** ((point - 1 + round(SHARE_STEPS * math.log2(SHARE_FLOOR))) / SHARE_STEPS)
 
 
 class LoadPricing:
@@ -178,4 +178,4 @@ class LoadAwarePolicy(SpeculationPolicy):
         """False when no draft of at most ``depth`` tokens can beat a plain step at the load set by :meth:`at_load`,
         even with every token accepted (a row costs a whole token: c(n) >= 1 + n); only a probe could draft then,
         and it would cost what it might save. The caller may skip its drafters for this step."""
-        return self.pricing.fewest_paying(max(1, int(self.carried)), self.share) <= depth
+        return self.pricing.fewest_paying(max(1, int(self.carried)), self.share) <= min(depth, self.pricing.n_max)
