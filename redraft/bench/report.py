@@ -189,7 +189,9 @@ def text_table(results: dict) -> str:
     """A compact plain-text summary for the terminal."""
     lines = []
     for w, wr in results["workloads"].items():
-        lines.append(f"{w} ({len(wr['questions'])} questions, ngen {results['config']['ngen']})")
+        rounds = results["config"].get("rounds", 1)
+        lines.append(f"{w} ({len(wr['questions'])} questions, ngen {results['config']['ngen']}"
+                     + (f", each question's median of {rounds} rounds)" if rounds > 1 else ")"))
         head = (f"  {'method':<14} {'tok/s':>7} {'speedup':>8} {'tok/fwd':>8} {'fwd':>6} {'accept':>7} "
                 f"{'of ceiling':>12}  same")
         lines += [head, "  " + "-" * (len(head) - 2)]

@@ -288,9 +288,9 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_bench_corpus)
 
     p = bsub.add_parser("run", help="workloads x methods benchmark against HF generate / prompt lookup / llama.cpp",
-                        description="Benchmark redraft's draft configurations side by side with Hugging Face "
-                                    "generate (greedy, prompt lookup) and llama.cpp on Spec-Bench workloads. "
-                                    "Prints a table; --out DIR writes results.json (every raw figure), results.md "
+                        description="Benchmark redraft's draft configurations side by side with Hugging Face\n"
+                                    "generate (greedy, prompt lookup) and llama.cpp on Spec-Bench workloads.\n"
+                                    "Prints a table; --out DIR writes results.json (every raw figure), results.md\n"
                                     "and PNG plots.",
                         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)

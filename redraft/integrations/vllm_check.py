@@ -237,7 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--ngen", type=int, default=128, help="max new tokens per question (default 128)")
     p.add_argument("--k", type=int, default=32, help="num_speculative_tokens for the proposer (default 32)")
     p.add_argument("--dtype", default="float32", help="vLLM dtype (default float32)")
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=2048,
+                   help="vLLM's max_model_len: prompt + output tokens per request (default 2048)")
     p.add_argument("--batch", action="store_true", help="submit all questions at once (default: one at a time)")
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over each question set per engine process; times are the median round's (default 1; "
