@@ -226,10 +226,9 @@ def bench(model, eos_token_ids: Sequence[int], encoder: Encoder, questions: Sequ
         for n in range(rounds):
             built, skipped = build_methods(methods, model, eos_token_ids, corpus, cfg)
             ms = built + list(extra_methods)
-            # the cost curve each policy-driven method decides with (measured in round 1, or injected)
-            policies = {m.name: m.engine.policy for m in ms
-                        if getattr(getattr(m, "engine", None), "policy", None) is not None}
-            if n == 0:
+            if n == 0:  # the cost curve each policy-driven method decides with (measured in round 1, or injected)
+                policies = {m.name: m.engine.policy for m in ms
+                            if getattr(getattr(m, "engine", None), "policy", None) is not None}
                 curves = {name: p.curve.to_dict() for name, p in policies.items()}
                 if cfg.curve is None and "policy" in policies:  # later rounds reuse it: no second measurement
                     cfg = replace(cfg, curve=policies["policy"].curve)

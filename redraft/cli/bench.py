@@ -118,8 +118,9 @@ def cmd_bench_run(args) -> int:
     for p in write_outputs(results, Path(args.out) if args.out else None, args.json):
         print(f"wrote {p}", file=sys.stderr)
     for d in results.get("rounds_differing", []):
-        print(f"redraft bench: WARNING: {d['workload']}/{d['method']} decisions (forwards, draft depths, sources, accepted tokens, stop) or output changed between rounds on "
-              f"questions {', '.join(map(str, d['questions']))}", file=sys.stderr)
+        print(f"redraft bench: WARNING: {d['workload']}/{d['method']} decisions (forwards, draft depths, sources, "
+              f"accepted tokens, stop) or output changed between rounds on questions "
+              f"{', '.join(map(str, d['questions']))}", file=sys.stderr)
     bad = [d for d in results["differing"] if not d["expected"]]
     for d in results["differing"]:
         note = " (expected: different runtime)" if d["expected"] else ""

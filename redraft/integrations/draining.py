@@ -15,6 +15,7 @@ policy trusts keeps its row's share wherever it stands: CONFIDENT_CHANCE). numpy
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from redraft.policy.load import SHARE_FLOOR
@@ -101,9 +102,10 @@ def tied_shares(critical: Sequence[int | None], chance: Callable[[int], float], 
                 return [None if m is None else 0.0 for m in critical]
     out: list[float | None] = []
     for i, m in enumerate(critical):
-        share: float | None = None if m is None else float(bool(m))
-        for j in chances:
-            if j != i and m:
-                share = (share or 0.0) * chances[j]
-        out.append(share)
+        if m is None:
+            out.append(None)  # not a draining batch: the row's share
+        elif m == 0:
+            out.append(0.0)  # ahead of the slowest
+        else:
+            out.append(math.prod(q for j, q in chances.items() if j != i))  # 1 for a lone slowest request
     return out

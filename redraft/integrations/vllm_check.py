@@ -131,12 +131,21 @@ def run_rounds(llm, prompts: list[list[int]], args) -> dict:
         RuntimeError: a later round's outputs differ from the first's (greedy decoding must repeat itself).
     """
     passes = [run_pass(llm, prompts, args) for _ in range(max(1, args.rounds))]
-    first = dict(passes[0])
-    if any(p["outputs"] != first["outputs"] for p in passes[1:]):
-        raise RuntimeError("vllm-check: a repeated round gave other outputs than the first")
+    first = median_pass(passes, "a repeated round")
     first["round_seconds"] = [round(p["seconds"], 3) for p in passes]
-    first["seconds"] = statistics.median(p["seconds"] for p in passes)
     return first
+
+
+def median_pass(passes: list[dict], which: str) -> dict:
+    """The first of several passes over the same questions, with "seconds" their median.
+
+    Raises:
+        RuntimeError: a later pass's outputs differ from the first's (greedy decoding must repeat itself); the
+            message says ``which`` pass did.
+    """
+    if any(p["outputs"] != passes[0]["outputs"] for p in passes[1:]):
+        raise RuntimeError(f"vllm-check: {which} gave other outputs than the first")
+    return dict(passes[0], seconds=statistics.median(p["seconds"] for p in passes))
 
 
 def run_pass(llm, prompts: list[list[int]], args) -> dict:
@@ -175,12 +184,9 @@ def merge_processes(runs: list[dict]) -> dict:
         passes = [r.get(name) for r in runs]
         if any(p is None for p in passes):
             continue
-        if any(p["outputs"] != passes[0]["outputs"] for p in passes[1:]):
-            raise RuntimeError(f"vllm-check: another process gave other outputs than the first on the {name} set")
-        first = dict(passes[0])
+        first = median_pass(passes, f"another process on the {name} set")
         first["process_seconds"] = [round(p["seconds"], 3) for p in passes]
         first["round_seconds"] = [s for p in passes for s in p.get("round_seconds", [p["seconds"]])]
-        first["seconds"] = statistics.median(p["seconds"] for p in passes)
         merged[name] = first
     return merged
 

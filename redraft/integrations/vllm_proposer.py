@@ -326,7 +326,8 @@ class RedraftProposer:
                 # finished (unless it ignores EOS): learn it now, vLLM may kill this process before it leaves
                 _learn(self.learner, [r], self.eos)
                 r.data.learned = True
-            self.totals["proposed"], self.totals["accepted"] = self.totals["proposed"] + p, self.totals["accepted"] + a
+            self.totals["proposed"] += p
+            self.totals["accepted"] += a
             live[i] = (r, min(self.settings.k, self.max_model_len - int(num_tokens_no_spec[i])))
 
         def chance(i: int) -> float:  # P(row i's draft starts right): a tied slowest request of a draining batch
