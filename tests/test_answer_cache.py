@@ -165,6 +165,7 @@ def test_a_repeated_request_is_answered_from_the_cache_identically(live, loaded)
         again = _complete(live, prompt, 24)
         assert again["choices"][0]["text"] == want
         assert again["redraft"]["answer_cache_hit"] is True and again["redraft"]["forwards"] == 0
+        assert again["redraft"]["tokens_per_forward"] is None and again["redraft"]["tokens_per_second"] is None
         assert again["redraft"]["learned"] is False
         sources = again["redraft"]["sources"]  # the same sources as a decoded answer's, nothing proposed
         assert "corpus" in sources and all(s["proposed"] == 0 for s in sources.values())

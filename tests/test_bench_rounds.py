@@ -160,3 +160,16 @@ def test_cli_names_the_option_of_an_unknown_method_or_workload(capsys):
         with pytest.raises(SystemExit) as e:
             args.func(args)
         assert e.value.code == 2 and f"error: {flag}: unknown" in capsys.readouterr().err
+
+
+def test_cli_refuses_an_output_it_cannot_write_before_the_run(capsys, tmp_path, monkeypatch):
+    from redraft.cli import build_parser
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("redraft.cli.bench.os.makedirs", refuse)
+    args = build_parser().parse_args(["bench", "run", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as e:
+        args.func(args)
+    assert e.value.code == 2 and "--out" in capsys.readouterr().err

@@ -89,9 +89,30 @@ def _parsed(flag: str, parse, *values):
         raise SystemExit(2) from None
 
 
+def _writable_or_exit(out: str | None, json_path: str | None) -> None:
+    """Create ``--out`` and try ``--json``'s file before the run, not after it: a path the checks of the argument
+    types let through (a root user on a read-only file system) fails here with exit status 2, naming its option."""
+    for flag, path in (("--out", out), ("--json", json_path)):
+        if path is None:
+            continue
+        try:
+            if flag == "--out":
+                os.makedirs(path, exist_ok=True)
+            else:
+                existed = os.path.exists(path)
+                with open(path, "a", encoding="utf-8"):
+                    pass
+                if not existed:
+                    os.remove(path)
+        except OSError as e:
+            print(f"redraft bench run: error: {flag} {path}: cannot be written ({e.strerror or e})", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 def cmd_bench_run(args) -> int:
     counts = _parsed("--workloads", parse_workloads, args.workloads, args.questions)
     methods = _parsed("--methods", parse_methods, args.methods)
+    _writable_or_exit(args.out, args.json)
     check_method_flags(args, methods)
     gguf = llama_cpp_gguf(args)
     given = {name: getattr(args, name) for _, name, _ in METHOD_FLAGS

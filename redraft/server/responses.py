@@ -50,12 +50,14 @@ def usage(req: ParsedRequest, jobs: list[Job], outcomes: list[Outcome]) -> dict:
 
 def stats(job: Job, out: Outcome) -> dict[str, Any]:
     """The ``redraft`` extension field: one generation's speculation statistics and timings; ``answer_cache_hit``:
-    the answer came from the answer cache (``forwards`` 0)."""
+    the answer came from the answer cache (``forwards`` 0, and ``tokens_per_forward`` / ``tokens_per_second`` null:
+    no forward ran to divide by)."""
     res = out.result
-    return {"tokens_per_forward": round(res.tokens_per_forward, 4), "forwards": res.forwards,
+    ran = res.forwards > 0
+    return {"tokens_per_forward": round(res.tokens_per_forward, 4) if ran else None, "forwards": res.forwards,
             "sources": {name: st.to_dict(digits=4) for name, st in res.sources.items()},
             "queue_seconds": round(job.queue_seconds, 4), "generation_seconds": round(res.seconds, 4),
-            "tokens_per_second": round(res.tokens_per_second, 2), "learned": out.learned,
+            "tokens_per_second": round(res.tokens_per_second, 2) if ran else None, "learned": out.learned,
             "prefix_hit_tokens": res.prefix_hit_tokens, "answer_cache_hit": out.answer_cache_hit,
             "seed": job.payload.sampling.seed}
 
