@@ -2,15 +2,14 @@
 
 Checked: packed attention keeps sequences apart (a change to one sequence's cache never reaches another's logits)
 and leaves the model's own forward bit for bit, a
-lone sequence runs HFTarget's own forward, N sequences decoded concurrently (drafters, trees, planted near-ties,
+lone sequence runs its target's own forward, N sequences decoded in one step loop (drafters, trees, planted near-ties,
 random arrival orders, prompts longer than a chunk) give exactly plain greedy decoding's ids, a long prompt is
-chunked so running sequences wait at most one chunk's forward, a cancel frees the sequence at once, and the
+chunked so running sequences wait at most one chunk's forward, a cancelled sequence leaves the batch at once, and the
 policy's draft depth follows the rows a step carries for other sequences.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -22,10 +21,11 @@ from hypothesis import strategies as st
 from redraft.compose import build_policy
 from redraft.compose.build import batched_policy
 from redraft.corpus import Corpus
-from redraft.decoding.batching import BatchedTarget, SequenceCancelled, StepBatcher
+from redraft.decoding.batching import SequenceCancelled, StepBatcher, run_together
 from redraft.decoding.engine import Engine
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, own_mask, packed_forward
 from redraft.decoding.sampling import GREEDY, TokenChooser
+from redraft.decoding.sequence import Sequence, forward
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.stepcost import StepCostFit, key_weight
@@ -34,8 +34,6 @@ from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.policy import CostCurve
 from redraft.tree import TokenTree
-
-JOIN_S = 120  # a sequence thread that has not finished by then failed (a lost wake-up would hang here)
 
 
 @pytest.fixture(scope="module")
@@ -54,37 +52,13 @@ def _settings(n: int):
 
 
 def run_concurrently(batcher: StepBatcher, jobs, starts=None) -> list:
-    """Run ``jobs[i](target)`` each in its own thread on its own BatchedTarget; job i starts once the batcher has run
-    ``starts[i]`` steps (or 2 s passed). Returns the results; re-raises the first job error."""
-    results, errors = [None] * len(jobs), []
-
-    def body(i):
-        deadline = time.monotonic() + 2.0
-        while starts and batcher.steps < starts[i] and time.monotonic() < deadline:
-            time.sleep(0.001)
-        t = batcher.sequence()
-        try:
-            results[i] = jobs[i](t)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            errors.append(e)
-        finally:
-            t.close()
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(len(jobs))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(JOIN_S)
-        assert not th.is_alive(), "a sequence thread never finished"
-    if errors:
-        raise errors[0]
-    return results
-
-
-def started(model, **kw) -> StepBatcher:
-    b = StepBatcher(model, **kw)
-    b.start()
-    return b
+    """Run the step functions ``jobs[i](target)`` (each on a new target of the batcher) in one step loop; job i starts
+    once the batcher has run ``starts[i]`` steps. Returns the results; re-raises the first job error."""
+    seqs = run_together(batcher, [job(batcher.new_target()) for job in jobs], starts)
+    for s in seqs:
+        if s.error is not None:
+            raise s.error
+    return [s.result for s in seqs]
 
 
 # ---- the mask and the packed forward ------------------------------------------------------------------------------
@@ -157,32 +131,29 @@ def test_rows_of_other_sequences_never_attend_to_each_other(model, eager, attn):
     torch.testing.assert_close(a0, solo, atol=1e-4, rtol=0)
 
 
-def test_a_lone_sequence_runs_hftarget_forward_bit_for_bit(model):
-    b = started(model)
-    try:
-        t = b.sequence()
-        ref = HFTarget(model)
-        ref.reset()
+def test_a_lone_sequence_runs_its_target_forward_bit_for_bit(model):
+    b = StepBatcher(model)
+    t, ref = b.new_target(), HFTarget(model)
+    ref.reset()
+
+    def steps():
         for ids in ([4, 8, 15, 16, 23, 42], [7], [1, 2, 3]):
-            assert torch.equal(t.forward(ids, n_logits=len(ids)), ref.forward(ids, n_logits=len(ids)))
+            got = yield from forward(t, ids, n_logits=len(ids))
+            assert torch.equal(got, ref.forward(ids, n_logits=len(ids)))
             assert t.last_forward_plain and t.carried_rows == 1 and t.length == ref.length
-        assert b.kv_tokens == 10 and b.running == 1
-        t.close()
-        assert b.kv_tokens == 0 and b.running == 0
-    finally:
-        b.stop()
+        return "done"
+
+    [seq] = run_together(b, [steps()])
+    assert seq.error is None and seq.result == "done" and b.steps == 3 and b.active == 0
 
 
 def test_a_lone_engine_is_unchanged_with_drafts(model):
     prompt = [7, 21, 3, 88, 40, 12, 7, 21, 3]
     want = plain_greedy(model, prompt, 40)
     ref = Engine(model, [SequenceDrafter(prompt + want)], max_depth=8).generate(prompt, 40)
-    b = started(model)
-    try:
-        [got] = run_concurrently(b, [lambda t: Engine(t, [SequenceDrafter(prompt + want)], max_depth=8)
-                                     .generate(prompt, 40)])
-    finally:
-        b.stop()
+    b = StepBatcher(model)
+    [got] = run_concurrently(b, [lambda t: Engine(t, [SequenceDrafter(prompt + want)], max_depth=8)
+                                 .steps(prompt, 40)])
     assert got.output_ids == ref.output_ids == want
     assert got.forwards == ref.forwards and got.accepted_per_forward == ref.accepted_per_forward
 
@@ -202,35 +173,36 @@ def test_a_chunked_tree_forward_gives_its_rows_across_chunks(model):
     ref.forward(prompt)
     pos, mask = tree_positions(tree, ref.length, 1), tree_attention_mask(tree, ref.length, 1, ref.dtype)
     want = ref.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
-    b = started(model, max_batch_tokens=3, min_chunk=2, gather_s=0.0)
-    try:
-        t = b.sequence()
-        t.forward(prompt)
-        assert t.last_forward_plain  # 5 rows > 3, but the only sequence: whole, HFTarget's path
-        b.cost_fit = StepCostFit(0.0)  # chunks of max_batch_tokens rows at any depth
-        idle = b.sequence()  # another registered sequence (not asking): long forwards are chunked now
-        got = t.forward([2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)
-        assert not t.last_forward_plain and got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-        assert [r for s in list(b.step_log)[1:] for _, r in s] == [3, 3, 3, 2]  # 11 rows in chunks of at most 3
-        for mine, theirs in zip(t.cache.layers, ref.cache.layers, strict=True):
-            torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-4, rtol=0)
-        t.close()
-        idle.close()
-    finally:
-        b.stop()
+    b = StepBatcher(model, max_batch_tokens=3, min_chunk=2)
+    b.cost_fit = StepCostFit(0.0)  # chunks of max_batch_tokens rows at any depth
+    t, got, finished = b.new_target(), [], []
+
+    def main():
+        yield from forward(t, prompt)
+        assert t.last_forward_plain  # 5 rows > 3, but the only sequence: whole, its target's own forward
+        got.append((yield from forward(t, [2] + tree.tokens, pos, mask, n_logits=len(tree) + 1)))
+        assert not t.last_forward_plain
+        finished.append(True)
+
+    def other(o):  # another running sequence (from the second step): long forwards are chunked now
+        while not finished:
+            yield from forward(o, [7])
+
+    seqs = run_together(b, [main(), other(b.new_target())], starts=[0, 1])
+    assert all(s.error is None for s in seqs)
+    assert got[0].shape == want.shape
+    torch.testing.assert_close(got[0], want, atol=1e-4, rtol=0)
+    mine = [r for step in list(b.step_log)[1:] for n, r in step if n == b.number(t)]
+    assert sum(mine) == 11 and len(mine) >= 4 and max(mine) <= 3  # 11 rows in chunks of at most 3
+    for a, theirs in zip(t.cache.layers, ref.cache.layers, strict=True):
+        torch.testing.assert_close(a.keys, theirs.keys, atol=1e-4, rtol=0)
 
 
-def test_bad_arguments_and_an_unstarted_batcher(model):
+def test_bad_arguments(model):
     with pytest.raises(ValueError, match="max_batch_tokens"):
         StepBatcher(model, max_batch_tokens=0)
-    b = StepBatcher(model)
-    t = b.sequence()
-    with pytest.raises(RuntimeError, match="start"):
-        t.forward([1, 2])
-    t.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        t.forward([1])
+    with pytest.raises(ValueError, match="min_chunk"):
+        StepBatcher(model, min_chunk=0)
 
 
 # ---- exactness under batching ------------------------------------------------------------------------------------
@@ -252,7 +224,7 @@ def _job(prompt, n, kind, want, margin=None, eos=()):
     def job(t):
         drafters, merge = _drafters(kind, prompt, want)
         return Engine(t, drafters, max_depth=8, merge=merge, exact=True, exact_margin=margin,
-                      eos_token_ids=eos).generate(prompt, n)
+                      eos_token_ids=eos).steps(prompt, n)
     return job
 
 
@@ -263,11 +235,8 @@ def test_concurrent_sequences_decode_exactly_as_plain_greedy_alone(model, margin
     kinds = ["oracle", "garbage", "tree", "ngram", "plain"]
     n = 36
     wants = [plain_greedy(model, p, n) for p in prompts]
-    b = started(model, max_batch_tokens=24, min_chunk=4, gather_s=0.05)
-    try:
-        got = run_concurrently(b, [_job(p, n, k, w, margin) for p, k, w in zip(prompts, kinds, wants, strict=True)])
-    finally:
-        b.stop()
+    b = StepBatcher(model, max_batch_tokens=24, min_chunk=4)
+    got = run_concurrently(b, [_job(p, n, k, w, margin) for p, k, w in zip(prompts, kinds, wants, strict=True)])
     for p, r, w in zip(prompts, got, wants, strict=True):
         assert r.output_ids == w, p
     assert max(len(s) for s in b.step_log) >= 3, "the sequences were never batched together"
@@ -291,15 +260,12 @@ def test_random_arrival_orders_prompt_lengths_and_budgets_decode_exactly(model, 
         starts.append(data.draw(st.integers(0, 6), label="start step"))
     margin = data.draw(st.sampled_from([None, 1e-3, 1.0]), label="exact margin")
     wants = [plain_greedy(model, p, n) for p, n in zip(prompts, ns, strict=True)]
-    b = started(model, max_batch_tokens=12, min_chunk=4, gather_s=0.01)
-    try:
-        got = run_concurrently(b, [_job(p, n, kd, w, margin)
-                                   for p, n, kd, w in zip(prompts, ns, kinds, wants, strict=True)], starts)
-    finally:
-        b.stop()
+    b = StepBatcher(model, max_batch_tokens=12, min_chunk=4)
+    got = run_concurrently(b, [_job(p, n, kd, w, margin)
+                               for p, n, kd, w in zip(prompts, ns, kinds, wants, strict=True)], starts)
     for r, w in zip(got, wants, strict=True):
         assert r.output_ids == w
-    assert b.running == 0 and b.kv_tokens == 0
+    assert b.active == 0 and b.in_progress == 0
 
 
 @_settings(10)
@@ -315,14 +281,11 @@ def test_planted_near_ties_under_batching(model, data):
         def run(t):
             corpus = Corpus.from_spans([span], vocab_size=VOCAB)
             return Engine(t, [CorpusDrafter(corpus, k=k, guard=AcceptanceGuard(0.0)), NgramDrafter(k=k, min_n=1)],
-                          eos_token_ids=eos, max_depth=k, exact=True, exact_margin=margin).generate(prompt, n)
+                          eos_token_ids=eos, max_depth=k, exact=True, exact_margin=margin).steps(prompt, n)
         return run
 
-    b = started(model, max_batch_tokens=16, min_chunk=4, gather_s=0.01)
-    try:
-        got = run_concurrently(b, [job(c) for c in cases])
-    finally:
-        b.stop()
+    b = StepBatcher(model, max_batch_tokens=16, min_chunk=4)
+    got = run_concurrently(b, [job(c) for c in cases])
     for (_, _, _, want, _), r in zip(cases, got, strict=True):
         assert r.output_ids == want
 
@@ -357,12 +320,9 @@ def test_a_long_prompt_is_chunked_beside_running_sequences(model):
     wants = [plain_greedy(model, p, n_short) for p in short] + [plain_greedy(model, long_prompt, n_long)]
     jobs = [_job(p, n_short, "plain", w) for p, w in zip(short, wants[:3], strict=True)]
     jobs.append(_job(long_prompt, n_long, "plain", wants[-1]))
-    b = started(model, max_batch_tokens=budget, min_chunk=chunk, gather_s=2.0)  # every thread makes each step
+    b = StepBatcher(model, max_batch_tokens=budget, min_chunk=chunk)  # every thread makes each step
     b.cost_fit = StepCostFit(0.0)  # chunks of the budget at any depth (the shrinking deeper in: the next test)
-    try:
-        got = run_concurrently(b, jobs, starts=[0, 0, 0, 4])
-    finally:
-        b.stop()
+    got = run_concurrently(b, jobs, starts=[0, 0, 0, 4])
     assert [r.output_ids for r in got] == wants
     log = list(b.step_log)
     long_no = max(n for s in log for n, _ in s)  # the last sequence registered
@@ -380,13 +340,10 @@ def test_deeper_chunks_of_a_long_prompt_get_fewer_rows(model):
     rows go through, and the output is plain decoding's."""
     long_prompt = [(5 * i + 1) % VOCAB for i in range(120)]
     wants = [plain_greedy(model, [3, 4, 5], 40), plain_greedy(model, long_prompt, 4)]
-    b = started(model, max_batch_tokens=32, min_chunk=2, gather_s=2.0)
+    b = StepBatcher(model, max_batch_tokens=32, min_chunk=2)
     assert b.cost_fit.prior > 0
-    try:
-        got = run_concurrently(b, [_job([3, 4, 5], 40, "plain", wants[0]), _job(long_prompt, 4, "plain", wants[1])],
-                               starts=[0, 3])
-    finally:
-        b.stop()
+    got = run_concurrently(b, [_job([3, 4, 5], 40, "plain", wants[0]), _job(long_prompt, 4, "plain", wants[1])],
+                           starts=[0, 3])
     assert [r.output_ids for r in got] == wants
     log = list(b.step_log)
     long_no = max(n for s in log for n, _ in s)
@@ -418,91 +375,46 @@ class SlowDrafter:
 
 
 def test_running_sequences_join_every_chunk_step_of_a_long_prefill(model):
-    """A chunked forward does not make the step loop skip the gather wait: running sequences that draft between their
-    forwards still join each of the long prompt's chunk steps (each stalls them by at most one chunk)."""
+    """Running sequences that draft between their forwards join every one of the long prompt's chunk steps (each
+    stalls them by at most one chunk): the step loop asks every sequence for its next forward before each step."""
     budget = 8  # 3 decode rows + a chunk of 5
     short = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     long_prompt = [(7 * i + 3) % VOCAB for i in range(110)]
     n_short = 60
-    b = started(model, max_batch_tokens=budget, min_chunk=4, gather_s=0.05)
+    b = StepBatcher(model, max_batch_tokens=budget, min_chunk=4)
 
     def stream(p):
-        return lambda t: Engine(t, [SlowDrafter(0.002)]).generate(p, n_short)
+        return lambda t: Engine(t, [SlowDrafter(0.002)]).steps(p, n_short)
 
-    jobs = [stream(p) for p in short] + [lambda t: Engine(t, []).generate(long_prompt, 2)]
-    # forwards slower than the gather deadline: the long prompt arrives during a step, and its first chunk must
-    # still wait for the streams' next rows
-    hook = model.register_forward_pre_hook(lambda *_: time.sleep(0.06))
-    try:
-        got = run_concurrently(b, jobs, starts=[0, 0, 0, 6])
-    finally:
-        hook.remove()
-        b.stop()
+    jobs = [stream(p) for p in short] + [lambda t: Engine(t, []).steps(long_prompt, 2)]
+    got = run_concurrently(b, jobs, starts=[0, 0, 0, 6])
     assert [r.output_ids for r in got[:3]] == [plain_greedy(model, p, n_short) for p in short]
     log = list(b.step_log)
     long_no = max(n for s in log for n, _ in s)
     chunked = [s for s in log if any(n == long_no and r > 1 for n, r in s)]
     assert len(chunked) >= len(long_prompt) // budget
-    with_all = [s for s in chunked if sum(1 for n, _ in s if n != long_no) == 3]
-    assert chunked[0] in with_all, chunked[0]
-    # a thread the OS does not run within the gather deadline may miss a step on a loaded machine; without the
-    # wait about every other chunk step ran alone
-    assert len(with_all) >= 0.9 * len(chunked), (len(with_all), len(chunked))
+    assert all(sum(1 for n, _ in s if n != long_no) == 3 for s in chunked), chunked
 
 
-def test_cancel_mid_prefill_frees_the_sequence_at_once(model):
-    gather = 1.0
-    b = started(model, max_batch_tokens=8, min_chunk=4, gather_s=gather)
-    idle = b.sequence()  # registered, never asks: every step waits the gather deadline
-    cancel = threading.Event()
-    t = b.sequence(cancel)
-    caught = []
-
-    def body():
-        try:
-            Engine(t, []).generate([(3 * i) % VOCAB for i in range(80)], 4)
-        except SequenceCancelled as e:
-            caught.append((e, time.monotonic()))
-
-    th = threading.Thread(target=body, daemon=True)
-    try:
-        th.start()
-        deadline = time.monotonic() + 30
-        while t.length < 8 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert 8 <= t.length < 80 and b.running == 2 and b.kv_tokens == t.length
-        at = time.monotonic()
-        cancel.set()
-        th.join(10)
-        assert caught and caught[0][1] - at < gather / 2  # long before the next step could have run
-        assert b.running == 1 and b.kv_tokens == 0 and t.cache is None
-        steps = b.steps
-        time.sleep(gather * 1.3)
-        assert b.steps == steps  # its rows left the batch: nothing waits
-    finally:
-        idle.close()
-        b.stop()
-
-
-def test_a_cancel_between_decode_steps_stops_the_sequence(model):
-    """Cancelled while it decodes alone (each step runs at once): its next forward raises, its KV is freed."""
-    b = started(model, gather_s=0.0)
-    cancel = threading.Event()
-    t = b.sequence(cancel)
-    emitted = []
-
-    def on_tokens(new):
-        emitted.extend(new)
-        if len(emitted) >= 5:
-            cancel.set()
-
-    try:
-        with pytest.raises(SequenceCancelled):
-            Engine(t, []).generate([1, 2, 3], 50, on_tokens)
-        assert len(emitted) == 5 and b.running == 0 and b.kv_tokens == 0 and t.cache is None
-        t.close()  # idempotent
-    finally:
-        b.stop()
+def test_a_cancelled_sequence_leaves_the_batch_mid_prefill(model):
+    """A sequence failed with SequenceCancelled between two chunks of its prompt ends with that error where it waited;
+    its rows never reach a step again and the other sequence goes on to plain decoding's answer."""
+    b = StepBatcher(model, max_batch_tokens=8, min_chunk=4)
+    other = Sequence(Engine(b.new_target(), []).steps([5, 6, 7], 30)).start()
+    t = b.new_target()
+    gone = Sequence(Engine(t, []).steps([(3 * i) % VOCAB for i in range(80)], 4)).start()
+    for _ in range(100):
+        if t.length >= 8:
+            break
+        b.step([other, gone])
+    assert 8 <= t.length < 80 and not gone.done
+    gone.fail(SequenceCancelled("the client left"))
+    assert gone.done and isinstance(gone.error, SequenceCancelled) and gone.call is None
+    steps = b.steps
+    while not other.done:
+        b.step([other, gone])
+    assert all(n != b.number(t) for step in list(b.step_log)[steps:] for n, _ in step)
+    assert other.error is None and other.result.output_ids == plain_greedy(model, [5, 6, 7], 30)
 
 
 # ---- speculation priced at the step's load --------------------------------------------------------------------------
@@ -553,41 +465,38 @@ def test_draft_depth_shrinks_as_the_batch_fills_and_grows_back(model):
 def test_carried_rows_count_the_other_sequences_rows(model):
     """Three sequences decoding one row each per step: each sees 2 other rows + its own root row."""
     prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    b = started(model, gather_s=0.5)
+    b = StepBatcher(model)
     loads: list[int] = []
 
     def job(p):
         def run(t):
-            out = []
             for _ in range(6):
-                t.forward(p if t.length == 0 else [out[-1]])
-                out.append(1)
+                yield from forward(t, p if t.length == 0 else [1])
                 loads.append(t.carried_rows)
-            return out
         return run
 
-    try:
-        run_concurrently(b, [job(p) for p in prompts])
-    finally:
-        b.stop()
+    run_concurrently(b, [job(p) for p in prompts])
     assert loads.count(3) >= 6 and min(loads) >= 1  # the decode steps that carried all three
 
 
 def test_a_sequence_starting_after_the_others_ended_is_priced_alone(model):
     """The last step's rows belong to sequences that have finished: the next sequence's first draft is priced at no
     load (a replayed answer drafted whole on its prompt's forward), not at that step's rows."""
-    b = started(model, gather_s=0.0)
-    try:
-        run_concurrently(b, [lambda t, p=p: t.forward(p, n_logits=1) for p in ([1, 2, 3, 4], [5, 6, 7])])
-        assert b.last_step_rows >= 3 and b.running == 0
-        t = b.sequence()
-        assert t.carried_rows == 1
-        other = b.sequence()
-        assert other.carried_rows == b.last_step_rows + 1  # another sequence is running: the step's load
-        t.close()
-        other.close()
-    finally:
-        b.stop()
+    b = StepBatcher(model)
+
+    def one(p):
+        return lambda t: forward(t, p)
+
+    run_concurrently(b, [one([1, 2, 3, 4]), one([5, 6, 7])])
+    assert b.last_step_rows >= 3 and b.active == 0
+    assert b.new_target().carried_rows == 1
+    running = Sequence(forward(b.new_target(), [8, 9, 10])).start()
+    waiting = Sequence(forward(b.new_target(), [11, 12])).start()
+    b.step([running, waiting])
+    assert running.done and waiting.done and b.active == 0
+    still = Sequence(Engine(b.new_target(), []).steps([8, 9], 5)).start()
+    b.step([still])
+    assert b.active == 1 and b.new_target().carried_rows == b.last_step_rows + 1  # another sequence is running
 
 
 def test_tenant_isolation_of_batched_policies():
@@ -599,13 +508,6 @@ def test_tenant_isolation_of_batched_policies():
     pa.observe("s", 4, 4)
     assert not all((x == y).all() for x, y in zip(a.tracker.counts("s"), before, strict=True))
     assert all((x == y).all() for x, y in zip(b.tracker.counts("s"), before, strict=True))
-
-
-def test_batched_target_is_an_hftarget(model):
-    b = StepBatcher(model)
-    t = b.sequence()
-    assert isinstance(t, HFTarget) and isinstance(t, BatchedTarget)
-    t.close()
 
 
 @pytest.mark.parametrize("kind,seed", [("mixtral", 1), ("qwen2", 2)])
@@ -624,15 +526,12 @@ def test_other_architectures_and_a_seeded_prefix_decode_exactly_batched(kind, se
     def job(i):
         def run(t):
             drafters, merge = _drafters(["tree", "oracle", "ngram", "garbage"][i], prompts[i], wants[i])
-            return Engine(t, drafters, max_depth=6, merge=merge).generate(
+            return Engine(t, drafters, max_depth=6, merge=merge).steps(
                 prompts[i], n, prefix=prefix if i == 2 else None)
         return run
 
-    b = started(m, max_batch_tokens=10, min_chunk=4, gather_s=0.05)
-    try:
-        got = run_concurrently(b, [job(i) for i in range(4)])
-    finally:
-        b.stop()
+    b = StepBatcher(m, max_batch_tokens=10, min_chunk=4)
+    got = run_concurrently(b, [job(i) for i in range(4)])
     assert [r.output_ids for r in got] == wants
     assert got[2].prefix_hit_tokens == len(shared)
 
@@ -646,12 +545,9 @@ def test_build_engine_on_batched_targets_with_the_default_config(model):
     tenant = build_policy(curve=KNEE, max_nodes=config.policy_nodes)
     prompts = [[9, 9, 9, 40, 41, 42, 9, 9, 9, 40], [1, 2, 3, 1, 2, 3, 1, 2], [50, 60]]
     wants = [plain_greedy(model, p, 30) for p in prompts]
-    b = started(model, gather_s=0.05)
-    try:
-        got = run_concurrently(b, [lambda t, p=p: build_engine(t, config, policy=batched_policy(tenant))
-                                   .generate(p, 30) for p in prompts])
-    finally:
-        b.stop()
+    b = StepBatcher(model)
+    got = run_concurrently(b, [lambda t, p=p: build_engine(t, config, policy=batched_policy(tenant))
+                               .steps(p, 30) for p in prompts])
     assert [r.output_ids for r in got] == wants
 
 

@@ -154,7 +154,7 @@ def test_tenants_prefix_caches_and_policies_never_serve_another_tenant(live, loa
 
 
 def test_cancelled_stream_frees_its_kv_and_the_others_go_on(live, loaded, monkeypatch):
-    overlap = Overlap(live, monkeypatch, delay=0.02)
+    Overlap(live, monkeypatch, delay=0.02)  # every step slowed: the streams overlap
     wait_idle(live)
     aborted = metric(live, "vllm:request_success_total", finished_reason="abort")
     before = metric(live, "redraft:kv_tokens_used")
@@ -166,8 +166,6 @@ def test_cancelled_stream_frees_its_kv_and_the_others_go_on(live, loaded, monkey
 
     body = {"model": live.server.model_id, "prompt": LONG, "max_tokens": long_n, "stream": True}
     t = threading.Thread(target=other)
-    overlap.free = 1  # the prefill (the first token) runs; every later forward waits until the client has left
-    overlap.gate.clear()
     with httpx.stream("POST", f"{live.url}/completions", json=body, timeout=60,
                       headers={"Authorization": "Bearer ka"}) as r:
         assert r.status_code == 200
@@ -182,8 +180,7 @@ def test_cancelled_stream_frees_its_kv_and_the_others_go_on(live, loaded, monkey
         state = (live.server.scheduler.running, live.server.generator.budget.reserved, before, busy)
         assert busy >= before + len(LONG) + long_n + len(other_prompt) + other_n, state  # both reservations count
         lines.close()
-    time.sleep(0.3)  # the server notices the hang-up
-    overlap.gate.set()
+    # the server notices the hang-up at its next chunk (each step is slowed, and the long answer runs 600 steps);
     # the stream stops at its next step and its reservation goes at once; the other request goes on
     deadline = time.monotonic() + 20
     while metric(live, "redraft:kv_tokens_used") > busy - (len(LONG) + long_n) and time.monotonic() < deadline:
@@ -297,13 +294,20 @@ def test_scheduler_admits_in_order_within_the_budget_and_threads():
     lock = threading.Lock()
     gate = threading.Event()
 
-    def runner(job, emit):
+    class Tick:  # a stand-in for a target forward: the scheduler runs it alone (no batcher)
+        def run_alone(self):
+            time.sleep(0.001)
+
+    def runner(job, emit):  # a step function: each job runs until the gate opens, then 20 ms more
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
             order.append(job.payload)
-        gate.wait(5)
-        time.sleep(0.02)
+        end = None
+        while end is None or time.monotonic() < end:
+            if end is None and gate.is_set():
+                end = time.monotonic() + 0.02
+            yield Tick()
         with lock:
             running[0] -= 1
         return job.payload

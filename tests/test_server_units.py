@@ -35,6 +35,13 @@ def loop():
     lp.close()
 
 
+class Tick:
+    """A stand-in for a target forward in a runner's step function: the scheduler runs it alone (no batcher)."""
+
+    def run_alone(self):
+        threading.Event().wait(0.001)
+
+
 def make_job(loop, tenant, payload):
     async def make():  # the queue belongs to the loop it is created under
         return Job(tenant=tenant, payload=payload, loop=loop)
@@ -44,9 +51,9 @@ def make_job(loop, tenant, payload):
 def test_round_robin_across_tenants_fifo_within(loop):
     gate, order = threading.Event(), []
 
-    def runner(job, emit):
-        if job.payload == "hold":
-            gate.wait(10)
+    def runner(job, emit):  # a step function: "hold" waits for the gate one step at a time
+        while job.payload == "hold" and not gate.is_set():
+            yield Tick()
         order.append(job.payload)
         emit(f"{job.payload}!")
         return job.payload
@@ -75,6 +82,7 @@ def test_cancelled_failed_and_overflowing_jobs(loop):
     calls = []
 
     def runner(job, emit):
+        yield Tick()
         calls.append(job.payload)
         if job.payload == "boom":
             raise RuntimeError("boom")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 
 
@@ -35,24 +34,17 @@ def _one_at_a_time(make_engine, prompts, max_tokens) -> tuple[list[list[int]], f
 
 
 def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]], float, dict]:
-    """The prompts decoded at once, each in its own thread: (ids, wall seconds, the batcher's steps, rows and
-    forward seconds during the run, and the prompts' rows)."""
+    """The prompts decoded at once, one step loop over them all (:func:`redraft.decoding.batching.run_together`):
+    (ids, wall seconds, the batcher's steps, rows and forward seconds during the run, and the prompts' rows)."""
+    from redraft.decoding.batching import run_together
+
     before = (batcher.steps, batcher.rows, batcher.forward_seconds)
-    out: list = [None] * len(prompts)
-    targets = [batcher.sequence() for _ in prompts]
-
-    def body(i):
-        try:
-            out[i] = make_engine(targets[i]).generate(prompts[i], max_tokens).output_ids
-        finally:
-            targets[i].close()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(prompts))]
     t0 = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    seqs = run_together(batcher, [make_engine(batcher.new_target()).steps(p, max_tokens) for p in prompts])
+    for s in seqs:
+        if s.error is not None:
+            raise s.error
+    out = [s.result.output_ids for s in seqs]
     wall = time.perf_counter() - t0
     steps, rows, fwd = (now - then for now, then in zip((batcher.steps, batcher.rows, batcher.forward_seconds), before,
                                                            strict=True))
@@ -84,19 +76,15 @@ def concurrent(n: int, max_tokens: int) -> dict:
     config = SpeculationConfig()
     tenant = build_policy(model, max_nodes=config.policy_nodes)
     batcher = StepBatcher(model)
-    batcher.start()
     runs = {}
-    try:
-        runs["plain, one at a time"] = _one_at_a_time(lambda: plain_engine(model, eos_token_ids=eos), prompts,
-                                                      max_tokens)
-        runs["plain, batched"] = _batched(batcher, lambda t: plain_engine(t, eos_token_ids=eos), prompts, max_tokens)
-        runs["speculative, one at a time"] = _one_at_a_time(
-            lambda: build_engine(model, config, eos_token_ids=eos, policy=tenant), prompts, max_tokens)
-        runs["speculative, batched"] = _batched(
-            batcher, lambda t: build_engine(t, config, eos_token_ids=eos, policy=batched_policy(tenant)), prompts,
-            max_tokens)
-    finally:
-        batcher.stop()
+    runs["plain, one at a time"] = _one_at_a_time(lambda: plain_engine(model, eos_token_ids=eos), prompts,
+                                                  max_tokens)
+    runs["plain, batched"] = _batched(batcher, lambda t: plain_engine(t, eos_token_ids=eos), prompts, max_tokens)
+    runs["speculative, one at a time"] = _one_at_a_time(
+        lambda: build_engine(model, config, eos_token_ids=eos, policy=tenant), prompts, max_tokens)
+    runs["speculative, batched"] = _batched(
+        batcher, lambda t: build_engine(t, config, eos_token_ids=eos, policy=batched_policy(tenant)), prompts,
+        max_tokens)
     ref = runs["plain, one at a time"][0]
     base = sum(map(len, ref)) / runs["plain, one at a time"][1]
     out = {"sequences": n, "max_tokens": max_tokens}

@@ -1,76 +1,68 @@
 """Continuous batching: one target forward per step over the rows of every running sequence (iteration-level
 scheduling, as vLLM, SGLang and Orca schedule), with chunked prefill.
 
-Each running sequence's :meth:`Engine.generate` runs unchanged in its own thread, on its own
-:class:`BatchedTarget` (an :class:`HFTarget` with its own KV cache) whose ``forward`` hands the rows to the
-:class:`StepBatcher` and blocks until its step has run. The batcher's step loop (one thread) runs a step when every
-registered sequence is waiting in ``forward`` or when the oldest waiting one has waited ``gather_s`` (a slow drafter
-does not stall the others), packing the waiting rows into ONE forward (:mod:`redraft.decoding.packing`: the linear
-layers over every row at once, attention sequence by sequence over each one's own cache):
+Each running sequence is a step function (:mod:`redraft.decoding.sequence`: an :meth:`Engine.steps` generation, a
+server request) on its own :class:`~redraft.decoding.target.HFTarget` (its own KV cache), suspended where it asked
+for a forward. :meth:`StepBatcher.step` takes every running sequence's waiting :class:`ForwardCall`, packs their rows
+into ONE forward (:mod:`redraft.decoding.packing`: the linear layers over every row at once, attention sequence by
+sequence over each one's own cache) and resumes each sequence whose forward is complete, which drafts and asks for
+its next forward. One loop calls it (a server's scheduler, :func:`run_together`); no thread per sequence.
 
 - every step is priced in units of a row's matrix products, a row after L cached tokens costing 1 + w L
   (:mod:`redraft.decoding.stepcost`, w learned from the steps' own times), and may cost what ``max_batch_tokens``
   rows at depth 0 cost;
-- smallest requests first, each whole while the step stays within that (a deep verify tree may thus be chunked);
-- then at most one chunk of ONE request that did not fit (a long prompt's prefill): the rows that the rest of the
+- smallest forwards first, each whole while the step stays within that (a deep verify tree may thus be chunked);
+- then at most one chunk of ONE forward that did not fit (a long prompt's prefill): the rows that the rest of the
   step's cost pays for, at least ``min_chunk``, so fewer deeper into the prompt, where each row attends to more
-  cached keys: every chunk's step costs about what the first one's does. Its thread stays blocked until its last
+  cached keys: every chunk's step costs about what the first one's does. Its sequence stays suspended until its last
   chunk; earlier chunks need no logits. So a long prompt delays running streams by at most one chunk's forward.
-- A step that carries one sequence's whole forward only runs exactly :meth:`HFTarget.forward` on its cache (a lone
-  sequence, never chunked while it is the only one registered, decodes bit for bit as without the batcher); so do forwards asked for under :meth:`BatchedTarget.solo`
-  (exact mode's recomputes), which are never packed. Anything else is not plain decoding's shape:
+- A step of one sequence alone runs exactly its target's ``forward`` (a lone sequence, never chunked, decodes bit for
+  bit as :func:`redraft.decoding.sequence.drive` runs it); so do forwards asked for under :meth:`HFTarget.solo`
+  (exact mode's recomputes), which are never packed. Anything else is not plain decoding's shape: the target's
   ``last_forward_plain`` is then False and exact mode judges its rows like verify rows.
 - Sliding-window models run every forward alone (a packed row's own mask would have to repeat each layer's window).
-
-A ``cancel`` event set while a sequence waits (or between chunks) takes its rows out of the batch at once and raises
-:class:`SequenceCancelled` in its thread; its cache is freed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import threading
 import time
+import weakref
 from collections import deque
+from collections.abc import Sequence as Seq
 
 import torch
 
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
+from redraft.decoding.sequence import ForwardCall, Sequence, Steps
 from redraft.decoding.stepcost import StepCostFit, key_weight, row_cost, rows_within
 from redraft.decoding.target import HFTarget
 
-CANCEL_POLL_S = 0.005  # how often a waiting sequence looks at its cancel event
-
 
 class SequenceCancelled(Exception):
-    """The sequence's cancel event was set while it waited for a step; its rows left the batch, its cache is freed."""
+    """Raised inside a sequence's step function where it waits for a forward when its client left (a scheduler
+    throws it in, :meth:`Sequence.fail`); its rows leave the batch."""
 
 
 class _Request:
-    """One ``forward`` call waiting for the batcher (possibly over several steps when chunked)."""
+    """One waiting :class:`ForwardCall` and its progress over the steps that run it (several when chunked)."""
 
-    __slots__ = ("target", "ids", "positions", "mask", "n_logits", "solo", "n_cached", "done_rows", "pieces", "skipped",
-                 "arrived", "in_flight", "finished", "result", "error", "plain", "carried", "order", "given")
+    __slots__ = ("call", "target", "ids", "positions", "mask", "n_logits", "n_cached", "done_rows", "pieces",
+                 "skipped", "order")
 
-    def __init__(self, target: BatchedTarget, ids, positions, mask, n_logits: int, solo: bool, order: int) -> None:
-        self.target, self.ids, self.n_logits, self.solo, self.order = target, list(ids), int(n_logits), solo, order
-        s = len(self.ids)
-        self.given = (positions, mask)  # as the caller passed them: a lone whole forward runs HFTarget.forward on them
-        self.n_cached = target.length
-        self.positions = (positions.reshape(-1).cpu() if positions is not None
-                          else causal_positions(self.n_cached, s))
-        self.mask = None if mask is None else mask.cpu()
+    def __init__(self, call: ForwardCall, order: int) -> None:
+        self.call, self.target, self.ids, self.n_logits, self.order = call, call.target, call.ids, call.n_logits, order
+        self.n_cached = call.n_cached
+        self.positions = (call.positions.reshape(-1).cpu() if call.positions is not None
+                          else causal_positions(self.n_cached, len(self.ids)))
+        self.mask = None if call.mask is None else call.mask.cpu()
         self.done_rows = 0
         self.pieces: list[torch.Tensor] = []
-        self.arrived = time.monotonic()
-        self.in_flight = False
-        self.finished = threading.Event()
-        self.result: torch.Tensor | None = None
-        self.error: BaseException | None = None
-        self.plain = True
-        self.carried = 1
         self.skipped = 0  # steps planned while it waited and did not get a place in them
+
+    @property
+    def solo(self) -> bool:
+        return self.call.solo or self.target.sliding_window is not None
 
     @property
     def rows_left(self) -> int:
@@ -86,184 +78,100 @@ class _Request:
 
 
 class StepBatcher:
-    """Runs the target forwards of several sequences as one forward per step (module docstring).
+    """Runs the forwards of several sequences as one forward per step (module docstring). Not thread-safe: one loop
+    calls :meth:`step`.
 
     Args:
         model: the transformers causal LM (eval mode) every sequence decodes with.
         max_batch_tokens: most rows in one packed step (>= 1), and a step costs at most what that many rows cost
             at depth 0 (:mod:`redraft.decoding.stepcost`); a forward with more rows is chunked over steps.
         min_chunk: fewest rows of a chunk (>= 1; a step may exceed ``max_batch_tokens`` by up to this much).
-        gather_s: longest wait, in seconds, for every running sequence to ask for its next forward before a step
-            runs with those that did.
-    Attributes (read-only, for metrics): running (registered sequences), kv_tokens (their cached tokens, summed),
-        steps (forwards run), rows (rows carried by them), forward_seconds (wall seconds in them), step_log (recent steps: per step a tuple of
-        (sequence number, rows) per participant), step_seconds (the same steps' forward seconds).
+    Attributes (read-only, for metrics): steps (forwards run), rows (rows carried by them), forward_seconds (wall
+        seconds in them), last_step_rows, active (sequences of the last step still running after it), step_log
+        (recent steps: per step a tuple of (sequence number, rows) per participant), step_seconds (the same steps'
+        forward seconds), cost_fit (:class:`~redraft.decoding.stepcost.StepCostFit`).
     Raises:
-        ValueError: max_batch_tokens < 1, min_chunk < 1 or gather_s < 0, or a model whose attention implementation
-            has no mask function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
+        ValueError: max_batch_tokens < 1 or min_chunk < 1, or a model whose attention implementation has no mask
+            function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
     """
 
-    def __init__(self, model, *, max_batch_tokens: int = 512, min_chunk: int = 32, gather_s: float = 0.02) -> None:
-        if max_batch_tokens < 1 or min_chunk < 1 or gather_s < 0:
-            raise ValueError(f"StepBatcher needs max_batch_tokens >= 1, min_chunk >= 1 and gather_s >= 0; got "
-                             f"{max_batch_tokens}, {min_chunk}, {gather_s}")
+    def __init__(self, model, *, max_batch_tokens: int = 512, min_chunk: int = 32) -> None:
+        if max_batch_tokens < 1 or min_chunk < 1:
+            raise ValueError(f"StepBatcher needs max_batch_tokens >= 1 and min_chunk >= 1; got {max_batch_tokens}, "
+                             f"{min_chunk}")
         enable_packed_attention(model)  # the model's own attention, unchanged unless a forward is packed
         self.model = model
         self.cost_fit = StepCostFit(key_weight(model))  # from the FLOP count's weight to the host's, learned
-        self.max_batch_tokens, self.min_chunk, self.gather_s = int(max_batch_tokens), int(min_chunk), float(gather_s)
-        self.steps = self.rows = 0
+        self.max_batch_tokens, self.min_chunk = int(max_batch_tokens), int(min_chunk)
+        self.steps = self.rows = self.active = self.last_step_rows = 0
         self.forward_seconds = 0.0
-        self.last_step_rows = 0
-        self._last_end = 0.0  # time.monotonic() when the last step ended
         self.step_log: deque[tuple[tuple[int, int], ...]] = deque(maxlen=4096)
         self.step_seconds: deque[float] = deque(maxlen=4096)  # each logged step's forward, in step_log's order
-        self._cv = threading.Condition()
-        self._targets: set[BatchedTarget] = set()
-        self._pending: list[_Request] = []
+        self._requests: dict[ForwardCall, _Request] = {}
         self._order = itertools.count()
-        self._numbers = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-
-    # ---- lifecycle and stats --------------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start the step loop thread (idempotent)."""
-        with self._cv:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stopping = False
-            self._thread = threading.Thread(target=self._loop, name="redraft-step-batcher", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the step loop; forwards still waiting fail with RuntimeError."""
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-        self._thread = None
+        self._numbers: weakref.WeakKeyDictionary[HFTarget, int] = weakref.WeakKeyDictionary()
+        self._next_number = itertools.count()
 
     @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+    def in_progress(self) -> int:
+        """Forwards partly run (chunked over steps) and still held."""
+        return len(self._requests)
 
-    @property
-    def running(self) -> int:
-        return len(self._targets)
+    def new_target(self) -> HFTarget:
+        """A new, empty target for one sequence, priced until its first step at the load the batcher carries now
+        (``carried_rows``: the last step's rows + 1, or 1 when no sequence is running)."""
+        t = HFTarget(self.model)
+        t.carried_rows = self.last_step_rows + 1 if self.active else 1
+        return t
 
-    @property
-    def kv_tokens(self) -> int:
-        with self._cv:
-            return sum(t.length for t in self._targets)
+    def number(self, target: HFTarget) -> int:
+        """The sequence's number in ``step_log`` (given at its first step)."""
+        if target not in self._numbers:
+            self._numbers[target] = next(self._next_number)
+        return self._numbers[target]
 
-    def sequence(self, cancel: threading.Event | None = None) -> BatchedTarget:
-        """A new, empty per-sequence target registered with this batcher (call its ``close()`` when done)."""
-        return BatchedTarget(self, cancel)
+    def step(self, sequences: Seq[Sequence]) -> None:
+        """One step: the next forward over the waiting calls of ``sequences`` (every running sequence: ended ones
+        are skipped), then each sequence whose call is complete is resumed with its logits (it drafts and asks for
+        its next forward, or ends). A forward that fails is raised inside every participant (:meth:`Sequence.fail`).
+        """
+        live = [s for s in sequences if not s.done and s.call is not None]
+        if not live:
+            self.active = 0
+            return
+        calls = {s.call: s for s in live}
+        for call in [c for c in self._requests if c not in calls]:  # its sequence left (cancelled mid-chunk)
+            del self._requests[call]
+        pending = [self._requests.setdefault(c, _Request(c, next(self._order))) for c in calls]
+        work = self._plan(pending)
+        try:
+            self._run(work)
+        except Exception as e:  # noqa: BLE001 - delivered to every participant; the loop keeps serving
+            for req, _ in work:
+                del self._requests[req.call]
+                calls[req.call].fail(e)
+        else:
+            for req, _ in work:
+                if req.rows_left == 0:
+                    del self._requests[req.call]
+                    calls[req.call].advance(req.pieces[0] if len(req.pieces) == 1 else
+                                            torch.cat(req.pieces) if req.pieces else
+                                            torch.empty(0, req.target.vocab_size))
+        self.active = sum(not s.done for s in live)
 
-    # ---- called from sequence threads -----------------------------------------------------------------------------
-
-    def register(self, target: BatchedTarget) -> int:
-        with self._cv:
-            self._targets.add(target)
-            self._cv.notify_all()
-        return next(self._numbers)
-
-    def unregister(self, target: BatchedTarget) -> None:
-        with self._cv:
-            self._targets.discard(target)
-            self._pending = [r for r in self._pending if r.target is not target or r.in_flight]
-            self._cv.notify_all()
-
-    def submit(self, target: BatchedTarget, ids, positions, mask, n_logits: int, solo: bool) -> torch.Tensor:
-        """Queue one forward and block until it ran (see :meth:`BatchedTarget.forward`)."""
-        if not self.alive:
-            raise RuntimeError("StepBatcher is not running: call start() first")
-        cancel = target.cancel
-        if cancel is not None and cancel.is_set():
-            raise SequenceCancelled("the sequence was cancelled")
-        req = _Request(target, ids, positions, mask, n_logits, solo, next(self._order))
-        with self._cv:
-            self._pending.append(req)
-            self._cv.notify_all()
-        while not req.finished.wait(CANCEL_POLL_S if cancel is not None else 0.1):
-            if cancel is not None and cancel.is_set():
-                with self._cv:
-                    if not req.in_flight and not req.finished.is_set():
-                        self._pending.remove(req)
-                        self._cv.notify_all()
-                        raise SequenceCancelled("the sequence was cancelled while it waited for a step")
-            if not self.alive and not req.finished.is_set():
-                with self._cv:
-                    if req in self._pending and not req.in_flight:
-                        self._pending.remove(req)
-                raise RuntimeError("StepBatcher stopped while a forward waited")
-        if req.error is not None:
-            raise req.error
-        if cancel is not None and cancel.is_set():  # set while its step ran: the rows are dropped with the cache
-            raise SequenceCancelled("the sequence was cancelled during its step")
-        target.last_forward_plain, target.carried_rows = req.plain, req.carried
-        return req.result
-
-    # ---- the step loop --------------------------------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                work = None
-                while work is None:
-                    if self._stopping:
-                        for r in self._pending:
-                            r.error = RuntimeError("StepBatcher stopped while a forward waited")
-                            r.finished.set()
-                        self._pending.clear()
-                        return
-                    work, wait = self._plan()
-                    if work is None:
-                        self._cv.wait(wait)
-                for req, _ in work:
-                    req.in_flight = True
-            try:
-                self._run(work)
-                err = None
-            except BaseException as e:  # delivered to every participant; the loop keeps serving
-                err = e
-            with self._cv:
-                for req, _ in work:
-                    req.in_flight = False
-                    if err is not None:
-                        req.error = err
-                    if err is not None or req.rows_left == 0:
-                        if req in self._pending:
-                            self._pending.remove(req)
-                        req.finished.set()
-                self._last_end = time.monotonic()
-                self._cv.notify_all()
-
-    def _plan(self) -> tuple[list[tuple[_Request, int]] | None, float | None]:
-        """The next step as [(request, rows)], or (None, seconds to wait). Called under the lock."""
-        pending = self._pending
-        if not pending:
-            return None, None
-        solo = next((r for r in pending if r.solo or r.target.sliding_window is not None), None)
+    def _plan(self, pending: list[_Request]) -> list[tuple[_Request, int]]:
+        """The step as [(request, rows)]: a solo forward alone, a lone sequence whole, else :func:`plan_step`."""
+        solo = next((r for r in pending if r.solo), None)
         if solo is not None:
-            return [(solo, solo.rows_left)], None
-        if len(pending) == 1 and len(self._targets) <= 1:  # the only sequence: nothing to chunk for, run it whole
-            return [(pending[0], pending[0].rows_left)], None
-        waiting = {r.target for r in pending}
-        # the deadline counts from the later of the oldest request's arrival and the last step's end: a forward that
-        # arrived during a step must not make the next one start before the others could ask again
-        oldest = max(min(r.arrived for r in pending), self._last_end)
-        left = self.gather_s - (time.monotonic() - oldest)
-        if len(waiting) < len(self._targets) and left > 0:
-            return None, left
+            return [(solo, solo.rows_left)]
+        if len(pending) == 1:  # the only sequence: nothing to chunk for, run it whole
+            return [(pending[0], pending[0].rows_left)]
         fit = self.cost_fit
         step = plan_step(pending, fit.weight, fit.participant_rows, self.max_batch_tokens, self.min_chunk)
         placed = {id(r) for r, _ in step}
         for r in pending:
             r.skipped = 0 if id(r) in placed else r.skipped + 1
-        return step, None
+        return step
 
     @torch.inference_mode()
     def _run(self, work: list[tuple[_Request, int]]) -> None:
@@ -279,23 +187,21 @@ class StepBatcher:
         self.cost_fit.observe(parts, seconds)
 
     def _forward(self, work: list[tuple[_Request, int]]) -> None:
-        """Run one step's forward and deliver each participant's rows (called without the lock)."""
+        """Run one step's forward; each participant's target gets its rows' KV entries, its logits rows go to
+        ``pieces``, and its ``last_forward_plain`` and ``carried_rows`` are set."""
         total = sum(rows for _, rows in work)
         self.steps += 1
         self.rows += total
         self.last_step_rows = total
-        self.step_log.append(tuple((req.target.number, rows) for req, rows in work))
+        self.step_log.append(tuple((self.number(req.target), rows) for req, rows in work))
         if len(work) == 1 and work[0][0].done_rows == 0 and work[0][1] == len(work[0][0].ids):
             req = work[0][0]  # alone and whole: plain decoding's own forward
-            t = req.target
-            req.result = HFTarget.forward(t, req.ids, *req.given, req.n_logits)
-            req.done_rows, req.plain, req.carried = len(req.ids), True, 1
+            req.pieces = [req.call.run_alone()]
+            req.done_rows = len(req.ids)
+            req.target.last_forward_plain, req.target.carried_rows = True, 1
             return
         parts = [req.chunk(rows) for req, rows in work]
         owners = [req.target for req, _ in work]
-        for t in owners:
-            if t.cache is None:
-                t.reset()
         logits = packed_forward(self.model, [t.cache for t in owners], [p[0] for p in parts], [p[1] for p in parts],
                                 [p[2] for p in parts], cache_kwarg=owners[0].cache_kwarg)
         for (req, rows), got in zip(work, logits, strict=True):
@@ -303,11 +209,24 @@ class StepBatcher:
             req.done_rows += rows
             if len(got):
                 req.pieces.append(got)
-            req.plain = False
-            req.carried = total - rows + 1
-            if req.rows_left == 0:
-                req.result = torch.cat(req.pieces) if req.pieces else torch.empty(0, req.target.vocab_size)
-                req.pieces = []
+            req.target.last_forward_plain, req.target.carried_rows = False, total - rows + 1
+
+
+def run_together(batcher: StepBatcher, steps: Seq[Steps], starts: Seq[int] | None = None) -> list[Sequence]:
+    """Drive several step functions to their ends through ``batcher``, one step at a time (the smallest scheduler
+    loop: benchmarks and tests); step function i starts once the batcher ran ``starts[i]`` steps of this run (or
+    when nothing else runs). Returns the ended :class:`Sequence` objects (``result`` or ``error`` each)."""
+    starts = list(starts) if starts is not None else [0] * len(steps)
+    seqs = [Sequence(s) for s in steps]
+    waiting = sorted(range(len(seqs)), key=lambda i: starts[i])
+    running: list[Sequence] = []
+    first = batcher.steps
+    while waiting or running:
+        while waiting and (starts[waiting[0]] <= batcher.steps - first or not running):
+            running.append(seqs[waiting.pop(0)].start())
+        batcher.step(running)
+        running = [s for s in running if not s.done]
+    return seqs
 
 
 def plan_step(pending, weight: float, extra: float, max_batch_tokens: int, min_chunk: int) -> list:
@@ -347,61 +266,3 @@ def plan_step(pending, weight: float, extra: float, max_batch_tokens: int, min_c
     return step
 
 
-class BatchedTarget(HFTarget):
-    """One sequence's target inside a :class:`StepBatcher`: an :class:`HFTarget` (its own KV cache; reset, seed,
-    snapshot, crop, keep and verified_kv unchanged) whose ``forward`` runs as part of the batcher's next step.
-
-    Args:
-        batcher: the started :class:`StepBatcher` (the sequence registers with it at once).
-        cancel: an event that, once set, makes a waiting ``forward`` raise :class:`SequenceCancelled`.
-    Attributes:
-        carried_rows: rows the last step carried for other sequences, plus 1 for this sequence's root row (1 when it
-            ran alone): the load ``B`` of :mod:`redraft.policy.load`.
-        last_forward_plain: whether the last forward ran exactly as :meth:`HFTarget.forward` alone (plain decoding's
-            shape); False after a packed or chunked forward.
-        number: the sequence's number in the batcher's ``step_log``.
-    """
-
-    def __init__(self, batcher: StepBatcher, cancel: threading.Event | None = None) -> None:
-        super().__init__(batcher.model)
-        self.batcher, self.cancel = batcher, cancel
-        # until its first step: the load the batcher carries now (none when no other sequence is running)
-        self.carried_rows = batcher.last_step_rows + 1 if batcher.running else 1
-        self.last_forward_plain = True
-        self._solo = 0
-        self.closed = False
-        self.number = batcher.register(self)
-
-    def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                n_logits: int = 1) -> torch.Tensor:
-        """As :meth:`HFTarget.forward` (same arguments, shapes and result), run within the batcher's next step.
-
-        Raises:
-            SequenceCancelled: the cancel event was set while this forward waited (its cache is then freed).
-            RuntimeError: the batcher is not running, or the sequence was closed.
-        """
-        if self.closed:
-            raise RuntimeError("forward on a closed BatchedTarget")
-        if self.cache is None:
-            self.reset()
-        try:
-            return self.batcher.submit(self, ids, positions, mask, n_logits, solo=self._solo > 0)
-        except SequenceCancelled:
-            self.close()
-            raise
-
-    @contextlib.contextmanager
-    def solo(self):
-        """Within this context every forward runs alone, as :meth:`HFTarget.forward` (never packed or chunked)."""
-        self._solo += 1
-        try:
-            yield self
-        finally:
-            self._solo -= 1
-
-    def close(self) -> None:
-        """Leave the batcher and free the KV cache (idempotent; call it in a ``finally``)."""
-        self.closed = True
-        self.batcher.unregister(self)
-        self.cache = None
-        self.length = 0

@@ -20,6 +20,7 @@ from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
+from redraft.decoding.sequence import Steps, drive
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step, verify_step
 from redraft.decoding.stopping import StopStrings
@@ -184,7 +185,19 @@ class Engine:
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
                  exact: bool | None = None, record_margins: bool = False,
                  prefix: PrefixKV | None = None, logprobs: int | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
+        """:meth:`steps` run to its end on this engine's target alone (:func:`redraft.decoding.sequence.drive`):
+        every forward is :meth:`HFTarget.forward` on its own cache. Same arguments, result and errors."""
+        return drive(self.steps(prompt_ids, max_new_tokens, on_tokens, sampling=sampling, stop=stop, exact=exact,
+                                record_margins=record_margins, prefix=prefix, logprobs=logprobs))
+
+    def steps(self, prompt_ids: Sequence[int], max_new_tokens: int,
+              on_tokens: Callable[[list[int]], None] | None = None, *,
+              sampling: SamplingParams | None = None, stop: StopStrings | None = None,
+              exact: bool | None = None, record_margins: bool = False,
+              prefix: PrefixKV | None = None, logprobs: int | None = None) -> Steps[GenerationResult]:
+        """One generation as a step function (:mod:`redraft.decoding.sequence`): it yields each target forward it
+        needs and is resumed with its logits, so a step loop can advance many generations one forward at a time
+        (:class:`redraft.decoding.batching.StepBatcher`). Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
         forward a step. ``on_tokens`` gets each step's new ids (streaming); ``sampling``: greedy (default) or seeded
         (:mod:`redraft.decoding.sampling`); ``stop``: stop strings (the output ends with the token completing one);
         ``exact``: settle near-tie rows as plain decoding computes them (:class:`redraft.decoding.settling.ExactMode`;
@@ -196,7 +209,7 @@ class Engine:
         Raises ValueError for an empty prompt, one that fills the context, or a ``prefix`` that is not a proper prefix
         of the prompt; GenerationConfigError (a ValueError) for a generation_config field processors cannot take.
         """
-        prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens, prefix)
+        prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens, prefix)  # raised at the first next()
         chooser = self._chooser(prompt, sampling, max_new_tokens)
         exactness = ExactMode(self.target, self.exact_margin) if (self.exact if exact is None else exact) else None
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters},
@@ -214,7 +227,7 @@ class Engine:
                                 len(pending))
             # verify: one forward over the pending tokens and the tree; the longest path the target agrees with
             with exactness.scope() if exactness is not None else nullcontext():
-                step = verify_step(self.target, chooser, pending, draft, n_ctx)
+                step = yield from verify_step(self.target, chooser, pending, draft, n_ctx)
             keep = exactness.judge(step, chooser) if exactness else len(step.new)
             # accept: keep the KV entries of the kept nodes; end the output at the budget, EOS or a stop string
             self._keep_kv(step, keep)
@@ -236,7 +249,7 @@ class Engine:
             if exactness is not None:
                 exactness.emitted(len(new))
                 if exactness.settling and remaining > len(new) and n_ctx < max_len:  # recompute the near-tie row
-                    pending, rebuilt = exactness.settle(step, len(new), context[:n_ctx], len(prompt))
+                    pending, rebuilt = yield from exactness.settle(step, len(new), context[:n_ctx], len(prompt))
                     for _ in range(rebuilt):
                         self._record(res, Draft(), [], 0, judged=0)
         else:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from redraft.decoding.sequence import Steps, drive, forward
+
 MAX_TOP_LOGPROBS = 20  # the most alternatives OpenAI's chat API returns per token
 
 
@@ -69,9 +71,13 @@ def row_logprobs(logits: torch.Tensor, rows: Sequence[int], tokens: Sequence[int
 SCORE_CHUNK = 512  # prompt tokens per scoring forward: bounds the logits held at once (512 x vocab floats)
 
 
-@torch.inference_mode()
 def score_prompt(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) -> list[TokenLogprob | None]:
-    """Log-probabilities of every token of ``ids`` given the tokens before it, from the target's own forward.
+    """:func:`prompt_scores` run alone on ``target`` (:func:`redraft.decoding.sequence.drive`)."""
+    return drive(prompt_scores(target, ids, k, chunk))
+
+
+def prompt_scores(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) -> Steps[list[TokenLogprob | None]]:
+    """A step function (:mod:`redraft.decoding.sequence`): log-probabilities of every token of ``ids`` given the tokens before it, from the target's own forward.
 
     A prompt of up to ``chunk`` tokens takes one forward; a longer one is fed in consecutive chunks over the
     growing KV cache (chunked prefill: the same rows up to float rounding), so at most ``chunk`` x vocab logits
@@ -97,7 +103,7 @@ def score_prompt(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) -
     out: list[TokenLogprob | None] = [None]
     for start in range(0, len(ids), chunk):
         part = ids[start:start + chunk]
-        logits = target.forward(part, n_logits=len(part))  # [len(part), V]; row j scores ids[start + j + 1]
+        logits = yield from forward(target, part, n_logits=len(part))  # [len(part), V]; row j: ids[start + j + 1]
         nxt = ids[start + 1:start + 1 + len(part)]
         out += row_logprobs(logits, range(len(nxt)), nxt, k)
     return out

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import TokenChooser
+from redraft.decoding.sequence import Steps, forward
 from redraft.decoding.step import Step
 from redraft.decoding.target import HFTarget
 from redraft.defaults import EXACT_PAY_PAUSE, EXACT_SAFETY, EXACT_SETTLE_SAFETY
@@ -93,8 +94,10 @@ class ExactMode:
         self.rebuild = not verify_like or float(step.margins[row]) < float(self._threshold(step, [row], False, gaps)[0])
         return tied
 
-    def settle(self, step: Step, kept: int, committed: Sequence[int], n_prompt: int) -> tuple[list[int], int]:
-        """After :meth:`judge` cut ``step`` before a near-tie: prepare the forward that recomputes it.
+    def settle(self, step: Step, kept: int, committed: Sequence[int], n_prompt: int
+               ) -> Steps[tuple[list[int], int]]:
+        """After :meth:`judge` cut ``step`` before a near-tie: prepare the forward that recomputes it (a step
+        function: the cache rebuild's forwards are asked for, each alone).
 
         Args:
             step: the judged step; ``kept`` tokens of its ``new`` were committed (their KV entries kept by the engine,
@@ -115,7 +118,7 @@ class ExactMode:
         feed += [[int(t)] for t in committed[max(self.plain_len, n_prompt):n_ctx - 1]]
         with self.target.solo():
             for ids in feed:
-                self.target.forward(ids)
+                yield from forward(self.target, ids)
         self.plain_len = self.target.length
         self.settle_forwards += len(feed)
         self.spend(len(feed))

@@ -1,8 +1,8 @@
 """One decode step's data: the draft a step verifies and what its verify forward chose.
 
 :class:`Draft` is everything the drafting half of a step hands on (the token tree, and the policy's key per node so
-the policy can learn from the outcome); :func:`verify_step` runs the one verify forward over the pending tokens plus
-the tree and returns a :class:`Step`: the rows' choices and top-2 gaps, the accepted path and the tokens it emits.
+the policy can learn from the outcome); :func:`verify_step` asks for the one verify forward over the pending tokens
+plus the tree (a step function, :mod:`redraft.decoding.sequence`) and returns a :class:`Step`: the rows' choices and top-2 gaps, the accepted path and the tokens it emits.
 Nothing about a step is kept on the engine between steps.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from redraft.decoding.sampling import TokenChooser
+from redraft.decoding.sequence import Steps, forward
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
 from redraft.tree import TokenTree
@@ -67,8 +68,10 @@ class Step:
         return len(self.pending)
 
 
-def verify_step(target: HFTarget, chooser: TokenChooser, pending: list[int], draft: Draft, n_ctx: int) -> Step:
-    """Run one verify forward over ``pending + draft.tree.tokens`` and accept the longest path the target agrees with.
+def verify_step(target: HFTarget, chooser: TokenChooser, pending: list[int], draft: Draft, n_ctx: int
+                ) -> Steps[Step]:
+    """A step function (``step = yield from verify_step(...)``; :func:`redraft.decoding.sequence.drive` runs it alone):
+    one verify forward over ``pending + draft.tree.tokens`` and accept the longest path the target agrees with.
 
     A chain runs with plain causal attention; a tree gets :func:`tree_positions` (committed length + depth) and
     :func:`tree_attention_mask` (each node sees the prefix, its ancestors and itself).
@@ -88,7 +91,7 @@ def verify_step(target: HFTarget, chooser: TokenChooser, pending: list[int], dra
     else:
         positions = tree_positions(tree, n_past, n_pend)
         mask = tree_attention_mask(tree, n_past, n_pend, target.dtype)
-    logits = target.forward(pending + tree.tokens, positions, mask, n_logits=len(tree) + 1)
+    logits = yield from forward(target, pending + tree.tokens, positions, mask, n_logits=len(tree) + 1)
     row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
     extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
         if chooser.processors else None

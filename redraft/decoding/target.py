@@ -63,13 +63,15 @@ class HFTarget:
         sliding_window: attention window of sliding-window layers, or None. Token trees need a custom mask that
             would have to repeat each layer's window, so the engine verifies chains only on such models.
         last_forward_plain: whether the last forward ran in plain decoding's own shape (always, here; a target
-            that packs several sequences' rows into one forward, :class:`redraft.decoding.batching.BatchedTarget`,
+            that packs several sequences' rows into one forward, :class:`redraft.decoding.batching.StepBatcher`,
             sets it False after such a forward, and exact mode then judges its rows like verify rows).
-        carried_rows: rows the last forward carried for other sequences, plus one (1 here: one sequence).
+        carried_rows: rows the last forward carried for other sequences, plus one (1 alone; set by the batcher).
+        solo_depth: > 0 inside :meth:`solo`: forwards asked for must run alone, in plain decoding's shape.
     """
 
     last_forward_plain = True
     carried_rows = 1
+    solo_depth = 0
 
     def __init__(self, model) -> None:
         self.model = model
@@ -157,10 +159,15 @@ class HFTarget:
         self.length += len(ids)
         return out.logits[0].cpu()
 
+    @contextlib.contextmanager
     def solo(self):
-        """A context in which every forward runs in plain decoding's shape, this sequence's rows alone (here every
-        forward does; a batched target overrides it)."""
-        return contextlib.nullcontext(self)
+        """A context in which every forward asked for runs in plain decoding's shape, this sequence's rows alone
+        (:class:`redraft.decoding.sequence.ForwardCall` ``solo``: a step batcher never packs or chunks it)."""
+        self.solo_depth += 1
+        try:
+            yield self
+        finally:
+            self.solo_depth -= 1
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""

@@ -23,6 +23,7 @@ from dataclasses import replace
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from redraft.decoding.sequence import Steps
 from redraft.io.prompts import encode_chat, uses_chat_template
 
 from . import errors, openapi, responses_api, tokenize
@@ -73,19 +74,20 @@ class Server:
         self.fingerprint = fingerprint(model_id, generator)
         self.metrics = ServerMetrics(model_id)
         self.scheduler = Scheduler(self._run, max_queue=max_queue, max_running=max_running, budget=generator.budget,
-                                   on_queue=self.metrics.waiting.set)
+                                   on_queue=self.metrics.waiting.set, batcher=generator.batcher)
         self.created = int(time.time())
         generator.on_learned = self._corpus_gauges
         for t in generator.corpora.learned:
             self._corpus_gauges(t)
 
-    # ---- generation threads --------------------------------------------------------------------------------
-    def _run(self, job: Job, emit) -> Outcome:
-        """The scheduler's runner: generate, then count it (here, so a client leaving cannot skip the count)."""
+    # ---- the scheduler's jobs ------------------------------------------------------------------------------
+    def _run(self, job: Job, emit) -> Steps[Outcome]:
+        """The scheduler's runner (a step function): generate, then count it (here, so a client leaving cannot skip
+        the count)."""
         self.metrics.running.inc()
         self.metrics.queue_time.observe(job.queue_seconds)
         try:
-            out = self.generator(job, emit)
+            out = yield from self.generator(job, emit)
         except Cancelled as e:
             self.metrics.finished(None, "abort")
             self.metrics.generation_tokens.inc(e.emitted)
@@ -330,13 +332,9 @@ class Server:
 
     # ---- application ----------------------------------------------------------------------------------------
     def app(self) -> FastAPI:
-        """The ASGI application (starts the step batcher and the generation threads at startup, stops them and closes
-        corpora at exit)."""
+        """The ASGI application (starts the scheduler loop at startup, stops it and closes corpora at exit)."""
         @asynccontextmanager
         async def lifespan(_app):
-            batcher = self.generator.batcher
-            if batcher is not None:
-                batcher.start()
             self.scheduler.start()
             try:
                 yield
@@ -344,8 +342,6 @@ class Server:
                 print(f"redraft serve: shutting down ({self.scheduler.running} running and {self.scheduler.waiting} "
                       "waiting requests are stopped)", file=sys.stderr, flush=True)
                 await asyncio.to_thread(self.scheduler.stop)
-                if batcher is not None:
-                    await asyncio.to_thread(batcher.stop)
                 self.generator.corpora.close()
 
         app = FastAPI(title="redraft", summary="OpenAI-compatible server whose corpus grows from its own answers",

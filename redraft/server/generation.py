@@ -1,9 +1,10 @@
 """One request through the engine: the tenant's drafters, stop strings, text deltas, then learning the answer.
 
-Runs on one of the scheduler's generation threads, several requests at once. Each request gets a target of its own
-(:meth:`Generator.new_target`: a sequence of the server's step batcher, whose forwards are packed with the other
-running requests' into one forward per step, or a plain :class:`~redraft.decoding.target.HFTarget` without one) and
-an engine built per request (a thin object) by :func:`redraft.compose.build_engine`; the model's weights exist once.
+A request is a step function (:mod:`redraft.decoding.sequence`) that the scheduler's one loop advances beside the
+other running requests, one target forward per step. Each request gets a target of its own
+(:meth:`Generator.new_target`: an :class:`~redraft.decoding.target.HFTarget` whose forwards the server's step batcher
+packs with the other running requests' into one forward per step, or runs alone without one) and an engine built per
+request (a thin object) by :func:`redraft.compose.build_engine`; the model's weights exist once.
 Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as ``redraft run``: the cost-aware policy
 by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or ``--minacc``. The cost curve is
 measured once per server (cached on disk as the CLI caches it). What the policy learns (acceptance per draft
@@ -26,9 +27,10 @@ from redraft.compose.build import batched_policy, grammar_drafters
 from redraft.corpus import CorpusError
 from redraft.decoding.batching import SequenceCancelled
 from redraft.decoding.engine import GenerationResult
-from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, score_prompt
+from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, prompt_scores
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import SamplingParams
+from redraft.decoding.sequence import Steps
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget
 from redraft.decoding.textstream import TextStream
@@ -92,7 +94,7 @@ class Outcome:
 
 
 class Generator:
-    """Generates jobs for the scheduler, from several threads at once.
+    """Generates jobs for the scheduler: calling it returns the job's step function.
 
     Args:
         loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids).
@@ -106,8 +108,8 @@ class Generator:
             longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.
         budget: the server's :class:`~redraft.server.admission.KVBudget` (the prefix cache keeps only what the
             running requests' reservations leave), or None.
-        batcher: a started step batcher (:class:`redraft.decoding.batching.StepBatcher`) whose sequences the
-            requests run on, or None: each request forwards on a plain target of its own (unbatched).
+        batcher: the step batcher (:class:`redraft.decoding.batching.StepBatcher`) the scheduler packs the running
+            requests' forwards with, or None: each request's forwards run alone (one request at a time).
         answers: an :class:`~redraft.server.answer_cache.AnswerCache` (a greedy request whose tenant was already
             answered for the identical prompt and settings is served from it without a forward), or None for none.
             Used only in exact mode (``config.exact``): the stored answers must be plain greedy decoding's.
@@ -142,12 +144,11 @@ class Generator:
     def vocab_size(self) -> int:
         return self.facts.vocab_size
 
-    def new_target(self, cancel: threading.Event | None = None) -> HFTarget:
-        """A target for one request: a sequence of the step batcher (whose forward raises once ``cancel`` is set),
-        or a plain :class:`~redraft.decoding.target.HFTarget` without a batcher. Close it with
-        :func:`close_target`."""
+    def new_target(self) -> HFTarget:
+        """A target for one request (priced at the step batcher's current load with one,
+        :meth:`~redraft.decoding.batching.StepBatcher.new_target`). Close it with :func:`close_target`."""
         if self.batcher is not None:
-            return self.batcher.sequence(cancel)
+            return self.batcher.new_target()
         return HFTarget(self.model)
 
     def drafters(self, tenant: str, constraint=None) -> list:
@@ -195,26 +196,30 @@ class Generator:
         return answer_key(job.tenant, work.prompt_ids, work.sampling, work.logprobs,
                           work.max_tokens if self.cap_in_key else None)
 
-    def __call__(self, job: Job, emit: Callable[[str], None]) -> Outcome:
+    def __call__(self, job: Job, emit: Callable[[str], None]) -> Steps[Outcome]:
+        """The job's step function: it yields each target forward it needs and returns its :class:`Outcome`.
+        Raises :class:`~redraft.server.scheduler.Cancelled` (with the tokens generated so far) when the client left.
+        """
         work: Work = job.payload
         key = self.answer_key(job)
         stop = StopStrings(self.tokenizer, work.stop)
         replayed = None if key is None else replay(self.answers.get(key), work.prompt_ids, work.max_tokens, stop,
                                                    self.eos)
-        target = None if replayed is not None else self.new_target(job.cancel)
+        target = None if replayed is not None else self.new_target()
         emitted = [0]  # tokens generated so far (the count an aborted request reports)
         try:
-            return self._generate(job, emit, target, emitted, stop, key, replayed)
-        except SequenceCancelled as e:  # the step batcher took the sequence out of its batch: the client left
+            return (yield from self._generate(job, emit, target, emitted, stop, key, replayed))
+        except SequenceCancelled as e:  # the scheduler took the sequence out of its batch: the client left
             raise Cancelled(emitted[0]) from e
         finally:
             if target is not None:  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
                 close_target(target)
 
     def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget | None, emitted: list[int],
-                  stop: StopStrings, key: tuple | None = None, replayed: GenerationResult | None = None) -> Outcome:
+                  stop: StopStrings, key: tuple | None = None, replayed: GenerationResult | None = None
+                  ) -> Steps[Outcome]:
         work: Work = job.payload
-        scored = score_prompt(target, work.prompt_ids, work.logprobs) if work.scoring else None
+        scored = (yield from prompt_scores(target, work.prompt_ids, work.logprobs)) if work.scoring else None
         if work.max_tokens == 0:
             forwards = -(-len(work.prompt_ids) // SCORE_CHUNK) if scored else 0
             res = GenerationResult(prompt_ids=list(work.prompt_ids), forwards=forwards,
@@ -244,7 +249,7 @@ class Generator:
             res.sources = {d.name: SourceStats() for d in self.drafters(job.tenant)}  # as a decoded answer's: zeros
             on_tokens(list(res.output_ids))
         else:
-            res = self._decode(job, target, stop, on_tokens)
+            res = yield from self._decode(job, target, stop, on_tokens)
             if key is not None:
                 self.answers.store(key, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
@@ -281,16 +286,15 @@ class Generator:
         return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
                        prompt_logprobs=scored, answer_cache_hit=replayed is not None)
 
-    def _decode(self, job: Job, target: HFTarget, stop: StopStrings, on_tokens) -> GenerationResult:
+    def _decode(self, job: Job, target: HFTarget, stop: StopStrings, on_tokens) -> Steps[GenerationResult]:
         """Run the engine on ``target`` from the tenant's longest cached prompt prefix, then cache the prompt +
         answer's KV entries."""
         work: Work = job.payload
         engine = self.engine(job.tenant, target, work.sampling.constraint)
         cache = self.prefix_cache
         hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
-        res = engine.generate(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                              stop=stop if stop else None, prefix=hit,
-                              logprobs=work.logprobs)
+        res = yield from engine.steps(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
+                                      stop=stop if stop else None, prefix=hit, logprobs=work.logprobs)
         if cache is not None:
             room = self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
             remember(cache, job.tenant, target, res, room)
@@ -298,13 +302,8 @@ class Generator:
 
 
 
-def close_target(target) -> None:
-    """Close a request's target when it has a ``close`` (a step batcher's sequence: frees its KV entries and its
-    place in the batch); a plain HFTarget just drops its cache."""
-    close = getattr(target, "close", None)
-    if close is not None:
-        close()
-    else:
-        target.cache = None
-        target.length = 0
+def close_target(target: HFTarget) -> None:
+    """Free a request's KV entries at once (a prefix-cache entry keeps its own views)."""
+    target.cache = None
+    target.length = 0
 

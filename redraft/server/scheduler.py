@@ -1,17 +1,20 @@
-"""One model instance, up to ``max_running`` generation threads, a fair queue, and events from them to the event loop.
+"""One model instance, one scheduler loop, a fair queue, and events from it to the event loop.
 
-Each running request decodes on a thread of its own (the step batcher packs their forwards into one per step, see
-:mod:`redraft.decoding.batching`); ``max_running=1`` serves requests one at a time. The queue is round-robin across
-tenants and first-in first-out within a tenant, so one tenant's burst cannot starve another. A job is admitted when
-a thread is free and its KV reservation (``Job.kv_tokens``: prompt + max_tokens) fits in the server's
-:class:`~redraft.server.admission.KVBudget`; the job at the head of the round-robin waits until it does (no job
-jumps ahead of it, so a long request is never starved by short ones).
+The loop (one thread) admits jobs, advances every running job by one target forward per step and hands each job's
+events to its request's event loop. A job is a step function (:mod:`redraft.decoding.sequence`: the runner's
+generator, suspended wherever it waits for a forward); each step the loop gives all running jobs' forwards to the
+step batcher, which packs them into one forward (:mod:`redraft.decoding.batching`), or runs them one after another
+without one. ``max_running=1`` serves requests one at a time. The queue is round-robin across tenants and first-in
+first-out within a tenant, so one tenant's burst cannot starve another. A job is admitted when a place is free and
+its KV reservation (``Job.kv_tokens``: prompt + max_tokens) fits in the server's
+:class:`~redraft.server.admission.KVBudget`; the job at the head of the round-robin waits until it does (no job jumps
+ahead of it, so a long request is never starved by short ones).
 
-Each job carries an asyncio queue: its generation thread posts ``("delta", text)`` as tokens are accepted and then
+Each job carries an asyncio queue: the loop posts ``("delta", text)`` as tokens are accepted and then
 ``("done", outcome)``, ``("aborted", None)`` or ``("error", exception)`` with ``loop.call_soon_threadsafe``. A job
-whose ``cancel`` event is set (its client left) stops at its next step: the runner checks it in the engine's
-per-step token callback (and the step batcher before each forward) and raises :class:`Cancelled`; its thread then
-releases the job's KV reservation at once.
+whose ``cancel`` event is set (its client left) stops before its next step: the loop raises
+:class:`~redraft.decoding.batching.SequenceCancelled` where it waits (the runner turns it into :class:`Cancelled`)
+and releases the job's KV reservation at once. The HTTP side only enqueues and reads events.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from redraft.decoding.batching import SequenceCancelled
+from redraft.decoding.sequence import Sequence, Steps
 
 from .admission import KVBudget, retry_after
 
@@ -89,30 +95,35 @@ class Job:
 
 
 class Scheduler:
-    """Runs up to ``max_running`` jobs at once, each on a worker thread of its own.
+    """Runs up to ``max_running`` jobs at once, all on one loop thread, one forward per step (module docstring).
 
     Args:
-        runner: ``runner(job, emit)`` generates ``job`` and returns its outcome; it calls ``emit(text)`` for each
-            text delta and raises :class:`Cancelled` when ``job.cancel`` is set. Any other exception becomes an
-            ``error`` event; a worker never dies of one. Called from several threads at once when max_running > 1.
+        runner: ``runner(job, emit)`` returns the job's step function (a generator of
+            :class:`~redraft.decoding.sequence.ForwardCall`, returning the job's outcome); it calls ``emit(text)`` for
+            each text delta and raises :class:`Cancelled` when ``job.cancel`` is set or a
+            :class:`~redraft.decoding.batching.SequenceCancelled` is raised where it waits. Any other exception
+            becomes an ``error`` event; the loop never dies of one.
         max_queue: most waiting jobs; beyond it :meth:`submit` raises :class:`QueueFull`.
-        max_running: most jobs running at once (worker threads, >= 1).
+        max_running: most jobs running at once (>= 1).
         budget: the server's :class:`~redraft.server.admission.KVBudget` (None: no KV admission); a job starts only
             once its ``kv_tokens`` are reserved there, and releases them when it ends.
         on_queue: called with the number of waiting jobs whenever it changes (metrics).
+        batcher: a :class:`~redraft.decoding.batching.StepBatcher` that packs each step's forwards into one, or None:
+            each running job's forward runs alone, one after another.
     Raises:
         ValueError: max_running < 1.
     """
 
     SERVICE_DECAY = 0.8  # weight of the previous mean in the running mean of service times (Retry-After)
+    IDLE_WAIT_S = 0.25  # an idle loop also wakes this often to drop waiting jobs whose client left
 
-    def __init__(self, runner: Callable[[Job, Callable[[str], None]], Any], *, max_queue: int = 256,
+    def __init__(self, runner: Callable[[Job, Callable[[str], None]], Steps[Any]], *, max_queue: int = 256,
                  max_running: int = 1, budget: KVBudget | None = None,
-                 on_queue: Callable[[int], None] | None = None) -> None:
+                 on_queue: Callable[[int], None] | None = None, batcher=None) -> None:
         if max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         self.runner, self.max_queue, self.on_queue = runner, max_queue, on_queue
-        self.max_running, self.budget = max_running, budget
+        self.max_running, self.budget, self.batcher = max_running, budget, batcher
         self._queues: dict[str, deque[Job]] = {}
         self._turns: deque[str] = deque()  # tenants with waiting jobs, in round-robin order
         self._cond = threading.Condition()
@@ -120,12 +131,11 @@ class Scheduler:
         self._waiting = 0
         self._running: list[Job] = []  # in the order they started
         self._service_s: float | None = None  # running mean of seconds from start to end
-        self._threads = [threading.Thread(target=self._work, name=f"redraft-generation-{i}", daemon=True)
-                         for i in range(max_running)]
+        self._thread = threading.Thread(target=self._loop, name="redraft-scheduler", daemon=True)
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        """Start the scheduler loop's thread."""
+        self._thread.start()
 
     @property
     def waiting(self) -> int:
@@ -201,7 +211,7 @@ class Scheduler:
         self._queue_changed()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new jobs, fail the waiting ones, stop the running ones at their next step, join the threads."""
+        """Refuse new jobs, fail the waiting ones, stop the running ones before their next step, join the loop."""
         with self._cond:
             self._stopping = True
             left = [j for q in self._queues.values() for j in q]
@@ -213,36 +223,39 @@ class Scheduler:
             self._cond.notify_all()
         for j in left:
             j.post("error", ShuttingDown("the server is shutting down"))
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            if t.is_alive():
-                t.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
-    def _next(self) -> Job | None:
-        """The next job to run, its KV reserved (a cancelled job is handed out unreserved, to be aborted); None
-        when stopping."""
+    def _admit(self, free: int) -> list[Job]:
+        """Up to ``free`` jobs to start now, each taken off the queue with its KV reserved (a cancelled job is handed
+        out unreserved, to be aborted); waits while there is nothing to run. Empty when stopping."""
+        taken: list[Job] = []
         with self._cond:
-            while True:
-                if self._stopping:
-                    return None
+            while not self._stopping:
                 if self._purge_cancelled():
                     self._cond.notify_all()
-                job = self._admissible()
-                if job is not None:
+                while len(taken) < free and (job := self._admissible()) is not None:
+                    self._take(job)
+                    taken.append(job)
+                if taken or self._running:
                     break
-                self._cond.wait(0.25)  # also wakes to drop jobs whose client left
-            tenant = self._turns.popleft()
-            q = self._queues[tenant]
-            q.popleft()
-            if q:
-                self._turns.append(tenant)
-            else:
-                del self._queues[tenant]
-            self._waiting -= 1
-            job.started = time.perf_counter()
-            self._running.append(job)
-        self._queue_changed()
-        return job
+                self._cond.wait(self.IDLE_WAIT_S)
+        if taken:
+            self._queue_changed()
+        return taken
+
+    def _take(self, job: Job) -> None:
+        """Move the admissible head job from the queue to the running ones (under the lock)."""
+        tenant = self._turns.popleft()
+        q = self._queues[tenant]
+        q.popleft()
+        if q:
+            self._turns.append(tenant)
+        else:
+            del self._queues[tenant]
+        self._waiting -= 1
+        job.started = time.perf_counter()
+        self._running.append(job)
 
     def _admissible(self) -> Job | None:
         """The job at the head of the round-robin when it may start now (cancelled, or its KV reserved)."""
@@ -257,22 +270,58 @@ class Scheduler:
         job.kv_tokens = min(job.kv_tokens, self.budget.capacity)  # callers refuse larger ones; never wait forever
         return job if self.budget.try_reserve(job.kv_tokens) else None
 
-    def _work(self) -> None:
+    def _loop(self) -> None:
+        """Admit, step, deliver: until :meth:`stop`."""
+        running: list[tuple[Job, Sequence]] = []
         while True:
-            job = self._next()
-            if job is None:
-                return
-            try:
+            for job in self._admit(self.max_running - len(running)):
                 if job.cancel.is_set():
-                    raise Cancelled()
-                job.outcome = self.runner(job, lambda text, j=job: self._emit(j, text))
+                    job.post("aborted")
+                    self._finished(job)
+                    continue
+                running.append((job, Sequence(self.runner(job, lambda text, j=job: self._emit(j, text))).start()))
+            stopping = self._stopping
+            for job, seq in running:
+                if stopping or job.cancel.is_set():
+                    seq.fail(SequenceCancelled("the request was cancelled"))
+            live = [seq for _, seq in running if not seq.done]
+            if live:
+                self._step(live)
+            still = []
+            for job, seq in running:
+                if seq.done:
+                    self._deliver(job, seq)
+                else:
+                    still.append((job, seq))
+            running = still
+            if stopping and not running:
+                return
+
+    def _step(self, live: list[Sequence]) -> None:
+        """One forward per running job: packed into one by the batcher, or each alone."""
+        if self.batcher is not None:
+            self.batcher.step(live)
+            return
+        for seq in live:
+            try:
+                logits = seq.call.run_alone()
+            except Exception as e:  # noqa: BLE001 - raised inside that job
+                seq.fail(e)
+            else:
+                seq.advance(logits)
+
+    def _deliver(self, job: Job, seq: Sequence) -> None:
+        """Post an ended job's last event and release what it held."""
+        try:
+            if seq.error is None:
+                job.outcome = seq.result
                 job.post("done", job.outcome)
-            except Cancelled:
+            elif isinstance(seq.error, (Cancelled, SequenceCancelled)):
                 job.post("aborted")
-            except Exception as e:  # noqa: BLE001 - reported to the request; the worker must live on
-                job.post("error", e)
-            finally:
-                self._finished(job)
+            else:
+                job.post("error", seq.error)
+        finally:
+            self._finished(job)
 
     def _finished(self, job: Job) -> None:
         if self.budget is not None and job.kv_tokens:

@@ -1,0 +1,134 @@
+"""A sequence that advances one target forward at a time: the unit a scheduler loop drives.
+
+Decoding code never calls a target's forward directly on the decode path: it *asks* for the forward and waits for
+its logits, as a generator does::
+
+    logits = yield from forward(target, ids, positions, mask, n_logits)
+
+The generator (a *step function*: :meth:`redraft.decoding.engine.Engine.steps`, a server request) yields one
+:class:`ForwardCall` per forward and is resumed with that forward's logits. Whoever drives it decides how the forward
+runs: :func:`drive` runs each call as :meth:`HFTarget.forward` on its own target (one sequence, bit for bit what a
+direct call computes), and a step loop packs the calls of every running sequence into one forward per step
+(:class:`redraft.decoding.batching.StepBatcher`). Iteration-level scheduling as in vLLM and SGLang, with the
+sequence's state (context, KV cache, drafters, exact mode, statistics) held by its suspended generator: no thread
+per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from redraft.decoding.target import HFTarget
+
+T = TypeVar("T")
+Steps = Generator["ForwardCall", torch.Tensor, T]  # a step function's type: yields calls, gets logits, returns T
+
+
+@dataclass(eq=False)
+class ForwardCall:
+    """One target forward a sequence waits for (the arguments of :meth:`HFTarget.forward`).
+
+    Attributes:
+        target: the sequence's target (its KV cache holds ``n_cached`` tokens; the forward appends ``ids``).
+        ids: S >= 1 token ids.
+        positions: LongTensor [1, S] or None (consecutive positions after the cache).
+        mask: additive FloatTensor [1, 1, S, n_cached + S] or None (plain causal attention).
+        n_logits: trailing rows that need logits.
+        solo: must run alone, in plain decoding's shape (asked under :meth:`HFTarget.solo`).
+        n_cached: the target's cached tokens when the call was made.
+    """
+
+    target: HFTarget
+    ids: list[int]
+    positions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    n_logits: int = 1
+    solo: bool = False
+    n_cached: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_cached = self.target.length
+
+    def run_alone(self) -> torch.Tensor:
+        """Run this call as its target's own ``forward`` (:meth:`HFTarget.forward`); FloatTensor [n_logits, V] on the
+        CPU."""
+        return self.target.forward(self.ids, self.positions, self.mask, self.n_logits)
+
+
+def forward(target: HFTarget, ids: list[int], positions: torch.Tensor | None = None,
+            mask: torch.Tensor | None = None, n_logits: int = 1) -> Steps[torch.Tensor]:
+    """Ask for one forward of ``target`` (``yield from`` it in a step function): the logits it returns, as
+    :meth:`HFTarget.forward` returns them, once the driver ran it."""
+    if target.cache is None:
+        target.reset()
+    logits = yield ForwardCall(target, [int(t) for t in ids], positions, mask, int(n_logits), target.solo_depth > 0)
+    return logits
+
+
+def drive(steps: Steps[T]) -> T:
+    """Run a step function to its end, each forward alone on its own target (:meth:`ForwardCall.run_alone`); returns
+    what it returns. Exceptions from the forwards are raised inside the step function, as a direct call raises."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                logits = call.run_alone()
+            except Exception as e:  # noqa: BLE001 - raised where the step function asked for the forward
+                call = steps.throw(e)
+            else:
+                call = steps.send(logits)
+    except StopIteration as done:
+        return done.value
+
+
+class Sequence:
+    """A step function being driven: the forward it waits for, and its result or error once it ended.
+
+    Args:
+        steps: the step function (a generator of :class:`ForwardCall`).
+    Attributes:
+        call: the forward it waits for (None once it ended).
+        result: what the step function returned (once ``done`` and no ``error``).
+        error: the exception it ended with, or None.
+        done: it ended (returned or raised).
+    """
+
+    def __init__(self, steps: Steps[Any]) -> None:
+        self.steps = steps
+        self.call: ForwardCall | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+
+    def start(self) -> Sequence:
+        """Run it to its first forward (or its end)."""
+        self._resume(lambda: next(self.steps))
+        return self
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """Hand the waited-for forward's logits back and run it to its next forward (or its end)."""
+        self._resume(lambda: self.steps.send(logits))
+
+    def fail(self, error: BaseException) -> None:
+        """Raise ``error`` where it waits (its forward failed, or it was cancelled); it may catch it and go on."""
+        self._resume(lambda: self.steps.throw(error))
+
+    def close(self) -> None:
+        """End it where it waits (GeneratorExit inside: its ``finally`` blocks run)."""
+        if not self.done:
+            self.steps.close()
+            self.done, self.call = True, None
+
+    def _resume(self, step) -> None:
+        if self.done:
+            return
+        try:
+            self.call = step()
+        except StopIteration as end:
+            self.done, self.call, self.result = True, None, end.value
+        except Exception as e:  # noqa: BLE001 - kept for the driver: one sequence's failure is not the loop's
+            self.done, self.call, self.error = True, None, e
