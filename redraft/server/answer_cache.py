@@ -77,7 +77,7 @@ def answer_key(tenant: str, prompt_ids: Sequence[int], sampling: SamplingParams,
 class AnswerCache:
     """Stored greedy answers per (tenant, prompt, settings) key, least recently used evicted beyond ``max_tokens``.
 
-    Thread-safe (each method takes a lock): the server's generation threads read and fill one store.
+    Thread-safe (each method takes a lock).
 
     Args:
         max_tokens: most stored answer ids over all keys (> 0).
