@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -41,6 +42,7 @@ def pytest_runtest_makereport(item, call):
         why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"
         rep.longrepr = f"{REQUIRE_REAL_MODEL}=1 but this real-model test was skipped: {why}"
+
 
 VOCAB = 96
 MAX_POS = 128
@@ -308,6 +310,51 @@ def tiny_model_dir(tmp_path_factory):
     model = build_tiny("llama", "sdpa", seed=11, vocab_size=CLI_VOCAB, eos_token_id=CLI_EOS)
     model.save_pretrained(d)
     return d, model
+
+
+# ---- the default (real) model: converted and priced once, whatever runs beside ---------------------------------
+
+@contextmanager
+def cache_lock(name: str):
+    """An exclusive lock on ``.<name>.lock`` in redraft's cache directory, across processes: pytest-xdist workers,
+    and another test run sharing the cache. Without it two processes converting the default model at once could
+    each replace the other's finished copy while it is being read."""
+    from redraft.io.loading import cache_dir
+
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        fcntl = None
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f".{name}.lock", "a") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_default_model(**kwargs):
+    """``redraft.io.loading.load_model(**kwargs)`` of the default model for a real-model test: skipped only when its
+    package is absent (any other failure fails). Under a lock, so that one process converts it (the first time ever)
+    while the others wait; a float32 load also measures its cost curve there when the cache has none (the policy,
+    the servers and ``redraft run`` subprocesses then read it), so parallel workers do not measure it twice."""
+    import importlib.util
+
+    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
+
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
+    with cache_lock("default-model"):
+        loaded = load_model(**kwargs)
+        if kwargs.get("dtype", "float32") == "float32" and kwargs.get("attn", "sdpa") == "sdpa":
+            from redraft.decoding.costcache import cached_cost_curve
+
+            cached_cost_curve(loaded.model)
+    return loaded
 
 
 # the server tests' module-scoped fixtures, shared from here so that test modules need not import them (imported

@@ -8,7 +8,6 @@ itself a failure (see conftest.py).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RecordingTarget, generate_tracking, top2_gap
+from conftest import RecordingTarget, generate_tracking, load_default_model, top2_gap
 
 from redraft.compose import build_drafters
 from redraft.corpus import Corpus
@@ -41,13 +40,10 @@ CORPUS_RE = re.compile(r"^corpus drafts: (\d+)% acceptance \((\d+)/(\d+) propose
 
 @pytest.fixture(scope="module")
 def real():
-    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
     from redraft.io.prompts import encode_prompt
 
     # Skip only when the package is absent; a package that is there but fails to convert or load is a failure.
-    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
-        pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
-    loaded = load_model()
+    loaded = load_default_model()
     prompts = [encode_prompt(loaded.tokenizer, p) for p in PROMPTS]
     return loaded, prompts
 
