@@ -314,6 +314,19 @@ def tiny_model_dir(tmp_path_factory):
 
 # ---- the default (real) model: converted and priced once, whatever runs beside ---------------------------------
 
+# redraft's cache as the run began: module fixtures point $REDRAFT_CACHE at temporary directories while their module
+# runs (cost curves of tiny models never land in the user's cache); a real-model test in such a module uses this one.
+SESSION_CACHE = os.environ.get("REDRAFT_CACHE")
+
+
+def use_session_cache(monkeypatch) -> None:
+    """Point $REDRAFT_CACHE back at the cache the run began with (where the default model was converted)."""
+    if SESSION_CACHE is None:
+        monkeypatch.delenv("REDRAFT_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("REDRAFT_CACHE", SESSION_CACHE)
+
+
 @contextmanager
 def cache_lock(name: str):
     """An exclusive lock on ``.<name>.lock`` in redraft's cache directory, across processes: pytest-xdist workers,
