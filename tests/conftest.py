@@ -370,6 +370,24 @@ def load_default_model(**kwargs):
     return loaded
 
 
+def seed_cost_curve(model, directory, name) -> os.PathLike:
+    """Store ``model``'s cached cost curve in the cache ``directory`` under the key of a copy of it saved at ``name``
+    (the key holds the model's path): a process loading the copy reads the curve instead of measuring it again
+    (~30 s for the default model). Returns the file written."""
+    from redraft.decoding.costcache import cached_cost_curve, curve_key, curve_path, save_curve
+
+    curve = cached_cost_curve(model)
+    saved = model.config._name_or_path
+    model.config._name_or_path = str(name)
+    try:
+        key = curve_key(model)
+    finally:
+        model.config._name_or_path = saved
+    path = curve_path(key, directory)
+    assert save_curve(path, key, curve)
+    return path
+
+
 # the server tests' module-scoped fixtures, shared from here so that test modules need not import them (imported
 # last: serverkit imports build_tiny from this module)
 from serverkit import loaded, model_dir, tenants_file  # noqa: E402,F401
