@@ -44,6 +44,22 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"{REQUIRE_REAL_MODEL}=1 but this real-model test was skipped: {why}"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder``, whole files to a worker, in
+    collection order): the files holding slow tests first, the others after them, most tests first. The slow files
+    hold the longest tests (the real model, server processes, up to ~95 s each); dealt out late (xdist's own order
+    puts the files with most tests first), they kept one worker busy ~30 s after the other had finished. A run in
+    one process keeps the files' order."""
+    if not hasattr(config, "workerinput"):
+        return
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    slow = {f for f, its in files.items() if any(i.get_closest_marker("slow") is not None for i in its)}
+    order = sorted(files, key=lambda f: (f not in slow, 0 if f in slow else -len(files[f])))  # sorted() is stable
+    items[:] = [i for f in order for i in files[f]]
+
+
 VOCAB = 96
 MAX_POS = 128
 HEAD_STD = 1.0  # LM head init std: logits have std ~ sqrt(hidden) * HEAD_STD after the final RMSNorm
