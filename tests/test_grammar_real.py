@@ -6,11 +6,11 @@ package is not installed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import jsonschema
 import pytest
+from conftest import load_default_model
 
 from redraft.decoding.engine import Engine
 from redraft.decoding.sampling import SamplingParams
@@ -30,12 +30,9 @@ N = 64
 
 @pytest.fixture(scope="module")
 def real():
-    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
     from redraft.io.prompts import encode_prompt
 
-    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
-        pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
-    loaded = load_model()
+    loaded = load_default_model()
     c = Constraint.json_schema(SCHEMA, grammar_tokenizer(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids),
                                loaded.vocab_size)
     return loaded, c, [encode_prompt(loaded.tokenizer, a) for a in ASKS]

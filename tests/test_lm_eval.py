@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_default_model
 from serverkit import live_server
 
 pytestmark = pytest.mark.slow
@@ -21,12 +22,12 @@ TASKS = ROOT / "tests" / "data" / "lm_eval"
 
 @pytest.fixture(scope="module")
 def real():
-    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
+    from redraft.io.loading import DEFAULT_MODEL_PACKAGE
 
     if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
         pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
     pytest.importorskip("lm_eval", reason="lm-eval is in the test extra: pip install -e '.[test]'")
-    return load_model()
+    return load_default_model()
 
 
 GENERATE_LIMIT = 4  # of the 8 generate_until questions (docs/serving.md runs all 8): keeps CI's time in bounds

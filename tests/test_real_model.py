@@ -8,7 +8,6 @@ itself a failure (see conftest.py).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RecordingTarget, generate_tracking, top2_gap
+from conftest import RecordingTarget, generate_tracking, load_default_model, seed_cost_curve, top2_gap
 
 from redraft.compose import build_drafters
 from redraft.corpus import Corpus
@@ -41,13 +40,10 @@ CORPUS_RE = re.compile(r"^corpus drafts: (\d+)% acceptance \((\d+)/(\d+) propose
 
 @pytest.fixture(scope="module")
 def real():
-    from redraft.io.loading import DEFAULT_MODEL_PACKAGE, load_model
     from redraft.io.prompts import encode_prompt
 
     # Skip only when the package is absent; a package that is there but fails to convert or load is a failure.
-    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
-        pytest.skip(f"the default model's package {DEFAULT_MODEL_PACKAGE} is not installed")
-    loaded = load_model()
+    loaded = load_default_model()
     prompts = [encode_prompt(loaded.tokenizer, p) for p in PROMPTS]
     return loaded, prompts
 
@@ -195,8 +191,11 @@ def test_seeded_sampling_is_identical_with_drafts(real, plain_outputs, params):
 
 # ---- `redraft run` in a subprocess -------------------------------------------------------------------------------
 
-def redraft(*argv: str) -> subprocess.CompletedProcess:
+def redraft(*argv: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m redraft *argv``; ``cache``: its $REDRAFT_CACHE (else this process's)."""
     env = dict(os.environ)
+    if cache is not None:
+        env["REDRAFT_CACHE"] = str(cache)
     env.pop("TOKENS", None)
     for name in ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS", "REDRAFT_CORPUS_K", "COLI_CORPUS_K"):
         env.pop(name, None)
@@ -291,8 +290,13 @@ def test_cli_run_applies_the_generation_config_like_hf_generate(real, plain_outp
     assert want != plain_outputs[0][:len(want)]  # the settings change this answer
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(" ".join(map(str, prompts[0] + want)) + "\n")
+    # The copy's cost curve is the default model's (the same weights), stored under the copy's key in a cache of its
+    # own: the policy reads it instead of measuring the curve again for this new path (~40 s a run).
+    cache = tmp_path / "cache"
+    seeded = seed_cost_curve(loaded.model, cache, d)
+    stored = seeded.read_text()
     for drafts in ([], ["--corpus", str(corpus)]):
-        p = redraft("run", "--model", str(d), "--tokens", "--ngen", str(n), *drafts, PROMPTS[0])
+        p = redraft("run", "--model", str(d), "--tokens", "--ngen", str(n), *drafts, PROMPTS[0], cache=cache)
         assert p.returncode == 0, p.stderr[-2000:]
         rep = report(p.stderr)
         assert [int(x) for x in rep["tokens"][1].split()] == want, drafts
@@ -300,6 +304,8 @@ def test_cli_run_applies_the_generation_config_like_hf_generate(real, plain_outp
         assert lines == [f"redraft: generation_config: repetition_penalty=1.3, no_repeat_ngram_size=3 "
                          f"(from {d / 'generation_config.json'}; --no-generation-config to ignore)"]
     assert int(rep["corpus"][1]) > 0  # the replay's drafts were accepted
+    # the seeded curve was the one read: no other key, and not measured again
+    assert list((cache / "cost-curves").iterdir()) == [seeded] and seeded.read_text() == stored
 
 
 def test_question_95_near_tie_costs_one_draft_free_forward(real):

@@ -31,7 +31,11 @@ ASK = [{"role": "user", "content": "the weather in paris"}]
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory):
-    return save_bpe_model(tmp_path_factory.mktemp("bpe-model"))
+    """The BPE model saved once per module; while the module runs, redraft's cache (the server's cost curve) is a
+    temporary directory, as for ``model_dir``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REDRAFT_CACHE", str(tmp_path_factory.mktemp("bpe-cache")))
+        yield save_bpe_model(tmp_path_factory.mktemp("bpe-model"))
 
 
 @pytest.fixture(scope="module")

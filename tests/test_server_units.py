@@ -245,7 +245,7 @@ def test_listening_socket_disables_nagle_for_accepted_connections():
 
 
 @pytest.mark.slow  # starts several server processes
-def test_bench_serve_smoke(tmp_path, capsys):
+def test_bench_serve_smoke(tmp_path, capsys, monkeypatch):
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
@@ -253,6 +253,7 @@ def test_bench_serve_smoke(tmp_path, capsys):
 
     from redraft.cli import main
 
+    monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))  # the servers' cost curve: never the user's cache
     model = save_tiny_model(tmp_path / "m")
     out = tmp_path / "r.json"
     assert main(["bench", "serve", "--model", str(model), "--phases", "repeat,load,crash", "--questions", "2",
