@@ -68,6 +68,12 @@ class _Request:
     def rows_left(self) -> int:
         return len(self.ids) - self.done_rows
 
+    def logits(self) -> torch.Tensor:
+        """The finished call's logits rows, its chunks' in order: FloatTensor [n_logits, V]."""
+        if len(self.pieces) == 1:
+            return self.pieces[0]
+        return torch.cat(self.pieces) if self.pieces else torch.empty(0, self.target.vocab_size)
+
     def chunk(self, rows: int) -> tuple[Block, list[int], range]:
         """The next ``rows`` rows as a packing block, their ids, and which of them need logits (local indices)."""
         a, b, s = self.done_rows, self.done_rows + rows, len(self.ids)
@@ -142,7 +148,10 @@ class StepBatcher:
         calls = {s.call: s for s in live}
         for call in [c for c in self._requests if c not in calls]:  # its sequence left (cancelled mid-chunk)
             del self._requests[call]
-        pending = [self._requests.setdefault(c, _Request(c, next(self._order))) for c in calls]
+        for c in calls:
+            if c not in self._requests:  # a new call: its progress is kept until its last chunk ran
+                self._requests[c] = _Request(c, next(self._order))
+        pending = [self._requests[c] for c in calls]
         work = self._plan(pending)
         try:
             self._run(work)
@@ -154,9 +163,7 @@ class StepBatcher:
             for req, _ in work:
                 if req.rows_left == 0:
                     del self._requests[req.call]
-                    calls[req.call].advance(req.pieces[0] if len(req.pieces) == 1 else
-                                            torch.cat(req.pieces) if req.pieces else
-                                            torch.empty(0, req.target.vocab_size))
+                    calls[req.call].advance(req.logits())
         self.active = sum(not s.done for s in live)
 
     def _plan(self, pending: list[_Request]) -> list[tuple[_Request, int]]:
