@@ -449,7 +449,7 @@ def test_draft_depth_shrinks_as_the_batch_fills_and_grows_back(model):
     target = LoadedTarget(model, loads)
     seen: list[int] = []
     orig = policy.at_load
-    policy.at_load = lambda carried: seen.append(carried) or orig(carried)
+    policy.at_load = lambda carried, share=None: seen.append(carried) or orig(carried, share)
     res = Engine(target, [SequenceDrafter(prompt + want)], max_depth=16, policy=policy).generate(prompt, n)
     assert res.output_ids == want
     ctx, by_region = len(prompt), {"before": [], "loaded": [], "after": []}

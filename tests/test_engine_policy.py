@@ -52,8 +52,11 @@ class CutAt:
         self.d, self.max_nodes = d, MAX_DRAFT_DEPTH
         self.observed: list[tuple[str, int, int]] = []
 
-    def at_load(self, carried: int):
+    def at_load(self, carried: int, share=None):
         return self
+
+    def may_pay(self, depth: int) -> bool:
+        return True
 
     def plan(self, parents, sources, priors=None, *, max_depth=None, budget=None, fed=1) -> Selection:
         n = min(self.d, len(parents), budget or self.max_nodes)

@@ -19,8 +19,10 @@ import pytest
 
 from redraft.corpus import Corpus
 from redraft.corpus.directory import read_directory
+from redraft.decoding.planner import DraftPlanner
 from redraft.integrations.planned import RequestDrafts
 from redraft.integrations.vllm_proposer import ProposerConfigError, RedraftProposer
+from redraft.tree import TokenTree
 
 K, VOCAB, MAX_LEN, EOS = 8, 500, 400, 2
 
@@ -236,16 +238,19 @@ def test_rows_without_samples_and_model_length(tmp_path):
 
 def test_cut_short_draft_counts_only_what_was_verified():
     class Src:
-        name, seen = "s", []
+        name, guard, seen = "s", None, []
+
+        def propose(self, context, max_depth):
+            return TokenTree.chain([5, 6, 7, 8], "s")
 
         def observe(self, p, a, e):
             self.seen.append((p, a, e))
 
     src = Src()
-    r = RequestDrafts([src])
-    r.draft, r.source = [5, 6, 7, 8], 0
+    r = RequestDrafts(DraftPlanner([src], chain_only=True))
+    assert r.propose(np.zeros(3, dtype=np.int64), 8) == [5, 6, 7, 8]
     assert r.settle([5, 6, 7]) == (2, 2)  # the scheduler verified 2 ids; the bonus equals draft[2]
-    r.draft, r.source = [5, 6, 7, 8], 0
+    assert r.propose(np.zeros(3, dtype=np.int64), 8) == [5, 6, 7, 8]
     assert r.settle([5, 9]) == (4, 1)  # a rejection at position 1
     assert src.seen == [(2, 2, 3), (4, 1, 2)]
 

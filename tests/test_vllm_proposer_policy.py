@@ -136,17 +136,17 @@ def test_depth_shrinks_as_the_batch_fills_and_grows_back_when_it_empties(tmp_pat
 
 
 def test_carried_rows_count_earlier_drafts_in_the_same_step(tmp_path, monkeypatch):
-    from redraft.integrations.planned import PlannedDrafts
+    from redraft.integrations.planned import RequestDrafts
 
     seen = []
-    original = PlannedDrafts.propose
+    original = RequestDrafts.propose
 
     def spy(self, context, cap, carried, share=None, **kw):
         out = original(self, context, cap, carried, share, **kw)
         seen.append((carried, len(out)))
         return out
 
-    monkeypatch.setattr(PlannedDrafts, "propose", spy)
+    monkeypatch.setattr(RequestDrafts, "propose", spy)
     spans = [rng_ids(40 + i, 20) + rng_ids(50 + i, 80) for i in range(3)]
     prop = make_policy_proposer(tmp_path, spans, 8, None, redraft_ngram=0)
     batch = FakeBatch(max_num_reqs=3)

@@ -18,18 +18,17 @@ import numpy as np
 
 from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.logprobs import TokenLogprob, row_logprobs
+from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.sequence import Steps, drive
 from redraft.decoding.settling import ExactMode
-from redraft.decoding.step import Draft, Step, verify_step
+from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget, PrefixKV
 from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH
 from redraft.drafters.base import Drafter
-from redraft.policy.apply import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
-from redraft.tree import TokenTree
 
 
 @dataclass
@@ -132,53 +131,14 @@ class Engine:
         self.chain_only = self.target.sliding_window is not None
         self.generation_config = generation_config
         self.policy = policy
+        self.planner = DraftPlanner(self.drafters, policy, merge=merge, chain_only=self.chain_only,
+                                    tree_budget=tree_budget, vocab_size=self.target.vocab_size)
 
     def _draft(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
-        """The step's :class:`Draft`: each drafter's proposal in priority order, cleaned and merged (or cut by the
-        policy, which weighs a draft's cost on top of the ``fed`` pending tokens); an empty tree when ``max_depth``
-        is 0."""
-        if max_depth <= 0:
-            return Draft()
-        if self.policy is not None:
-            self.policy.at_load(self.target.carried_rows)  # price the draft at the step's load (batched targets)
-            return self._draft_planned(context, max_depth, fed)
-        tree = TokenTree()
-        for name, prop in self._proposals(context, max_depth):
-            tree.merge(prop, name, budget=self.tree_budget, max_depth=max_depth)
-            if not self.merge or self.chain_only or len(tree) >= self.tree_budget:
-                break
-        return Draft(tree)
-
-    def _proposals(self, context: np.ndarray, max_depth: int):
-        """(drafter name, proposal) in priority order, cleaned for the verifier; lazily, so a drafter after the
-        one that wins the step is never asked."""
-        for d in self.drafters:
-            prop = d.propose(context, max_depth)
-            if prop is None or len(prop) == 0:
-                continue
-            if self.chain_only:
-                prop = prop.first_path()
-            yield d.name, prop.within_vocab(self.target.vocab_size)
-
-    def _draft_planned(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
-        """The step's :class:`Draft` under the policy: the proposals as candidates, cut by the policy.
-
-        Candidates may hold up to the policy's ``max_nodes``; the verified part at most ``tree_budget`` nodes and
-        ``max_depth`` levels, as without a policy. Priority mode tries the sources in order and
-        verifies the first proposal the policy keeps any of (a source whose draft does not pay leaves the step to
-        the next one).
-        """
-        merged = Candidates()
-        for name, prop in self._proposals(context, max_depth):
-            cand = merged if self.merge and not self.chain_only else Candidates()
-            cand.add(prop, name, budget=self.policy.max_nodes, max_depth=max_depth)
-            if cand is not merged:
-                tree, keys = cut(self.policy, cand, max_depth=max_depth, budget=self.tree_budget, fed=fed)
-                if len(tree):
-                    return Draft(tree, keys)
-            elif len(merged) >= self.policy.max_nodes:
-                break
-        return Draft(*cut(self.policy, merged, max_depth=max_depth, budget=self.tree_budget, fed=fed))
+        """The step's :class:`Draft` from this engine's :class:`~redraft.decoding.planner.DraftPlanner`, priced at
+        the rows the step carries for other sequences (``target.carried_rows``) on top of the ``fed`` pending
+        tokens; an empty tree when ``max_depth`` is 0."""
+        return self.planner.propose(context, DraftLimits(max_depth, fed=fed, carried=self.target.carried_rows))
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
@@ -349,25 +309,14 @@ class Engine:
         tree = draft.tree
         res.forwards += 1
         res.drafted_per_forward.append(len(tree))
-        if self.policy is not None:
-            observe_outcomes(self.policy, tree, draft.keys, path, judged)
         depths = tree.depths if judged is None else [min(d, judged) for d in tree.depths]
         res.accepted_per_forward.append(len(path))
         res.draft_depth_per_forward.append(max(depths, default=0))
-        proposed: dict[str, int] = {}
-        for s, depth in zip(tree.sources, tree.depths, strict=True):
-            if judged is None or depth <= judged:
-                proposed[s] = proposed.get(s, 0) + 1
-        res.source_per_forward.append(tuple(d.name for d in self.drafters if d.name in proposed))
-        accepted: dict[str, int] = {}
-        for i in path:
-            accepted[tree.sources[i]] = accepted.get(tree.sources[i], 0) + 1
-        for d in self.drafters:
-            p, a = proposed.get(d.name, 0), accepted.get(d.name, 0)
-            st = res.sources[d.name]
-            st.proposed += p
-            st.accepted += a
-            st.steps += p > 0
-            before = d.guard.pauses if d.guard is not None else 0
-            d.observe(p, a, emitted)
-            st.paused += d.guard is not None and d.guard.pauses > before
+        outcomes = self.planner.observe(draft, path, emitted, judged)
+        res.source_per_forward.append(tuple(n for n, o in outcomes.items() if o.proposed))
+        for name, o in outcomes.items():
+            st = res.sources[name]
+            st.proposed += o.proposed
+            st.accepted += o.accepted
+            st.steps += o.proposed > 0
+            st.paused += o.paused

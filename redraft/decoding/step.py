@@ -8,28 +8,15 @@ Nothing about a step is kept on the engine between steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from redraft.decoding.planner import Draft
 from redraft.decoding.sampling import TokenChooser
 from redraft.decoding.sequence import Steps, forward
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
-from redraft.tree import TokenTree
-
-
-@dataclass
-class Draft:
-    """The proposal one step verifies.
-
-    Attributes:
-        tree: the verify tree (empty = a draft-free forward).
-        keys: the cost-aware policy's key per node of ``tree`` (empty without a policy).
-    """
-
-    tree: TokenTree = field(default_factory=TokenTree)
-    keys: list[str] = field(default_factory=list)
 
 
 @dataclass

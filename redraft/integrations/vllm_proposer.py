@@ -49,6 +49,7 @@ from multiprocessing.util import Finalize
 import numpy as np
 
 from redraft.compose.build import build_drafters, build_load_policy
+from redraft.compose.config import SpeculationConfig
 from redraft.compose.env import (
     ENV_CORPUS,
     ENV_FORCE,
@@ -71,9 +72,10 @@ from redraft.corpus.directory import (
     tenant_dir,
 )
 from redraft.corpus.online import OnlineCorpus
+from redraft.decoding.planner import DraftPlanner
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.integrations.draining import CONFIDENT_CHANCE, batch_critical, tied_shares
-from redraft.integrations.planned import PlannedDrafts, RequestDrafts, load_step_curve
+from redraft.integrations.planned import RequestDrafts, load_step_curve
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
 from redraft.policy.load import LoadPricing
@@ -122,7 +124,9 @@ def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> Propos
     corpus_k = _ranged(environ, ENV_K, int, 1, top, f" (at most 48 and at most num_speculative_tokens={k})")
     pct = _ranged(environ, ENV_MINACC, float, 0, 100, ", a percentage")
     minacc = CORPUS_MINACC if pct is None else pct / 100
-    policy = _flag(environ, ENV_POLICY, True) and corpus_k is None and pct is None  # fixed settings: no policy
+    # a fixed depth or guard turns the policy off: the CLI's rule (SpeculationConfig.policy_on)
+    policy = SpeculationConfig(k=corpus_k, minacc=None if pct is None else pct / 100,
+                               policy=_flag(environ, ENV_POLICY, True)).policy_on
     return ProposerSettings(k=k, corpus=_env(environ, ENV_CORPUS)[1], corpus_k=corpus_k or top, minacc=minacc,
                             ngram=_flag(environ, ENV_NGRAM, True), learn=_env(environ, ENV_LEARN)[1],
                             force=_flag(environ, ENV_FORCE, False),
@@ -352,7 +356,7 @@ class RedraftProposer:
             _learn(self.learner, gone, self.eos)
         return drafts
 
-    def _new_request(self) -> RequestDrafts | PlannedDrafts:
+    def _new_request(self) -> RequestDrafts:
         s = self.settings
         self.totals["requests"] += 1
         first = self.learned if self.learned is not None else self.corpus
@@ -362,9 +366,8 @@ class RedraftProposer:
             # the learned corpus first, then the fixed one: the order of a server's tenant and shared corpora
             drafters.insert(1, build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=False,
                                               corpus_name="fixed", policy=s.policy)[0])
-        if s.policy:
-            return PlannedDrafts(drafters, build_load_policy(self.pricing, self.acceptance))
-        return RequestDrafts(drafters)
+        policy = build_load_policy(self.pricing, self.acceptance) if s.policy else None
+        return RequestDrafts(DraftPlanner(drafters, policy, chain_only=True))  # vLLM verifies chains
 
     def flush(self) -> None:
         """Learn every request still tracked (at shutdown; finished requests are otherwise learned once they

@@ -77,6 +77,12 @@ class SpeculationPolicy:
         Returns self."""
         return self
 
+    def may_pay(self, depth: int) -> bool:
+        """Whether a draft of at most ``depth`` tokens can pay at the price set by :meth:`at_load`; False lets the
+        caller skip its drafters for the step. A single stream never skips (a probe may always run);
+        :class:`redraft.policy.load.LoadAwarePolicy` answers from the step's load."""
+        return True
+
     def conditionals(self, parents: Sequence[int], sources: Sequence[str],
                      priors: Sequence[float] | None = None) -> np.ndarray:
         """float64 [N]: q(i) = P(node i accepted | parent accepted) per candidate node (see the module notes).
