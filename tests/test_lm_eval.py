@@ -1,8 +1,12 @@
 """lm-evaluation-harness against ``redraft serve`` (the default model, a live server): the local tasks in
 tests/data/lm_eval (a generate_until and a multiple_choice task) run through ``local-completions`` with the server's
-own tokenizer routes (``tokenizer_backend=remote``, no local tokenizer). A rerun of the generate_until task gives
-identical samples, answered from the answers the first run stored (the answer cache); the multiple_choice task's
-loglikelihoods equal the ones computed with transformers directly. Marked slow (the real model; lm-eval imports take ~20 s here)."""
+own tokenizer routes (``tokenizer_backend=remote``, no local tokenizer; the server started with
+``--enable-tokenizer-info-endpoint``). A rerun of the generate_until task gives identical samples, answered from the
+answers the first run stored (the answer cache); the multiple_choice task's loglikelihoods equal the ones computed
+with transformers directly. Against a server with the default routes (no ``/tokenizer_info``, as vLLM), lm-eval's
+own backend choice with a local tokenizer runs the chat template with ``--batch_size 4`` and ``num_concurrent=4``,
+and ``local-chat-completions`` likewise, all with the samples of the one-at-a-time run. Marked slow (the real model;
+lm-eval imports take ~20 s here)."""
 
 from __future__ import annotations
 
@@ -33,14 +37,17 @@ def real():
 GENERATE_LIMIT = 4  # of the 8 generate_until questions (docs/serving.md runs all 8): keeps CI's time in bounds
 
 
-def evaluate(srv, task: str, limit: int | None = None) -> dict:
+def evaluate(srv, task: str, limit: int | None = None, *, model: str = "local-completions",
+             backend: str = "tokenizer_backend=remote", batch_size: int = 4, num_concurrent: int = 1,
+             chat: bool = False) -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    args = f"model={srv.server.model_id},base_url={srv.url}/completions,tokenizer_backend=remote,num_concurrent=1," \
+    route = "chat/completions" if model == "local-chat-completions" else "completions"
+    args = f"model={srv.server.model_id},base_url={srv.url}/{route},{backend},num_concurrent={num_concurrent}," \
            "max_retries=1"
-    return simple_evaluate(model="local-completions", model_args=args, tasks=[task], batch_size=4, limit=limit,
-                           log_samples=True, task_manager=TaskManager(include_path=str(TASKS)))
+    return simple_evaluate(model=model, model_args=args, tasks=[task], batch_size=batch_size, limit=limit,
+                           log_samples=True, apply_chat_template=chat, task_manager=TaskManager(include_path=str(TASKS)))
 
 
 def loglikelihood(loaded, context: str, continuation: str) -> float:
@@ -59,7 +66,8 @@ def test_lm_eval_tasks_against_the_server(real, monkeypatch):
     monkeypatch.chdir(ROOT)  # the task YAMLs name their data files relative to the repository root
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with live_server(build_parser().parse_args(["serve", "--port", "0"]), real) as srv:
+    with live_server(build_parser().parse_args(["serve", "--port", "0", "--enable-tokenizer-info-endpoint"]),
+                     real) as srv:
         first = evaluate(srv, "redraft_capitals", limit=GENERATE_LIMIT)
         corpus = srv.server.generator.corpora.get("default")
         stored = corpus.n_tokens
@@ -84,3 +92,38 @@ def test_lm_eval_tasks_against_the_server(real, monkeypatch):
         for (context, continuation), resp in zip(pairs, s["resps"], strict=True):
             got = float(resp[0][0])
             assert abs(got - loglikelihood(real, context, continuation)) < 1e-3, (context, continuation)
+
+
+def samples(res, task: str = "redraft_capitals") -> list[tuple]:
+    """(doc id, the prompt lm-eval sent, its answers) of each sample, in document order."""
+    return sorted((s["doc_id"], str(s["arguments"]), s["resps"]) for s in res["samples"][task])
+
+
+def test_chat_template_batches_and_concurrency_against_default_routes(real, monkeypatch):
+    """The documented commands with ``--apply_chat_template``: ``local-completions`` given the model directory as
+    ``tokenizer`` (lm-eval's default backend choice: it picks ``remote`` only when ``/tokenizer_info`` answers, which
+    it does not by default) one at a time, with ``--batch_size 4`` and with ``num_concurrent=4``, and
+    ``local-chat-completions`` with ``num_concurrent=4``: every run finishes, with the one-at-a-time run's samples.
+    No answer cache, so each run decodes (the corpus drafts the repeats)."""
+    from redraft.cli import build_parser
+    from redraft.io.loading import resolve_model_dir
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    local = f"tokenizer={resolve_model_dir(None, quiet=True)[1]}"
+    with live_server(build_parser().parse_args(["serve", "--port", "0", "--no-answer-cache"]), real) as srv:
+        plain = evaluate(srv, "redraft_capitals", GENERATE_LIMIT, backend=local, batch_size=1)
+        one = evaluate(srv, "redraft_capitals", GENERATE_LIMIT, backend=local, batch_size=1, chat=True)
+        batched = evaluate(srv, "redraft_capitals", GENERATE_LIMIT, backend=local, batch_size=4, chat=True)
+        concurrent = evaluate(srv, "redraft_capitals", GENERATE_LIMIT, backend=local, batch_size=1, num_concurrent=4,
+                              chat=True)
+        chat = evaluate(srv, "redraft_capitals", GENERATE_LIMIT, model="local-chat-completions",
+                        backend="tokenizer_backend=none", batch_size=1, num_concurrent=4, chat=True)
+
+    assert len(samples(plain)) == GENERATE_LIMIT and len(samples(one)) == GENERATE_LIMIT
+    assert "<|im_start|>" in samples(one)[0][1] and "<|im_start|>" not in samples(plain)[0][1]  # templated prompts
+    assert samples(batched) == samples(one) and samples(concurrent) == samples(one)
+    answers = [r for _, _, r in samples(one)]
+    assert sum(bool(r[0][0].strip()) for r in answers) >= GENERATE_LIMIT - 1
+    assert [r for _, _, r in samples(chat)] == answers  # the server's chat template = lm-eval's rendering of it

@@ -19,7 +19,8 @@ TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def live(model_dir, loaded):
-    with live_server(serve_args(model_dir, "--served-model-name", "tiny", "tiny-alias"), loaded) as srv:
+    with live_server(serve_args(model_dir, "--served-model-name", "tiny", "tiny-alias",
+                                        "--enable-tokenizer-info-endpoint"), loaded) as srv:
         yield srv
 
 
@@ -156,6 +157,15 @@ def test_tokenizer_routes(live, loaded):
         assert r.status_code == 400 and r.json()["error"]["param"] == param
     r = httpx.post(live.base + "/tokenize", json={"prompt": "a", "messages": []})
     assert r.status_code == 400
+
+
+def test_tokenizer_info_is_opt_in_as_in_vllm(model_dir, loaded):
+    """Without --enable-tokenizer-info-endpoint the route is absent (404, not in /openapi.json), as in vLLM: its
+    presence is what sends lm-eval's API models to their remote tokenizer backend."""
+    with live_server(serve_args(model_dir), loaded) as srv:
+        assert httpx.get(srv.base + "/tokenizer_info").status_code == 404
+        assert "/tokenizer_info" not in httpx.get(srv.base + "/openapi.json").json()["paths"]
+        assert httpx.post(srv.base + "/tokenize", json={"prompt": "t05"}).status_code == 200
 
 
 def test_openapi_documents_every_route(live):

@@ -93,7 +93,8 @@ def main() -> int:
     tasks = TaskManager(include_path=str(ROOT / "tests/data/lm_eval"))
     runs = []
     for n in levels:
-        srv = ServerProcess(a.model, work / f"server-{n}.log", *shlex.split(a.server_args), threads=a.threads)
+        srv = ServerProcess(a.model, work / f"server-{n}.log", "--enable-tokenizer-info-endpoint",
+                            *shlex.split(a.server_args), threads=a.threads)
         try:
             base = srv.wait_ready()
             model_id = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]

@@ -66,7 +66,8 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "redraft", "serve", "--port", str(port)], env=env,
+    server = subprocess.Popen([sys.executable, "-m", "redraft", "serve", "--port", str(port),
+                               "--enable-tokenizer-info-endpoint"], env=env,
                               stdout=open(work / "server.log", "w"), stderr=subprocess.STDOUT)
     try:
         for _ in range(240):

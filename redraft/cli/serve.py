@@ -38,7 +38,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server whose corpus grows from its own answers",
         description="Serve OpenAI's /v1/completions, /v1/chat/completions (tools, response_format) and "
-                    "/v1/responses, /v1/models, /health, /metrics, vLLM's /tokenize, /detokenize and /tokenizer_info, "
+                    "/v1/responses, /v1/models, /health, /metrics, vLLM's /tokenize, /detokenize and (with "
+                    "--enable-tokenizer-info-endpoint) /tokenizer_info, "
                     "and the OpenAPI document (/openapi.json, /docs): docs/serving.md. Every finished answer joins its tenant's corpus and drafts the next requests, so a repeated request comes "
                     "back faster with identical output.")
     add_model_arg(p)
@@ -50,6 +51,11 @@ def register(sub) -> None:
                    help="parse special-token strings (e.g. <|im_start|>) inside chat message content as control "
                         "tokens; default: content is plain text and only the chat template's own markers are "
                         "control tokens")
+    p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (the special tokens and the chat template), as vLLM's flag of the "
+                        "same name; off by default: with it, lm-eval's API models pick their remote tokenizer, "
+                        "which cannot apply --apply_chat_template to local-completions (pass "
+                        "tokenizer_backend=huggingface then)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int_between(0, 65535), default=8000, help="TCP port (default 8000)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
@@ -189,7 +195,8 @@ def build_server(args, loaded=None):
                           batcher=step_batcher(args, loaded),
                           answers=None if args.no_answer_cache else AnswerCache())
     options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
-                            max_tokens_default=args.max_tokens_default)
+                            max_tokens_default=args.max_tokens_default,
+                            tokenizer_info=args.enable_tokenizer_info_endpoint)
     names = args.served_model_name or []
     return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
                   max_running=args.max_running, options=options, tool_call_parser=args.tool_call_parser,

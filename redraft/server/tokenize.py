@@ -11,7 +11,10 @@
 - ``POST /tokenize`` (``{"prompt", "add_special_tokens"}`` or ``{"messages", "add_generation_prompt"}``) ->
   ``{"count", "max_model_len", "tokens", "token_strs"}``; ``POST /detokenize`` (``{"tokens"}``) -> ``{"prompt"}``;
   ``GET /tokenizer_info`` -> the special tokens and the chat template (vLLM's routes, which
-  lm-evaluation-harness' ``tokenizer_backend=remote`` calls).
+  lm-evaluation-harness' ``tokenizer_backend=remote`` calls). ``/tokenizer_info`` is served only when the
+  operator asks (``ServerOptions.tokenizer_info``), as vLLM serves it only with ``--enable-tokenizer-info-endpoint``:
+  lm-eval's API models choose their remote tokenizer when the route answers, and that backend hands a chat-templated
+  conversation to a text tokenizer (``--apply_chat_template`` on ``local-completions`` fails).
 """
 
 from __future__ import annotations
@@ -83,8 +86,9 @@ def _parse(model_cls, body: dict):
 
 
 def add_routes(app: FastAPI, server) -> None:
-    """``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` on ``app`` (authenticated like the API); ``server``
-    is the :class:`redraft.server.app.Server` (its tenant, body, model_name checks and generator)."""
+    """``/tokenize``, ``/detokenize`` and, when ``server.options.tokenizer_info``, ``/tokenizer_info`` on ``app``
+    (authenticated like the API); ``server`` is the :class:`redraft.server.app.Server` (its tenant, body, model_name
+    checks, options and generator)."""
     tok = server.generator.tokenizer
 
     @app.post("/tokenize", response_model=TokenizeResponse, openapi_extra=request_body(TokenizeRequest),
@@ -123,6 +127,9 @@ def add_routes(app: FastAPI, server) -> None:
             raise APIError(400, f"'tokens[{bad[0]}]' {req.tokens[bad[0]]} is outside the vocabulary "
                                 f"(0..{vocab - 1})", param=f"tokens[{bad[0]}]")
         return {"prompt": tok.decode(req.tokens)}
+
+    if not server.options.tokenizer_info:
+        return
 
     @app.get("/tokenizer_info", response_model=TokenizerInfo, summary="The tokenizer's special tokens and chat "
              "template (vLLM's route)")
