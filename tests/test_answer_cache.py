@@ -81,12 +81,13 @@ def test_replay_past_the_stored_ids_is_a_miss_unless_they_ended_on_eos():
     assert replay(None, [5], 3, stop, {EOS}) is None
 
 
-def test_only_greedy_requests_without_logprobs_or_grammar_have_a_key():
+def test_only_greedy_requests_without_a_grammar_have_a_key():
     prompt = [3, 4, 5]
     greedy = SamplingParams()
     assert answer_key("a", prompt, greedy) is not None
     assert answer_key("a", prompt, SamplingParams(temperature=0.7, seed=3)) is None
-    assert answer_key("a", prompt, greedy, logprobs=0) is None
+    assert answer_key("a", prompt, greedy, logprobs=0) not in (None, answer_key("a", prompt, greedy))
+    assert answer_key("a", prompt, greedy, logprobs=0) != answer_key("a", prompt, greedy, logprobs=2)
     class Grammar:
         def start(self, prompt_length):
             raise AssertionError("never started here")
@@ -195,13 +196,17 @@ def test_a_shorter_cap_or_a_stop_string_is_served_cut_a_longer_cap_is_decoded(li
     assert again["redraft"]["answer_cache_hit"] is True and again["choices"][0]["text"] == want
 
 
-def test_sampled_and_logprobs_requests_never_come_from_the_cache(live):
+def test_sampled_requests_never_come_from_the_cache_and_logprobs_have_their_own_answers(live):
     prompt = [40, 41, 7, 3, 19]
     _complete(live, prompt, 10)
-    for extra in ({"temperature": 0.8, "seed": 5}, {"logprobs": 2}):
-        for _ in range(2):
-            body = _complete(live, prompt, 10, **extra)
-            assert body["redraft"]["answer_cache_hit"] is False and body["redraft"]["forwards"] > 0
+    for _ in range(2):
+        body = _complete(live, prompt, 10, temperature=0.8, seed=5)
+        assert body["redraft"]["answer_cache_hit"] is False and body["redraft"]["forwards"] > 0
+    first = _complete(live, prompt, 10, logprobs=2)  # an answer without log-probabilities cannot serve it
+    assert first["redraft"]["answer_cache_hit"] is False and first["redraft"]["forwards"] > 0
+    hit = _complete(live, prompt, 10, logprobs=2)  # the stored entries, exactly
+    assert hit["redraft"]["answer_cache_hit"] is True and hit["choices"][0]["logprobs"] == first["choices"][0]["logprobs"]
+    assert _complete(live, prompt, 10, logprobs=1)["redraft"]["answer_cache_hit"] is False
     assert _complete(live, prompt, 10)["redraft"]["answer_cache_hit"] is True
 
 

@@ -33,7 +33,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "t05", "n": 2.5}, 400, "n", "integer"),
     (COMPLETIONS, {"prompt": ["t05"] * 65, "n": 2}, 400, "n", "exceed the limit"),
     (COMPLETIONS, {"prompt": "t05", "logprobs": 6}, 400, "logprobs", "between 0 and 5"),
-    (COMPLETIONS, {"prompt": "t05", "logprobs": 1, "stream": True}, 400, "logprobs", "stream"),
+    (COMPLETIONS, {"prompt": "t05", "logprobs": 1, "echo": True, "stream": True}, 400, "echo", "stream"),
     (CHAT, {"messages": OK_CHAT, "top_logprobs": 21, "logprobs": True}, 400, "top_logprobs", "between 0 and 20"),
     (CHAT, {"messages": OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs", "'logprobs' set to true"),
     (COMPLETIONS, b'{"prompt": "t05", "user": "\\ud800"}', 400, "user", "lone surrogate"),

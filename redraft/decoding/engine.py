@@ -154,7 +154,8 @@ class Engine:
               on_tokens: Callable[[list[int]], None] | None = None, *,
               sampling: SamplingParams | None = None, stop: StopStrings | None = None,
               exact: bool | None = None, record_margins: bool = False,
-              prefix: PrefixKV | None = None, logprobs: int | None = None) -> Steps[GenerationResult]:
+              prefix: PrefixKV | None = None, logprobs: int | None = None,
+              on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> Steps[GenerationResult]:
         """One generation as a step function (:mod:`redraft.decoding.sequence`): it yields each target forward it
         needs and is resumed with its logits, so a step loop can advance many generations one forward at a time
         (:class:`redraft.decoding.batching.StepBatcher`). Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
@@ -163,7 +164,9 @@ class Engine:
         ``exact``: settle near-tie rows as plain decoding computes them (:class:`redraft.decoding.settling.ExactMode`;
         default the engine's); ``record_margins``: each token's top-2 gap in ``result.margins``; ``prefix``: KV entries
         of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's; exact mode judges rows on
-        them like verify rows); ``logprobs`` (0..20): raw log-probabilities per token (:mod:`redraft.decoding.logprobs`).
+        them like verify rows); ``logprobs`` (0..20): raw log-probabilities per token (:mod:`redraft.decoding.logprobs`);
+        ``on_logprobs`` gets each step's new entries of them, just before ``on_tokens`` gets the step's ids (streamed
+        log-probabilities: together they are ``result.logprobs``).
 
         Returns :class:`GenerationResult` whose ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises ValueError for an empty prompt, one that fills the context, or a ``prefix`` that is not a proper prefix
@@ -200,6 +203,8 @@ class Engine:
             res.output_ids.extend(new)
             chooser.commit(new)
             self._annotate(res, step, new, record_margins, logprobs)
+            if on_logprobs is not None and res.logprobs is not None and new:
+                on_logprobs(res.logprobs[-len(new):])
             if on_tokens is not None and new:
                 on_tokens(new)
             if stop_reason:

@@ -12,9 +12,11 @@ gives; those only decide where it stops. :func:`replay` applies the new request'
 strings, as :class:`redraft.decoding.engine.Engine` cuts) to the stored ids, and serves them only when the cut falls
 inside them or at the stored EOS; otherwise the request is decoded as usual (the learned corpus still drafts it).
 
-What qualifies (:func:`answer_key`): temperature 0 (greedy), no log-probabilities (they need the forward's rows), no
-output grammar (``response_format`` and ``tools`` attach one that shapes the logits per request). The key holds the tenant, the
-prompt ids (their length and SHA-256), and the request's logits shaping that greedy decoding depends on
+What qualifies (:func:`answer_key`): temperature 0 (greedy) and no output grammar (``response_format`` and ``tools``
+attach one that shapes the logits per request). The key holds the tenant, the prompt ids (their length and SHA-256),
+the number of log-probability alternatives asked for (an answer with log-probabilities keeps the entries its
+decoding computed and a hit serves them: the same values, not a second forward's rounding of them), and the
+request's logits shaping that greedy decoding depends on
 (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``); the server's ``generation_config`` is the same
 for every request of one server. When it forces EOS at the ``max_tokens`` boundary (``forced_eos_token_id``), the
 answer depends on ``max_tokens`` too and the key includes it.
@@ -38,6 +40,7 @@ import numpy as np
 
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.genconfig import LogitsShaping
+from redraft.decoding.logprobs import TokenLogprob
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.stopping import StopStrings
 
@@ -48,11 +51,19 @@ DEFAULT_ANSWER_CACHE_TOKENS = 262_144  # stored answer ids over all tenants
 class Answer:
     """A stored greedy answer: ``ids`` (token ids, a prefix of plain greedy decoding's continuation, ending with
     the EOS id when ``eos``; any int sequence, kept as an int32 numpy array: 4 bytes an id), ``eos``: it ended on EOS
-    (nothing follows), ``context``: it ended at the model's context length (nothing can follow)."""
+    (nothing follows), ``context``: it ended at the model's context length (nothing can follow), ``logprobs``: one
+    entry per id when the request asked for log-probabilities (None otherwise)."""
 
     ids: np.ndarray
     eos: bool = False
     context: bool = False
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+    @property
+    def cost(self) -> int:
+        """What the answer holds, in ids: one per token, plus each entry's alternatives."""
+        extra = sum(1 + len(e.top_ids) for e in self.logprobs) if self.logprobs is not None else 0
+        return len(self.ids) + extra
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ids", np.asarray(self.ids, dtype=np.int32).reshape(-1))
@@ -61,17 +72,18 @@ class Answer:
 def answer_key(tenant: str, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: int | None = None,
                max_tokens: int | None = None) -> tuple | None:
     """The cache key of a request, or None when its answer must not come from (or go into) the cache: sampling
-    (temperature > 0), log-probabilities asked for, or an output grammar (``sampling.constraint``).
+    (temperature > 0) or an output grammar (``sampling.constraint``).
 
     Args:
-        prompt_ids: the prompt's token ids. max_tokens: include the request's cap in the key (only when the
-            server's generation_config forces EOS at it); None = the cap is no part of the key.
+        prompt_ids: the prompt's token ids. logprobs: the alternatives asked for per token (None: no
+            log-probabilities). max_tokens: include the request's cap in the key (only when the server's
+            generation_config forces EOS at it); None = the cap is no part of the key.
     """
-    if sampling.temperature != 0 or logprobs is not None or sampling.constraint is not None:
+    if sampling.temperature != 0 or sampling.constraint is not None:
         return None
     raw = np.asarray(prompt_ids, dtype=np.int64).tobytes()
     return (tenant, len(prompt_ids), hashlib.sha256(raw).digest(), sampling.repetition_penalty,
-            sampling.no_repeat_ngram_size, sampling.min_new_tokens, max_tokens)
+            sampling.no_repeat_ngram_size, sampling.min_new_tokens, max_tokens, logprobs)
 
 
 class AnswerCache:
@@ -80,10 +92,10 @@ class AnswerCache:
     Thread-safe (each method takes a lock).
 
     Args:
-        max_tokens: most stored answer ids over all keys (> 0).
+        max_tokens: most stored answer ids over all keys (> 0; each log-probability alternative counts as one).
 
     Attributes:
-        tokens: answer ids held now.
+        tokens: answer ids (and alternatives) held now.
 
     Raises:
         ValueError: ``max_tokens`` < 1.
@@ -120,21 +132,24 @@ class AnswerCache:
         n = len(result.output_ids)
         if key is None or not n or n > self.max_tokens:
             return False
-        new = Answer(result.output_ids, eos=result.stop_reason == "eos", context=result.stop_reason == "context")
-        ids = new.ids
+        lps = tuple(result.logprobs) if result.logprobs is not None else None
+        new = Answer(result.output_ids, eos=result.stop_reason == "eos", context=result.stop_reason == "context",
+                     logprobs=lps)
+        if new.cost > self.max_tokens or (lps is not None and len(lps) != n):
+            return False
         with self.lock:
             old = self.entries.get(key)
-            if old is not None and (old.eos or old.context or len(old.ids) >= len(ids)):
+            if old is not None and (old.eos or old.context or len(old.ids) >= n):
                 self.entries.move_to_end(key)
                 return False
             if old is not None:
-                self.tokens -= len(old.ids)
+                self.tokens -= old.cost
             self.entries[key] = new
             self.entries.move_to_end(key)
-            self.tokens += len(ids)
+            self.tokens += new.cost
             while self.tokens > self.max_tokens and self.entries:
                 _, dropped = self.entries.popitem(last=False)
-                self.tokens -= len(dropped.ids)
+                self.tokens -= dropped.cost
             return True
 
 
@@ -173,8 +188,9 @@ def replay(answer: Answer | None, prompt_ids: Sequence[int], max_tokens: int, st
         if not answer.context:  # (a stored EOS was found above: the ids are all stored ones here)
             return None
         reason = "context"
+    lps = None if answer.logprobs is None else list(answer.logprobs[:len(ids)])
     return GenerationResult(prompt_ids=[int(t) for t in prompt_ids], output_ids=ids, forwards=0,
-                            stop_reason=reason, seconds=time.perf_counter() - t0)
+                            stop_reason=reason, seconds=time.perf_counter() - t0, logprobs=lps)
 
 
 def cap_in_key(model, generation_config: bool = True) -> bool:

@@ -30,6 +30,7 @@ from . import errors, openapi, responses_api, tokenize
 from .access_log import AccessLog
 from .generation import Generator, Outcome, Work
 from .jsonbody import parse_json
+from .logprobs import ChunkLogprobs
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .responses import completion_body, fingerprint, prompt_text, stats, usage
@@ -268,40 +269,45 @@ class Server:
 
     async def _sse(self, jobs: list[Job], req: ParsedRequest, rid: str, name: str):
         chat = req.kind == "chat"
-        created = int(time.time())
+        created, tok = int(time.time()), self.generator.tokenizer
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False, calls=None,
-                  **extra) -> str:
+                  logprobs: dict | None = None, **extra) -> str:
             if chat:
                 delta = {} if text is None else {"content": text}
                 if role:
                     delta = {"role": "assistant", "content": ""}
                 if calls:
                     delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
-                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             else:
-                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
             return _event({"id": rid, "object": obj, "created": created, "model": name,
                            "system_fingerprint": self.fingerprint, "choices": [choice], **extra})
 
         outcomes: list[Outcome] = []
         try:
             for index, job in enumerate(jobs):
+                lp = ChunkLogprobs(tok, chat)  # events come only when the request asked for logprobs
                 if chat:
                     yield chunk(index, None, role=True)
                 elif req.echo:
-                    yield chunk(index, prompt_text(self.generator.tokenizer, req, index, job.payload.prompt_ids))
+                    yield chunk(index, prompt_text(tok, req, index, job.payload.prompt_ids))
                 while True:
                     kind, value = await job.events.get()
+                    if kind == "logprobs":  # the entries of the tokens whose text comes next
+                        lp.pending.extend(value)
+                        continue
                     if kind == "delta":
-                        yield chunk(index, value)
+                        yield chunk(index, value, logprobs=lp.take())
                         continue
                     if kind == "done":
                         outcomes.append(value)
                         if value.tool_calls:
                             yield chunk(index, None, calls=value.tool_calls)
-                        yield chunk(index, None, value.finish_reason, redraft=stats(job, value))
+                        yield chunk(index, None, value.finish_reason, logprobs=lp.finish(value.result.logprobs),
+                                    redraft=stats(job, value))
                     elif kind == "error":
                         yield _event(errors.as_api_error(value).body())
                     break  # done, error, or aborted (the client is gone)

@@ -244,12 +244,18 @@ class Generator:
             if delta:
                 emit(delta)
 
+        def on_logprobs(entries: list[TokenLogprob]) -> None:  # streamed before the step's text
+            job.post("logprobs", list(entries))
+
         if replayed is not None:  # the stored answer, cut as this request asks: no forward, nothing to cache
             res = replayed
             res.sources = {d.name: SourceStats() for d in self.drafters(job.tenant)}  # as a decoded answer's: zeros
+            if res.logprobs:
+                on_logprobs(res.logprobs)
             on_tokens(list(res.output_ids))
         else:
-            res = yield from self._decode(job, target, stop, on_tokens)
+            res = yield from self._decode(job, target, stop, on_tokens,
+                                          on_logprobs if work.logprobs is not None else None)
             if key is not None:
                 self.answers.store(key, res)
         text = stop.text if res.stop_reason == "stop" else self.tokenizer.decode(res.output_ids,
@@ -286,7 +292,8 @@ class Generator:
         return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
                        prompt_logprobs=scored, answer_cache_hit=replayed is not None)
 
-    def _decode(self, job: Job, target: HFTarget, stop: StopStrings, on_tokens) -> Steps[GenerationResult]:
+    def _decode(self, job: Job, target: HFTarget, stop: StopStrings, on_tokens, on_logprobs=None
+                ) -> Steps[GenerationResult]:
         """Run the engine on ``target`` from the tenant's longest cached prompt prefix, then cache the prompt +
         answer's KV entries."""
         work: Work = job.payload
@@ -294,7 +301,8 @@ class Generator:
         cache = self.prefix_cache
         hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
         res = yield from engine.steps(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
-                                      stop=stop if stop else None, prefix=hit, logprobs=work.logprobs)
+                                      stop=stop if stop else None, prefix=hit, logprobs=work.logprobs,
+                                      on_logprobs=on_logprobs)
         if cache is not None:
             room = self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
             remember(cache, job.tenant, target, res, room)

@@ -7,6 +7,9 @@
   ``logprobs + 1`` entries, as OpenAI and vLLM answer; two ids with the same text keep the more likely one).
 - ``/v1/chat/completions``: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}``.
 
+Streamed (``stream: true``), each chunk carries the entries of the tokens accepted since the previous chunk (several
+under speculation), the rest with the finishing chunk, so the chunks' entries put end to end are the whole answer's.
+
 Every output token is listed, an ending EOS included (vLLM does the same; lm-evaluation-harness' loglikelihood
 requests rely on the one generated token being the last entry). Token text is each id decoded alone (a piece of a
 multi-byte character decodes to U+FFFD); ``bytes`` are that text's UTF-8 bytes. ``text_offset`` is the character
@@ -56,15 +59,46 @@ def text_offsets(tokenizer, ids: Sequence[int], window: int = 8) -> list[int]:
     """Character offset of each token in ``decode(ids)``: ``len(decode(ids[:i]))``, computed from the growth of
     the text over a sliding window of ``window`` tokens before each one (a character split over several byte
     tokens, or a tokenizer's leading-space rule, is settled within it), so the cost is linear in the length."""
-    ids = [int(t) for t in ids]
-    starts = [max(0, i - window) for i in range(len(ids))]
-    before = tokenizer.batch_decode([ids[s:i] for i, s in enumerate(starts)], skip_special_tokens=False)
-    upto = tokenizer.batch_decode([ids[s:i + 1] for i, s in enumerate(starts)], skip_special_tokens=False)
-    out, pos = [], 0
+    return _offsets(tokenizer, [int(t) for t in ids], 0, 0, window)[0]
+
+
+def _offsets(tokenizer, ids: list[int], start: int, base: int, window: int = 8) -> tuple[list[int], int]:
+    """:func:`text_offsets` of ``ids[start:]`` when ``ids[start]`` begins at offset ``base``; also the offset
+    after the last id."""
+    starts = [max(0, i - window) for i in range(start, len(ids))]
+    if not starts:
+        return [], base
+    before = tokenizer.batch_decode([ids[s:i] for i, s in zip(range(start, len(ids)), starts, strict=True)],
+                                    skip_special_tokens=False)
+    upto = tokenizer.batch_decode([ids[s:i + 1] for i, s in zip(range(start, len(ids)), starts, strict=True)],
+                                  skip_special_tokens=False)
+    out, pos = [], base
     for b, u in zip(before, upto, strict=True):
         out.append(pos)
         pos += len(u) - len(b)
-    return out
+    return out, pos
+
+
+class StreamedCompletionLogprobs:
+    """The legacy completions ``logprobs`` object of a streamed answer, one part per chunk: the parts' lists, put
+    end to end, equal :func:`completion_logprobs` of the whole output (``text_offset`` counts from the start of
+    the output, as in the whole object).
+
+    Args:
+        tokenizer: a transformers tokenizer.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.pos = tokenizer, [], 0
+
+    def part(self, entries: Sequence[TokenLogprob]) -> dict:
+        """The object for the next ``entries`` (one per output token, in order)."""
+        start = len(self.ids)
+        self.ids.extend(int(e.token) for e in entries)
+        offsets, self.pos = _offsets(self.tokenizer, self.ids, start, self.pos)
+        return {"tokens": [_piece(self.tokenizer, e.token) for e in entries],
+                "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [_top(self.tokenizer, e) for e in entries], "text_offset": offsets}
 
 
 def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
@@ -76,3 +110,30 @@ def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
     return {"content": [{**item(e.token, e.logprob),
                          "top_logprobs": [item(t, lp) for t, lp in zip(e.top_ids, e.top_logprobs, strict=True)]}
                         for e in entries], "refusal": None}
+
+
+class ChunkLogprobs:
+    """One streamed choice's log-probabilities: the entries accepted since the last chunk go with the next one
+    (:meth:`take`), and the finishing chunk carries the rest of the answer's (:meth:`finish`: tokens whose text was
+    held back, an ending EOS). Each returns the chat object (``chat``) or the legacy completions one, None when
+    there are no new entries.
+
+    Attributes:
+        pending: entries (:class:`~redraft.decoding.logprobs.TokenLogprob`) not yet sent; the caller extends it.
+    """
+
+    def __init__(self, tokenizer, chat: bool) -> None:
+        self.tokenizer, self.chat, self.sent = tokenizer, chat, 0
+        self.pending: list = []
+        self.legacy = None if chat else StreamedCompletionLogprobs(tokenizer)
+
+    def take(self) -> dict | None:
+        entries, self.pending = self.pending, []
+        if not entries:
+            return None
+        self.sent += len(entries)
+        return chat_logprobs(self.tokenizer, entries) if self.legacy is None else self.legacy.part(entries)
+
+    def finish(self, answer: list | None) -> dict | None:
+        self.pending = list(answer[self.sent:]) if answer is not None else self.pending
+        return self.take()

@@ -239,6 +239,8 @@ async def _events(job: Job, req: ResponsesBody, rid: str, name: str, msg_id: str
         yield event("response.content_part.added", part=part, **where)
         while True:
             kind, value = await job.events.get()
+            if kind == "logprobs":  # not asked for by this API's requests
+                continue
             if kind == "delta":
                 yield event("response.output_text.delta", delta=value, logprobs=[], **where)
                 continue

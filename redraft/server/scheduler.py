@@ -10,7 +10,8 @@ its KV reservation (``Job.kv_tokens``: prompt + max_tokens) fits in the server's
 :class:`~redraft.server.admission.KVBudget`; the job at the head of the round-robin waits until it does (no job jumps
 ahead of it, so a long request is never starved by short ones).
 
-Each job carries an asyncio queue: the loop posts ``("delta", text)`` as tokens are accepted and then
+Each job carries an asyncio queue: the loop posts ``("delta", text)`` as tokens are accepted (after
+``("logprobs", entries)`` when the request asked for log-probabilities) and then
 ``("done", outcome)``, ``("aborted", None)`` or ``("error", exception)`` with ``loop.call_soon_threadsafe``. A job
 whose ``cancel`` event is set (its client left) stops before its next step: the loop raises
 :class:`~redraft.decoding.batching.SequenceCancelled` where it waits (the runner turns it into :class:`Cancelled`)

@@ -235,9 +235,9 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     if not 1 <= n <= MAX_CHOICES:
         raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, got {n}", param="n")
     logprobs = _logprobs(req, kind)
-    if stream and logprobs is not None:
-        raise APIError(400, "'logprobs' is not supported with 'stream' by redraft", param="logprobs",
-                       code="unsupported_parameter")
+    if stream and logprobs is not None and echo:
+        raise APIError(400, "'echo' with 'logprobs' (prompt scoring) is not supported with 'stream' by redraft",
+                       param="echo", code="unsupported_parameter")
     out = ParsedRequest(kind=kind, model=req.model, sampling=_sampling(req), max_tokens=max_tokens,
                         max_tokens_param=param, stop=stop, stream=stream,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage),
