@@ -27,6 +27,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
 ASK = [{"role": "user", "content": "the weather in paris"}]
+BAD_TOOL = {"type": "function", "function": {"name": "broken", "parameters": {
+    "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +161,10 @@ def test_grammar_drafts_do_not_change_answers(bpe_dir, bpe_loaded, live):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}}}},
      "response_format.json_schema.schema", "cannot be enforced"),
+    ({"tools": TOOLS + [BAD_TOOL]}, "tools[2].function.parameters", "cannot be enforced"),
+    ({"tools": TOOLS + [BAD_TOOL], "tool_choice": "required"}, "tools[2].function.parameters", "cannot be enforced"),
+    ({"tools": [BAD_TOOL] + TOOLS, "tool_choice": {"type": "function", "function": {"name": "broken"}}},
+     "tools[0].function.parameters", "cannot be enforced"),
     ({"tools": TOOLS, "n": 2}, "n", "not supported"),
     ({"messages": [{"role": "user", "content": None, "tool_calls": []}]}, "messages[0].tool_calls", "assistant"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content", "tool_calls"),
