@@ -179,7 +179,7 @@ class ParsedRequest:
     echo: bool = False
 
 
-def _check_fields(obj: dict, known, noop: dict[str, tuple], prefix: str) -> None:
+def check_fields(obj: dict, known, noop: dict[str, tuple], prefix: str) -> None:
     """APIError 400 for a field of ``obj`` that is neither ``known`` nor in ``noop`` at one of its no-op values;
     ``prefix`` (``"messages[0]."``) leads the field's name in the error's ``param``."""
     for name, value in obj.items():
@@ -204,13 +204,13 @@ def check_message_fields(messages: Any) -> None:
         return
     for i, m in enumerate(messages):
         if isinstance(m, dict):
-            _check_fields(m, Message.model_fields, _NOOP_MESSAGE, f"messages[{i}].")
+            check_fields(m, Message.model_fields, _NOOP_MESSAGE, f"messages[{i}].")
 
 
 def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
     """Check a decoded body field by field. Raises APIError 400 (unsupported, out of range or wrong type)."""
     model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
-    _check_fields(body, model_cls.model_fields, noop, "")
+    check_fields(body, model_cls.model_fields, noop, "")
     if kind == "chat":
         check_message_fields(body.get("messages"))
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from redraft.grammar import Constraint, GrammarError, grammar_tokenizer
 
-from .schemas import APIError
+from .schemas import APIError, check_fields
 from .toolcalls import ToolCallFormat
 from .tools import ToolRequest
 
@@ -35,7 +35,8 @@ class ResponseFormat:
 
 
 def parse_response_format(value) -> ResponseFormat | None:
-    """Check ``response_format``; None for text. Raises APIError 400 naming the field."""
+    """Check ``response_format``; None for text. Raises APIError 400 naming the field, also for a property OpenAI
+    does not define for the type (``response_format.foo``, ``response_format.json_schema.foo``)."""
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
@@ -43,6 +44,7 @@ def parse_response_format(value) -> ResponseFormat | None:
                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
                        param="response_format")
     kind = value["type"]
+    check_fields(value, ("type", "json_schema") if kind == "json_schema" else ("type",), {}, "response_format.")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -51,6 +53,7 @@ def parse_response_format(value) -> ResponseFormat | None:
     if not isinstance(spec, dict):
         raise APIError(400, "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"}",
                        param="response_format.json_schema")
+    check_fields(spec, ("name", "description", "schema", "strict"), {}, "response_format.json_schema.")
     name = spec.get("name", "response")
     if not isinstance(name, str) or not name:
         raise APIError(400, "'response_format.json_schema.name' must be a non-empty string",
