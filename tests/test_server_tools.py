@@ -307,3 +307,17 @@ def test_auto_mode_grammar_leaves_text_free_and_enforces_a_begun_call():
     assert not set(held) & specials
     assert fmt.lazy_grammar([t["function"] for t in TOOLS], special=False) is not None
     assert FORMATS["llama3_json"].lazy_grammar([t["function"] for t in TOOLS], special=False) is None
+
+
+@pytest.mark.parametrize("kw", [{}, {"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "required"},
+                                {"tools": TOOLS, "tool_choice": "none"}],
+                         ids=["no-tools", "auto", "required", "none"])
+def test_streamed_chunks_carry_content_only_when_there_is_text(live, kw):
+    """Only the first chunk (the role) may carry ``content: ""``, as OpenAI streams; with or without tools."""
+    body = {"messages": ASK, "max_tokens": 40, "stream": True, **kw}
+    with httpx.stream("POST", live.url + "/chat/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    for d in deltas[1:]:
+        assert d.get("content") != "" and "role" not in d, deltas
