@@ -171,6 +171,8 @@ def test_a_repeated_request_is_answered_from_the_cache_identically(live, loaded)
         sources = again["redraft"]["sources"]  # the same sources as a decoded answer's, nothing proposed
         assert "corpus" in sources and all(s["proposed"] == 0 for s in sources.values())
         assert again["usage"]["completion_tokens"] == len(ids) == first["usage"]["completion_tokens"]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt)  # all of it, from the cache
+        assert again["redraft"]["prefix_hit_tokens"] == 0  # the prefix cache was not consulted
         assert again["choices"][0]["finish_reason"] == first["choices"][0]["finish_reason"]
     assert _hits(live) - hits == 3
     assert live.server.generator.corpora.get("alice").n_tokens == corpus  # not learned again
@@ -194,6 +196,14 @@ def test_a_shorter_cap_or_a_stop_string_is_served_cut_a_longer_cap_is_decoded(li
     assert longer["redraft"]["answer_cache_hit"] is False and longer["choices"][0]["text"] == want
     again = _complete(live, prompt, 30)
     assert again["redraft"]["answer_cache_hit"] is True and again["choices"][0]["text"] == want
+
+
+def test_a_hit_reports_its_whole_prompt_as_cached_in_the_responses_api_too(live):
+    body = {"input": words([12, 30, 7, 44]), "max_output_tokens": 8}
+    got = [httpx.post(f"{live.url}/responses", json=body, headers={"Authorization": "Bearer key-a"},
+                      timeout=60).json() for _ in range(2)]
+    assert [g["redraft"]["answer_cache_hit"] for g in got] == [False, True]
+    assert got[1]["usage"]["input_tokens_details"]["cached_tokens"] == got[1]["usage"]["input_tokens"] > 0
 
 
 def test_sampled_requests_never_come_from_the_cache_and_logprobs_have_their_own_answers(live):
@@ -221,19 +231,22 @@ def test_one_tenants_answers_never_serve_another(live, loaded):
 
 def test_a_streamed_repeat_sends_the_answer_as_ordinary_chunks(live, loaded):
     msgs = [{"role": "user", "content": "t31 t32 t07 t44 t05"}]
-    body = {"messages": msgs, "max_tokens": 16, "temperature": 0, "stream": True}
-    texts, finals = [], []
+    body = {"messages": msgs, "max_tokens": 16, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    texts, finals, usages = [], [], []
     for _ in range(2):
         with httpx.stream("POST", f"{live.url}/chat/completions", json=body,
                           headers={"Authorization": "Bearer key-a"}, timeout=60) as r:
             assert r.status_code == 200
             events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
         texts.append("".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]))
-        finals.append(events[-1]["redraft"])
+        finals.append(next(e for e in events if e["choices"] and e["choices"][0]["finish_reason"])["redraft"])
+        usages.append(events[-1]["usage"])
     prompt = encode_chat(live.server.generator.tokenizer, msgs)
     assert texts[0] == texts[1] == _plain(loaded, prompt, 16)[0]
     assert finals[0]["answer_cache_hit"] is False and finals[1]["answer_cache_hit"] is True
     assert finals[1]["forwards"] == 0
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] == usages[1]["prompt_tokens"] == len(prompt)
 
 
 def test_the_access_log_shows_a_hit(model_dir, loaded, capsys):

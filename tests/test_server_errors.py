@@ -83,6 +83,10 @@ CASES = [
     (COMPLETIONS, {"prompt": ["t05", ""]}, 400, "prompt", "'prompt[1]' is empty"),
     (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
     (COMPLETIONS, {"prompt": "t05", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+    (COMPLETIONS, {"prompt": "t05", "stop": ""}, 400, "stop", "must be non-empty"),
+    (CHAT, {"messages": OK_CHAT, "stop": ["t07", ""]}, 400, "stop", "must be non-empty"),
+    (COMPLETIONS, {"prompt": "t05", "seed": 2 ** 63}, 400, "seed", "64-bit"),
+    (CHAT, {"messages": OK_CHAT, "seed": -2 ** 63 - 1}, 400, "seed", "64-bit"),
 ]
 
 

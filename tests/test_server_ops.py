@@ -155,6 +155,34 @@ def test_access_log_counts_every_choice_as_usage_does(logged, capsys):
     assert len(gen) == 1 and f"prompt_tokens=5 completion_tokens={usage['completion_tokens']} " in gen[0], gen
 
 
+def test_a_stream_the_client_left_is_logged_as_499_with_its_token_counts(logged, capsys, monkeypatch):
+    """The 499 line counts the prompt and the tokens generated until the client left, as a finished line does."""
+    model = logged.server.generator.model
+    inner = model.forward
+
+    def slow(*a, **kw):  # every step slowed: the stream is still running when the client leaves
+        time.sleep(0.02)
+        return inner(*a, **kw)
+
+    monkeypatch.setattr(model, "forward", slow)
+    capsys.readouterr()
+    prompt = [20, 21, 22, 23]
+    body = {"prompt": prompt, "max_tokens": 500, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{logged.url}/completions", json=body, timeout=60,
+                      headers={"Authorization": "Bearer key-a"}) as r:
+        lines = r.iter_lines()
+        events = (x for x in lines if x.startswith("data: "))
+        seen = [next(events) for _ in range(3)]
+        assert len(seen) == 3 and '"text"' in seen[-1]
+        lines.close()
+    gen = [ln for ln in _log_lines(capsys, '"POST /v1/completions" 499', timeout=20)
+           if '"POST /v1/completions" 499' in ln]
+    assert len(gen) == 1, gen
+    assert f"tenant=alice prompt_tokens={len(prompt)} completion_tokens=" in gen[0], gen[0]
+    generated = int(gen[0].split("completion_tokens=")[1].split()[0])
+    assert 1 <= generated < 500, gen[0]
+
+
 def test_unauthorized_request_is_logged_with_its_status(logged, capsys):
     capsys.readouterr()
     r = httpx.post(f"{logged.url}/completions", json={"prompt": [1], "max_tokens": 1}, timeout=10)

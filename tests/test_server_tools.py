@@ -27,6 +27,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
 ASK = [{"role": "user", "content": "the weather in paris"}]
+BAD_TOOL = {"type": "function", "function": {"name": "broken", "parameters": {
+    "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +161,15 @@ def test_grammar_drafts_do_not_change_answers(bpe_dir, bpe_loaded, live):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}}}},
      "response_format.json_schema.schema", "cannot be enforced"),
+    ({"tools": TOOLS + [BAD_TOOL]}, "tools[2].function.parameters", "cannot be enforced"),
+    ({"tools": TOOLS + [BAD_TOOL], "tool_choice": "required"}, "tools[2].function.parameters", "cannot be enforced"),
+    ({"tools": [BAD_TOOL] + TOOLS, "tool_choice": {"type": "function", "function": {"name": "broken"}}},
+     "tools[0].function.parameters", "cannot be enforced"),
+    ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo", "unrecognized"),
+    ({"response_format": {"type": "text", "json_schema": {}}}, "response_format.json_schema", "unrecognized"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": PERSON, "strict": True,
+                                                                 "foo": 1}}},
+     "response_format.json_schema.foo", "unrecognized"),
     ({"tools": TOOLS, "n": 2}, "n", "not supported"),
     ({"messages": [{"role": "user", "content": None, "tool_calls": []}]}, "messages[0].tool_calls", "assistant"),
     ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content", "tool_calls"),
@@ -296,3 +307,17 @@ def test_auto_mode_grammar_leaves_text_free_and_enforces_a_begun_call():
     assert not set(held) & specials
     assert fmt.lazy_grammar([t["function"] for t in TOOLS], special=False) is not None
     assert FORMATS["llama3_json"].lazy_grammar([t["function"] for t in TOOLS], special=False) is None
+
+
+@pytest.mark.parametrize("kw", [{}, {"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "required"},
+                                {"tools": TOOLS, "tool_choice": "none"}],
+                         ids=["no-tools", "auto", "required", "none"])
+def test_streamed_chunks_carry_content_only_when_there_is_text(live, kw):
+    """Only the first chunk (the role) may carry ``content: ""``, as OpenAI streams; with or without tools."""
+    body = {"messages": ASK, "max_tokens": 40, "stream": True, **kw}
+    with httpx.stream("POST", live.url + "/chat/completions", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    for d in deltas[1:]:
+        assert d.get("content") != "" and "role" not in d, deltas

@@ -9,7 +9,8 @@ one; every response carries it in ``x-request-id``. When the response ends, one 
 
 (one line; ``-`` for what a request does not have: a health check has no tenant or tokens; a response the client
 left before it ended, e.g. a cancelled stream, is logged with nginx's 499 whatever status it had begun with, and
-one whose app failed after its headers as 500).
+one whose app failed after its headers as 500; such a line still counts the prompt tokens and the tokens generated
+until then).
 ``answer_cache_hits``: the request's choices answered from the answer cache without a forward
 (``tokens_per_forward`` is then ``-`` when none of them ran a forward). The route handler
 puts what it knows into the request's state (``request.state.tenant``, ``request.state.job`` whose ``outcome``
@@ -100,14 +101,24 @@ def access_line(scope, status: int, seconds: float, state: dict[str, Any]) -> st
     outcomes = [getattr(j, "outcome", None) for j in jobs]
     results = [getattr(o, "result", None) for o in outcomes]
     done = [r for r in results if r is not None]
+    # a choice without a result (the client left, or it failed): its prompt and the tokens generated until then
+    prompts = [len(r.prompt_ids) if r is not None else _prompt_tokens(j) for j, r in zip(jobs, results, strict=True)]
+    if done or any(p is not None for p in prompts):
+        fields.update(prompt_tokens=sum(p for p in prompts[::n] if p is not None),
+                      completion_tokens=sum(len(r.output_ids) if r is not None else getattr(j, "generated", 0)
+                                            for j, r in zip(jobs, results, strict=True)))
     if done:  # several choices (prompts x n): summed as usage sums them, each prompt counted once
         forwards = sum(r.forwards for r in done)
         tpf = sum(len(r.output_ids) for r in done) / forwards if forwards else done[0].tokens_per_forward
         hits = sum(bool(getattr(o, "answer_cache_hit", False)) for o in outcomes if o is not None)
-        fields.update(prompt_tokens=sum(len(r.prompt_ids) for r in results[::n] if r is not None),
-                      completion_tokens=sum(len(r.output_ids) for r in done),
-                      tokens_per_forward=f"{tpf:.2f}" if forwards or not hits else "-",
+        fields.update(tokens_per_forward=f"{tpf:.2f}" if forwards or not hits else "-",
                       prefix_hit_tokens=sum(r.prefix_hit_tokens for r in done), answer_cache_hits=hits)
     kv = " ".join(f"{k}={v}" for k, v in fields.items())
     return (f"redraft serve: {client[0]} \"{scope.get('method', '-')} {path}\" {status} {kv} "
             f"seconds={seconds:.3f} request_id={state.get('request_id', '-')}")
+
+
+def _prompt_tokens(job) -> int | None:
+    """A job's prompt length from its payload (None for no job, or one without prompt ids)."""
+    ids = getattr(getattr(job, "payload", None), "prompt_ids", None)
+    return None if ids is None else len(ids)

@@ -237,7 +237,7 @@ class Generator:
                     emit_text(shown)
 
         def on_tokens(new: list[int]) -> None:
-            emitted[0] = len(stream.ids) + len(new)
+            emitted[0] = job.generated = len(stream.ids) + len(new)
             if job.cancel.is_set():
                 raise Cancelled(emitted[0])
             delta = stream.feed(new)

@@ -37,13 +37,18 @@ def prompt_text(tokenizer, req: ParsedRequest, index: int, ids: list[int]) -> st
     return prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def cached_tokens(out: Outcome) -> int:
+    """The prompt tokens served from a cache: all of them for an answer-cache hit (no forward read the prompt),
+    else those whose KV entries came from the prefix cache."""
+    return len(out.result.prompt_ids) if out.answer_cache_hit else out.result.prefix_hit_tokens
+
+
 def usage(req: ParsedRequest, jobs: list[Job], outcomes: list[Outcome]) -> dict:
     """OpenAI's usage object, summed over prompts (each counted once) and choices; ``prompt_tokens_details``
-    gives ``cached_tokens``: the prompt tokens whose KV entries came from the prefix cache (as OpenAI and vLLM
-    report prompt caching)."""
+    gives ``cached_tokens`` (:func:`cached_tokens`, as OpenAI and vLLM report prompt caching)."""
     p = sum(len(o.result.prompt_ids) for o in outcomes[::req.n])
     c = sum(len(o.result.output_ids) for o in outcomes)
-    cached = sum(o.result.prefix_hit_tokens for o in outcomes[::req.n])
+    cached = sum(cached_tokens(o) for o in outcomes[::req.n])
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
             "prompt_tokens_details": {"cached_tokens": cached}}
 

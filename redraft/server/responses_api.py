@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .errors import as_api_error, refused
 from .generation import Outcome
 from .openapi import request_body
-from .responses import stats
+from .responses import cached_tokens, stats
 from .scheduler import Job, QueueFull, ShuttingDown
 from .schemas import APIError, WholeInt, parse_request
 
@@ -126,7 +126,7 @@ def _response(rid: str, model: str, req: ResponsesBody, status: str, text: str |
     usage = None
     if out is not None:
         p, c = len(out.result.prompt_ids), len(out.result.output_ids)
-        usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": out.result.prefix_hit_tokens},
+        usage = {"input_tokens": p, "input_tokens_details": {"cached_tokens": cached_tokens(out)},
                  "output_tokens": c,
                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": p + c}
     incomplete = {"reason": "max_output_tokens"} if out is not None and out.finish_reason == "length" else None

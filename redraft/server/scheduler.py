@@ -70,6 +70,8 @@ class Job:
         arrived, started, first_token: ``time.perf_counter()`` stamps (started/first_token None until then).
         outcome: what the runner returned, once it finished (None until then, or when it failed).
         kv_tokens: the KV tokens the job reserves while it runs (prompt + max_tokens; 0 = no reservation).
+        generated: the tokens generated so far (set by the runner as they are accepted; what a request the client
+            left reports).
     """
 
     tenant: str
@@ -82,6 +84,7 @@ class Job:
     first_token: float | None = None
     outcome: Any = None
     kv_tokens: int = 0
+    generated: int = 0
 
     @property
     def queue_seconds(self) -> float:

@@ -138,6 +138,7 @@ _EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of 
              "stream_options": "an object like {\"include_usage\": true}", "metadata": "an object of strings"}
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_STRINGS = 4  # OpenAI's limit on 'stop'
+SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)  # OpenAI's seed is an int64
 
 
 @dataclass
@@ -178,7 +179,7 @@ class ParsedRequest:
     echo: bool = False
 
 
-def _check_fields(obj: dict, known, noop: dict[str, tuple], prefix: str) -> None:
+def check_fields(obj: dict, known, noop: dict[str, tuple], prefix: str) -> None:
     """APIError 400 for a field of ``obj`` that is neither ``known`` nor in ``noop`` at one of its no-op values;
     ``prefix`` (``"messages[0]."``) leads the field's name in the error's ``param``."""
     for name, value in obj.items():
@@ -203,13 +204,13 @@ def check_message_fields(messages: Any) -> None:
         return
     for i, m in enumerate(messages):
         if isinstance(m, dict):
-            _check_fields(m, Message.model_fields, _NOOP_MESSAGE, f"messages[{i}].")
+            check_fields(m, Message.model_fields, _NOOP_MESSAGE, f"messages[{i}].")
 
 
 def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequest:
     """Check a decoded body field by field. Raises APIError 400 (unsupported, out of range or wrong type)."""
     model_cls, noop = (CompletionBody, _NOOP_COMPLETION) if kind == "completion" else (ChatBody, _NOOP_CHAT)
-    _check_fields(body, model_cls.model_fields, noop, "")
+    check_fields(body, model_cls.model_fields, noop, "")
     if kind == "chat":
         check_message_fields(body.get("messages"))
     try:
@@ -231,6 +232,8 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     if len(stop) > MAX_STOP_STRINGS:
         raise APIError(400, f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed",
                        param="stop")
+    if any(s == "" for s in stop):  # an empty string would match everywhere; vLLM refuses it too
+        raise APIError(400, "'stop' strings must be non-empty", param="stop")
     n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_CHOICES:
         raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, got {n}", param="n")
@@ -270,6 +273,9 @@ def _sampling(req: _Common) -> SamplingParams:
     check("repetition_penalty", rp, rp is not None and rp > 0, "greater than 0")
     temperature = t or 0.0
     seed = req.seed
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise APIError(400, f"'seed' must be a 64-bit signed integer (between {SEED_RANGE[0]} and "
+                            f"{SEED_RANGE[1]}), got {seed}", param="seed")
     if seed is None:
         seed = secrets.randbits(63) if temperature > 0 else 0
     return SamplingParams(temperature=temperature, top_k=max(0, k or 0), top_p=p if p is not None else 1.0,

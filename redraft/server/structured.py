@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from redraft.grammar import Constraint, GrammarError, grammar_tokenizer
 
-from .schemas import APIError
+from .schemas import APIError, check_fields
 from .toolcalls import ToolCallFormat
 from .tools import ToolRequest
 
@@ -35,7 +35,8 @@ class ResponseFormat:
 
 
 def parse_response_format(value) -> ResponseFormat | None:
-    """Check ``response_format``; None for text. Raises APIError 400 naming the field."""
+    """Check ``response_format``; None for text. Raises APIError 400 naming the field, also for a property OpenAI
+    does not define for the type (``response_format.foo``, ``response_format.json_schema.foo``)."""
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
@@ -43,6 +44,7 @@ def parse_response_format(value) -> ResponseFormat | None:
                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
                        param="response_format")
     kind = value["type"]
+    check_fields(value, ("type", "json_schema") if kind == "json_schema" else ("type",), {}, "response_format.")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -51,6 +53,7 @@ def parse_response_format(value) -> ResponseFormat | None:
     if not isinstance(spec, dict):
         raise APIError(400, "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"}",
                        param="response_format.json_schema")
+    check_fields(spec, ("name", "description", "schema", "strict"), {}, "response_format.json_schema.")
     name = spec.get("name", "response")
     if not isinstance(name, str) or not name:
         raise APIError(400, "'response_format.json_schema.name' must be a non-empty string",
@@ -81,8 +84,8 @@ def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_f
     wrapper).
 
     Raises:
-        APIError: 400 naming ``response_format...schema`` or ``tools`` when the grammar library cannot compile the
-            schema; 400 on ``response_format`` for a tokenizer llguidance cannot read.
+        APIError: 400 naming ``response_format...schema`` or ``tools[i].function.parameters`` (``tools`` when no
+            single tool's schema is at fault) when the grammar library cannot compile the schema; 400 on ``response_format`` for a tokenizer llguidance cannot read.
     """
     auto = fmt is None and tools is not None and tools.choice == "auto"
     if fmt is None and (tools is None or (tools.forced is None and not auto)):
@@ -112,11 +115,26 @@ def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_f
         try:
             return Constraint.lark(source, tok, vocab_size, f"{call_format.name} tool calls in text")
         except GrammarError as e:
-            raise APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools") from e
+            raise _tools_error(e, tools.tools, tools.tools, tok, vocab_size) from e
     try:
         # a named function is called once (as OpenAI and vLLM do); required: one or more with parallel_tool_calls
         parallel = tools.parallel and tools.choice == "required"
         return Constraint.lark(call_format.grammar(tools.forced, parallel), tok, vocab_size,
                                f"{call_format.name} tool call")
     except GrammarError as e:
-        raise APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools") from e
+        raise _tools_error(e, tools.forced, tools.tools, tok, vocab_size) from e
+
+
+def _tools_error(e: GrammarError, compiled: list[dict], tools: list[dict], tok, vocab_size: int) -> APIError:
+    """The 400 for a tool-call grammar that did not compile: ``param`` ``tools[i].function.parameters`` for the
+    first of the ``compiled`` tools whose parameters schema fails alone (``i``: its index in the request's
+    ``tools``), else ``tools``."""
+    for t in compiled:
+        if t.get("parameters") is None:
+            continue
+        try:
+            Constraint.json_schema(t["parameters"], tok, vocab_size, f"parameters of {t['name']!r}")
+        except GrammarError as alone:
+            where = f"tools[{tools.index(t)}].function.parameters"
+            return APIError(400, f"'{where}' cannot be enforced: {alone}", param=where)
+    return APIError(400, f"the tools' parameters cannot be enforced: {e}", param="tools")
