@@ -179,3 +179,36 @@ def test_openapi_documents_every_route(live):
     for path in ("/v1/models", "/health", "/metrics", "/tokenizer_info"):
         assert "get" in doc["paths"][path]
     assert httpx.get(live.base + "/docs").status_code == 200
+
+
+def test_responses_and_stream_chunks_match_the_served_schemas(live):
+    """Real bodies (with logprobs, several choices, usage, the redraft statistics) and streamed chunks validate
+    against /openapi.json's own schemas; request models list OpenAI's no-op fields at their accepted values."""
+    import json
+
+    import jsonschema
+
+    doc = httpx.get(live.base + "/openapi.json").json()
+    comps = doc["components"]["schemas"]
+
+    def check(name, body):
+        jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+                                        ).validate(body)
+
+    chat = {"messages": [{"role": "user", "content": "t05 t06"}], "max_tokens": 6, "logprobs": True,
+            "top_logprobs": 2, "n": 2, "seed": 3, "temperature": 0.5}
+    check("CompletionResponse", post(live, "/completions", {"prompt": "t05 t06", "max_tokens": 6, "logprobs": 2,
+                                                            "n": 2}).json())
+    check("ChatCompletionResponse", post(live, "/chat/completions", chat).json())
+    for path, name, body in (("/completions", "CompletionChunk", {"prompt": "t07", "max_tokens": 6, "logprobs": 1}),
+                             ("/chat/completions", "ChatCompletionChunk", chat)):
+        with httpx.stream("POST", live.url + path, json={**body, "stream": True,
+                                                         "stream_options": {"include_usage": True}}) as r:
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and len(events) > 3
+        for e in events[:-1]:
+            check(name, json.loads(e))
+    bad = jsonschema.Draft202012Validator({"$ref": "#/components/schemas/RedraftStats", "components": doc["components"]})
+    assert not bad.is_valid({"forwards": 1})  # the statistics object is described, not an open dict
+    assert comps["Message"]["properties"]["refusal"]["enum"] == [None]
+    assert comps["ChatBody"]["additionalProperties"] is False and "frequency_penalty" in comps["ChatBody"]["properties"]

@@ -6,13 +6,17 @@ Starts ``python -m redraft serve`` on a tiny random-weight model (tests/serverki
 ``schemathesis run URL/openapi.json --checks not_a_server_error --max-examples N``, stops the server and exits with
 Schemathesis' status (0: no server error in any generated request).
 
-Usage: python tools/fuzz_server.py [--max-examples N] [--keep DIR]
+Prints, from the server's access log, how many requests each route answered with each status (a response
+schema is checked only on the statuses that occur).
+
+Usage: python tools/fuzz_server.py [--max-examples N] [--checks LIST]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -20,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +36,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def status_table(log: Path) -> str:
+    """Requests per route and HTTP status, from the access-log lines (``"POST /v1/completions" 200 ...``)."""
+    counts: Counter = Counter()
+    for m in re.finditer(r'"([A-Z]+) ([^ "?]+)[^"]*" (\d{3}) ', log.read_text(errors="replace")):
+        path = re.sub(r"/v1/responses/[^/]+$", "/v1/responses/{id}", m.group(2))
+        counts[(f"{m.group(1)} {path}", m.group(3))] += 1
+    routes = sorted({r for r, _ in counts})
+    codes = sorted({c for _, c in counts})
+    rows = [f"{'route':34}" + "".join(f"{c:>7}" for c in codes)]
+    rows += [f"{r:34}" + "".join(f"{counts[(r, c)]:>7}" for c in codes) for r in routes]
+    rows.append(f"{'all':34}" + "".join(f"{sum(n for (_, k), n in counts.items() if k == c):>7}" for c in codes))
+    return "requests by route and status (the server's access log):\n" + "\n".join(rows)
 
 
 def main() -> int:
@@ -70,6 +89,7 @@ def main() -> int:
         server.terminate()
         server.wait(30)
         log.close()
+    print(status_table(work / "server.log"))
     if rc == 0:
         shutil.rmtree(work, ignore_errors=True)
     else:

@@ -15,7 +15,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
-from .schemas import ChatBody, CompletionBody
+from .schemas import NOOP_FIELDS, ChatBody, CompletionBody
 
 _BODIES: dict[str, type[BaseModel]] = {}
 
@@ -37,10 +37,43 @@ class ErrorResponse(_Open):
     error: ErrorDetail
 
 
+class PromptTokensDetails(_Open):
+    cached_tokens: int
+
+
 class Usage(_Open):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class SourceCounts(_Open):
+    """One draft source's counts in a generation (``redraft.decoding.runstats.SourceStats.to_dict``)."""
+
+    proposed: int
+    accepted: int
+    steps: int
+    paused: int
+    acceptance: float | None
+
+
+class RedraftStats(_Open):
+    """The ``redraft`` extension field: one generation's speculation statistics and timings (seconds).
+    ``tokens_per_forward`` and ``tokens_per_second`` are null when no forward ran (an answer-cache hit); with
+    several choices, ``choices`` holds each one's."""
+
+    tokens_per_forward: float | None
+    forwards: int
+    sources: dict[str, SourceCounts]
+    queue_seconds: float
+    generation_seconds: float
+    tokens_per_second: float | None
+    learned: bool
+    prefix_hit_tokens: int
+    answer_cache_hit: bool
+    seed: int | None
+    choices: list[RedraftStats] | None = None
 
 
 class LegacyLogprobs(_Open):
@@ -67,18 +100,45 @@ class CompletionResponse(_Open):
     system_fingerprint: str
     choices: list[CompletionChoice]
     usage: Usage
-    redraft: dict[str, Any]
+    redraft: RedraftStats
+
+
+class ToolCallFunction(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    id: str
+    type: str
+    function: ToolCallFunction
 
 
 class ChatMessageOut(_Open):
     role: str
     content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class TopLogprob(_Open):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Open):
+    content: list[TokenLogprobOut] | None
+    refusal: list[TokenLogprobOut] | None = None
 
 
 class ChatChoice(_Open):
     index: int
     message: ChatMessageOut
-    logprobs: dict[str, Any] | None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -92,7 +152,7 @@ class ChatCompletionResponse(_Open):
     system_fingerprint: str
     choices: list[ChatChoice]
     usage: Usage
-    redraft: dict[str, Any]
+    redraft: RedraftStats
 
 
 class ModelCard(_Open):
@@ -118,12 +178,97 @@ class Health(_Open):
     kv_tokens_capacity: int | None = None
 
 
-_ERRORS = {400: {"model": ErrorResponse, "description": "invalid request (``param`` names the field)"},
-           401: {"model": ErrorResponse, "description": "missing or unknown API key"}}
-_GEN_ERRORS = {**_ERRORS, 404: {"model": ErrorResponse, "description": "unknown model"},
-               413: {"model": ErrorResponse, "description": "request body too large"},
-               429: {"model": ErrorResponse, "description": "queue full (``Retry-After``: seconds)"},
-               503: {"model": ErrorResponse, "description": "shutting down"}}
+class ResponseObject(_Open):
+    """``POST /v1/responses`` and ``GET /v1/responses/{id}`` (OpenAI's Responses API ``response`` object)."""
+
+    id: str
+    object: str
+    created_at: int
+    status: str
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+    redraft: RedraftStats | None = None
+
+
+class CompletionChunkChoice(_Open):
+    index: int
+    text: str
+    logprobs: LegacyLogprobs | None = None
+    finish_reason: str | None
+
+
+class CompletionChunk(_Open):
+    """One server-sent event of a streamed completion; the last choice chunk has ``redraft``, an
+    ``include_usage`` stream ends with a chunk of no choices and ``usage``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+    redraft: RedraftStats | None = None
+
+
+class ChatDelta(_Open):
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChatChunkChoice(_Open):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(_Open):
+    """One server-sent event of a streamed chat completion (``chat.completion.chunk``)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    redraft: RedraftStats | None = None
+
+
+class ResponseEvent(_Open):
+    """One server-sent event of a streamed response (``response.created``, ``response.output_text.delta``, ...)."""
+
+    type: str
+
+
+_STREAMED = [CompletionChunk, ChatCompletionChunk, ResponseEvent]
+
+_WHY = {400: "invalid request (``param`` names the field)", 401: "missing or unknown API key",
+        404: "unknown model or object", 413: "request body too large",
+        429: "queue full (``Retry-After``: seconds)", 503: "shutting down"}
+
+
+def _sse(model: type[BaseModel]) -> dict:
+    """With ``stream: true`` the 200 answer is server-sent events: each event's ``data`` is ``model`` as JSON (or
+    an error object when the generation failed after the stream began), the last one ``[DONE]`` (described as
+    OpenAPI 3.2 does: a schema per event, its data's JSON in ``contentSchema``)."""
+    payload = {"anyOf": [{"$ref": f"#/components/schemas/{model.__name__}"},
+                         {"$ref": "#/components/schemas/ErrorResponse"}]}
+    data = {"anyOf": [{"type": "string", "enum": ["[DONE]"]},
+                      {"type": "string", "pattern": "^[{]", "contentMediaType": "application/json",
+                       "contentSchema": payload}]}
+    return {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {"data": data}}}}
+
+
+def error_responses(*codes: int) -> dict:
+    """``responses=`` entries (:class:`ErrorResponse` bodies) for the given HTTP error codes (400 401 404 413 429
+    503)."""
+    return {code: {"model": ErrorResponse, "description": _WHY[code]} for code in codes}
+
+
+_ERRORS = error_responses(400, 401)
+_GEN_ERRORS = error_responses(400, 401, 404, 413, 429, 503)
 
 
 def request_body(model_cls: type[BaseModel]) -> dict:
@@ -137,10 +282,16 @@ def route(name: str) -> dict:
     """Decorator keywords (summary, body, responses) for one of the API's routes."""
     if name == "completion":
         return {"summary": "Text completion (OpenAI's legacy completions)", "openapi_extra": request_body(
-            CompletionBody), "responses": {200: {"model": CompletionResponse}, **_GEN_ERRORS}}
+            CompletionBody), "responses": {200: {"model": CompletionResponse, "content": _sse(CompletionChunk)}, **_GEN_ERRORS}}
     if name == "chat":
         return {"summary": "Chat completion", "openapi_extra": request_body(ChatBody),
-                "responses": {200: {"model": ChatCompletionResponse}, **_GEN_ERRORS}}
+                "responses": {200: {"model": ChatCompletionResponse, "content": _sse(ChatCompletionChunk)}, **_GEN_ERRORS}}
+    if name == "response":
+        return {"summary": "Create a response (OpenAI's Responses API)",
+                "responses": {200: {"model": ResponseObject, "content": _sse(ResponseEvent)}, **_GEN_ERRORS}}
+    if name == "stored response":
+        return {"summary": "A stored response", "responses": {200: {"model": ResponseObject}, **_ERRORS,
+                                                             404: {"model": ErrorResponse}}}
     if name == "models":
         return {"summary": "The served model ids", "responses": {200: {"model": ModelList}, **_ERRORS}}
     if name == "model":
@@ -160,9 +311,18 @@ def install(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-            _, defs = models_json_schema([(m, "validation") for m in _BODIES.values()],
+            _, defs = models_json_schema([(m, "validation") for m in _BODIES.values()]
+                                         + [(m, "serialization") for m in _STREAMED],
                                          ref_template="#/components/schemas/{model}")
-            doc.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(defs.get("$defs", {}))
+            for name, fields in NOOP_FIELDS.items():  # accepted at the values that change nothing; nothing else
+                if name in schemas:
+                    props = schemas[name].setdefault("properties", {})
+                    for field, values in fields.items():
+                        props.setdefault(field, {"enum": list(values), "description": "accepted only at these "
+                                                 "values (redraft does not use it)"})
+                    schemas[name]["additionalProperties"] = False
             app.openapi_schema = doc
         return app.openapi_schema
 

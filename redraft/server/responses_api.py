@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import as_api_error, refused
 from .generation import Outcome
-from .openapi import request_body
+from .openapi import request_body, route
 from .responses import cached_tokens, stats
 from .scheduler import Job, QueueFull, ShuttingDown
 from .schemas import APIError, WholeInt, parse_request
@@ -143,8 +143,7 @@ def add_routes(app: FastAPI, server) -> None:
     """The routes on ``app``; ``server`` is the :class:`redraft.server.app.Server` (checks, scheduler, ids)."""
     store = Store()
 
-    @app.post("/v1/responses", openapi_extra=request_body(ResponsesBody), summary="Create a response (OpenAI's "
-              "Responses API)")
+    @app.post("/v1/responses", openapi_extra=request_body(ResponsesBody), **route("response"))
     async def create(request: Request):
         tenant = server.tenant(request)
         req = _parse(await server.body(request))
@@ -211,7 +210,7 @@ def add_routes(app: FastAPI, server) -> None:
         finally:
             job.cancel.set()
 
-    @app.get("/v1/responses/{response_id}", summary="A stored response")
+    @app.get("/v1/responses/{response_id}", **route("stored response"))
     async def retrieve(response_id: str, request: Request):
         got = store.get(server.tenant(request), response_id)
         if got is None:

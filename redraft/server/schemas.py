@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from redraft.decoding.sampling import SamplingParams
 
@@ -61,11 +61,16 @@ _NOOP_CHAT = {**_NOOP_COMMON, "functions": (None, []), "function_call": (None, "
               "web_search_options": _NONE, "service_tier": (None, "auto", "default")}
 # a chat message's own OpenAI fields that redraft does not use (the openai client's message.model_dump() sends them)
 _NOOP_MESSAGE = {"refusal": _NONE, "annotations": (None, []), "audio": _NONE, "function_call": _NONE}
+NOOP_FIELDS = {"CompletionBody": _NOOP_COMPLETION, "ChatBody": _NOOP_CHAT, "Message": _NOOP_MESSAGE}
+"""Per request model: the OpenAI fields accepted only at the values that change nothing (the served OpenAPI
+document lists them with those values)."""
 
 
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's legacy completions limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's chat limit
 MAX_CHOICES = 128  # prompts x n per request
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_STOP_STRINGS = 4  # OpenAI's limit on 'stop'
 
 
 def _whole(v: Any) -> Any:
@@ -74,10 +79,21 @@ def _whole(v: Any) -> Any:
 
 WholeInt = Annotated[int, BeforeValidator(_whole)]
 """An integer field that also takes a whole-number float (``4.0``), as JSON Schema's ``integer`` does."""
+TokenId = Annotated[int, BeforeValidator(_whole), WithJsonSchema({"type": "integer", "minimum": 0})]
+"""A token id (a :data:`WholeInt`; the vocabulary check, with its message, comes after parsing)."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+def _doc(**schema: Any) -> Any:
+    """An optional field (default None) whose JSON Schema states ``schema`` (ranges, sizes), for the served
+    OpenAPI document only: the checks below (:func:`parse_request`) enforce them with OpenAI's messages."""
+    return Field(default=None, json_schema_extra=schema)
+
+
+_INT64 = {"minimum": -2 ** 63, "maximum": 2 ** 63 - 1}
 
 
 class StreamOptions(_Strict):
@@ -86,32 +102,40 @@ class StreamOptions(_Strict):
 
 class _Common(_Strict):
     model: str | None = None
-    max_tokens: WholeInt | None = None
-    n: WholeInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: WholeInt | None = None
-    stop: str | list[str] | None = None
+    max_tokens: WholeInt | None = _doc(minimum=0)
+    n: WholeInt | None = _doc(minimum=1, maximum=MAX_CHOICES)
+    temperature: float | None = _doc(minimum=0, maximum=2)
+    top_p: float | None = _doc(exclusiveMinimum=0, maximum=1)
+    seed: WholeInt | None = _doc(**_INT64)
+    stop: str | list[str] | None = _doc(minLength=1, maxItems=MAX_STOP_STRINGS, items={"minLength": 1})
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    top_k: WholeInt | None = None
-    repetition_penalty: float | None = None
+    top_k: WholeInt | None = _doc(minimum=-1)
+    repetition_penalty: float | None = _doc(exclusiveMinimum=0)
     user: str | None = None  # an end-user id for the caller's own records; no effect on output
 
 
 class CompletionBody(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: WholeInt | None = None
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]] = Field(json_schema_extra={"minLength": 1,
+                                                                                          "minItems": 1})
+    logprobs: WholeInt | None = _doc(minimum=0, maximum=MAX_COMPLETION_LOGPROBS)
     echo: bool | None = None
 
 
 class TextPart(_Strict):
-    type: str
+    type: str = Field(json_schema_extra={"enum": ["text"]})
     text: str | None = None
 
 
 class Message(_Strict):
-    role: str
+    # content is required unless the turn carries tool_calls (then it may be null or absent); tool_calls only on
+    # assistant turns; a tool turn names the call it answers
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"anyOf": [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}}, {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}}],
+        "allOf": [{"if": {"properties": {"role": {"const": "tool"}}}, "then": {"required": ["tool_call_id"]}},
+                  {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+                   "then": {"properties": {"tool_calls": {"type": "null"}}}}]})
+    role: str = Field(json_schema_extra={"enum": sorted(_ROLES)})
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[dict] | None = None  # assistant turns (checked by server/tools.py)
@@ -119,10 +143,11 @@ class Message(_Strict):
 
 
 class ChatBody(_Common):
-    messages: list[Message]
-    max_completion_tokens: WholeInt | None = None
+    messages: list[Message] = Field(json_schema_extra={"minItems": 1})
+    max_tokens: WholeInt | None = _doc(minimum=1)
+    max_completion_tokens: WholeInt | None = _doc(minimum=1)
     logprobs: bool | None = None
-    top_logprobs: WholeInt | None = None
+    top_logprobs: WholeInt | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)
     metadata: dict[str, str] | None = None  # stored-completion tags; no effect on output
     prompt_cache_key: str | None = None  # a cache routing hint; no effect on output
     safety_identifier: str | None = None  # an end-user id; no effect on output
@@ -136,8 +161,6 @@ class ChatBody(_Common):
 _EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of those", "messages":
              "a list of {role, content} objects", "stop": "a string or a list of strings",
              "stream_options": "an object like {\"include_usage\": true}", "metadata": "an object of strings"}
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
-MAX_STOP_STRINGS = 4  # OpenAI's limit on 'stop'
 SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)  # OpenAI's seed is an int64
 
 

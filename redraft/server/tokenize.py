@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from redraft.io.prompts import encode_chat
 
-from .openapi import request_body
-from .schemas import APIError, Message, WholeInt, check_message_fields, parse_request
+from .openapi import error_responses, request_body
+from .schemas import APIError, Message, TokenId, check_message_fields, parse_request
 
 
 def text_ids(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -57,7 +57,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[WholeInt]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(BaseModel):
@@ -92,6 +92,7 @@ def add_routes(app: FastAPI, server) -> None:
     tok = server.generator.tokenizer
 
     @app.post("/tokenize", response_model=TokenizeResponse, openapi_extra=request_body(TokenizeRequest),
+              responses=error_responses(400, 401, 404, 413),
               summary="Token ids of a prompt or a conversation (vLLM's route)")
     async def tokenize(request: Request):
         server.tenant(request)
@@ -116,6 +117,7 @@ def add_routes(app: FastAPI, server) -> None:
                 "token_strs": strs}
 
     @app.post("/detokenize", response_model=DetokenizeResponse, openapi_extra=request_body(DetokenizeRequest),
+              responses=error_responses(400, 401, 404, 413),
               summary="Text of token ids (vLLM's route)")
     async def detokenize(request: Request):
         server.tenant(request)
@@ -131,7 +133,7 @@ def add_routes(app: FastAPI, server) -> None:
     if not server.options.tokenizer_info:
         return
 
-    @app.get("/tokenizer_info", response_model=TokenizerInfo, summary="The tokenizer's special tokens and chat "
+    @app.get("/tokenizer_info", response_model=TokenizerInfo, responses=error_responses(401), summary="The tokenizer's special tokens and chat "
              "template (vLLM's route)")
     async def tokenizer_info(request: Request):
         server.tenant(request)
