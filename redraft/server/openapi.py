@@ -198,17 +198,22 @@ class CompletionChunkChoice(_Open):
     finish_reason: str | None
 
 
-class CompletionChunk(_Open):
-    """One server-sent event of a streamed completion; the last choice chunk has ``redraft``, an
-    ``include_usage`` stream ends with a chunk of no choices and ``usage``."""
+class _Chunk(_Open):
+    """What every streamed chunk has: the last choice chunk adds ``redraft``; an ``include_usage`` stream ends
+    with a chunk of no choices and ``usage``."""
 
     id: str
     object: str
     created: int
     model: str
-    choices: list[CompletionChunkChoice]
     usage: Usage | None = None
     redraft: RedraftStats | None = None
+
+
+class CompletionChunk(_Chunk):
+    """One server-sent event of a streamed completion (``text_completion``)."""
+
+    choices: list[CompletionChunkChoice]
 
 
 class ChatDelta(_Open):
@@ -224,16 +229,10 @@ class ChatChunkChoice(_Open):
     finish_reason: str | None
 
 
-class ChatCompletionChunk(_Open):
+class ChatCompletionChunk(_Chunk):
     """One server-sent event of a streamed chat completion (``chat.completion.chunk``)."""
 
-    id: str
-    object: str
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    redraft: RedraftStats | None = None
 
 
 class ResponseEvent(_Open):
