@@ -60,6 +60,12 @@ def answer(loaded, prompt, n=30):
     return out[:-1] if out and out[-1] == EOS else out
 
 
+def journal_of(d):
+    """The one journal of ``d``'s default tenant (one writer wrote it)."""
+    (journal,) = (d / "default").glob("journal-*.rdj")
+    return journal
+
+
 def test_server_and_proposer_draft_from_each_others_spans(model_dir, loaded, tmp_path):
     d = tmp_path / "corpora"
     p1, p2 = [5, 9, 14, 20, 33, 41], [7, 8, 12, 19, 30, 44]
@@ -75,10 +81,10 @@ def test_server_and_proposer_draft_from_each_others_spans(model_dir, loaded, tmp
         assert not r1.model_extra["redraft"]["learned"]  # and held already
         r2 = client.completions.create(model=srv.server.model_id, prompt=p2, max_tokens=len(o2))
         assert r2.model_extra["redraft"]["learned"]
-    assert spans_of(d) == [p1 + o1, p2 + o2]
+    assert sorted(spans_of(d)) == sorted([p1 + o1, p2 + o2])  # two writers' journals, read in name order
     first, drafts = serve_request(proposer(d, tokenizer=str(model_dir)), p2, o2)
     assert first == o2[1:1 + K]  # the proposer drafts the server's span at once
-    assert spans_of(d) == [p1 + o1, p2 + o2]  # and does not store it again
+    assert sorted(spans_of(d)) == sorted([p1 + o1, p2 + o2])  # and does not store it again
 
 
 def test_torn_tail_written_by_the_proposer_is_skipped_by_the_server(tmp_path):
@@ -87,7 +93,8 @@ def test_torn_tail_written_by_the_proposer_is_skipped_by_the_server(tmp_path):
     prop = proposer(d)
     serve_request(prop, a[:6], a[6:])
     serve_request(prop, b[:6], b[6:])
-    journal = d / "default" / "journal-000000.rdj"
+    prop.learned.close()  # the proposer's engine is gone (its journal no longer has a live writer)
+    journal = journal_of(d)
     journal.write_bytes(journal.read_bytes()[:-7])  # a crash inside the second record's write
     warnings: list[str] = []
     corpora = TenantCorpora(["default"], str(d), vocab_size=VOCAB, fingerprint=None, cap_tokens=None,
@@ -97,7 +104,7 @@ def test_torn_tail_written_by_the_proposer_is_skipped_by_the_server(tmp_path):
     assert [s.tolist() for s in corpora.get("default").corpus.span_list()] == [a]
     assert corpora.learn_span("default", b)  # appends after the valid records
     corpora.close()
-    assert spans_of(d) == [a, b]
+    assert sorted(spans_of(d)) == [a, b]  # two writers: journals in name order
 
 
 def test_torn_tail_written_by_the_server_is_skipped_by_the_proposer(tmp_path):
@@ -106,13 +113,12 @@ def test_torn_tail_written_by_the_server_is_skipped_by_the_proposer(tmp_path):
     corpora = TenantCorpora(["default"], str(d), vocab_size=VOCAB, fingerprint=None, cap_tokens=None)
     assert corpora.learn_span("default", a) and corpora.learn_span("default", b)
     corpora.close()
-    journal = d / "default" / "journal-000000.rdj"
+    journal = journal_of(d)
     journal.write_bytes(journal.read_bytes()[:-3])
     prop = proposer(d)
-    assert spans_of(d) == [a]  # the writer rewrote its journal with the valid records
+    assert spans_of(d) == [a]  # the torn record is never read
     first, _ = serve_request(prop, a[:6], a[6:])
     assert first == a[7:7 + K]
-    assert (d / "default" / "journal-000000.rdj.damaged").exists()
 
 
 def test_corpus_tools_read_verify_and_compact_a_directory(tmp_path, capsys):
@@ -124,7 +130,7 @@ def test_corpus_tools_read_verify_and_compact_a_directory(tmp_path, capsys):
     corpora.learn_span("default", a)
     corpora.learn_span("default", b)
     corpora.close()
-    journal = d / "default" / "journal-000000.rdj"
+    journal = journal_of(d)
     journal.write_bytes(journal.read_bytes()[:-3])
     assert main(["corpus", "stats", str(d)]) == 0
     out = capsys.readouterr().out
@@ -134,8 +140,8 @@ def test_corpus_tools_read_verify_and_compact_a_directory(tmp_path, capsys):
     assert main(["corpus", "compact", str(d)]) == 0
     assert main(["corpus", "verify", str(d)]) == 0
     assert "ok" in capsys.readouterr().out
-    assert sorted(p.name for p in (d / "default").iterdir() if not p.name.endswith(".damaged")) == [
-        "base-000001.bin", "journal-000001.rdj"]
+    assert sorted(p.name for p in (d / "default").iterdir()) == [
+        "base-000001.bin", "generation-000001.json", journal.name + ".damaged"]
     out = tmp_path / "c.rdc"
     assert main(["corpus", "build", str(d), "-o", str(out), "-q"]) == 0  # a directory as an INPUT
     assert [s.tolist() for s in read_directory(d)[0].span_list()] == [a]

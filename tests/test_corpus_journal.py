@@ -117,7 +117,8 @@ def test_damaged_journal_is_skipped_with_a_warning_and_repaired(tmp_path, damage
     oc = OnlineCorpus(tmp_path, vocab_size=VOCAB, warn=warnings.append)
     assert as_lists(oc) == kept
     assert any(("torn tail" if damage == "truncate" else "corrupt record") in w for w in warnings)
-    assert os.path.exists(path + ".damaged")
+    oc.compact()  # folds the valid records; the damaged journal (its writer is gone) is kept aside
+    assert as_lists(oc) == kept and os.path.exists(path + ".damaged") and not os.path.exists(path)
     oc.append(spans_of(1, seed=9)[0])  # appends after the repair replay cleanly
     oc.close()
     warnings.clear()
@@ -166,13 +167,19 @@ def test_unfinished_compaction_leftovers_are_ignored(tmp_path):
     for s in spans:
         oc.append(s)
     oc.close()
-    # a crash after the next generation's base was written, before its journal (the commit point)
+    # a crash after the next generation's base was written, before its generation file (the commit point)
     Corpus.from_spans(spans_of(2, seed=5), vocab_size=VOCAB).save(tmp_path / "base-000001.bin")
-    open(tmp_path / "journal-000001.rdj.tmp", "wb").write(b"partial")
-    open(tmp_path / ".journal-000001.tmp-999-0.rdj", "wb").write(b"partial")  # an interrupted atomic write's
+    open(tmp_path / "generation-000001.json.tmp", "wb").write(b"partial")
+    old = tmp_path / ".generation-000001.tmp-999-0.json"  # an interrupted atomic write's
+    old.write_bytes(b"partial")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
     again = OnlineCorpus(tmp_path, vocab_size=VOCAB)
     assert as_lists(again) == spans
-    assert sorted(os.listdir(tmp_path)) == ["journal-000000.rdj"]
+    again.compact()
+    assert as_lists(again) == spans
+    names = sorted(os.listdir(tmp_path))
+    assert names[:2] == ["base-000001.bin", "generation-000001.json"] and old.name not in names
+    assert [n for n in names if n.endswith(".rdj")] == [os.path.basename(again.journal)]  # the closed writer's folded journal is gone
     again.close()
 
 

@@ -127,6 +127,14 @@ def _cmd_stats(args) -> int:
           f"(tokens + index, {s['token_width']}-byte ids)")
     grams = ", ".join(f"{n}-grams {v:,}" for n, v in s["distinct_ngrams"].items())
     print(f"distinct:      {grams}")
+    if s.get("writers") is not None:
+        print(f"generation:    {s['generation']}; {len(s['writers'])} journal(s) past its base:")
+        for w in s["writers"]:
+            who = f"{w['writer']} (pid {w['pid']} on {w['host']})" if w["writer"] else "single-writer journal"
+            state = "writing" if w["live"] else "gone"
+            bad = f", {w['problems']} damaged region(s)" if w["problems"] else ""
+            print(f"  {w['journal']}: {who}, {state}; {w['spans']:,} spans / {w['tokens']:,} ids not yet in the "
+                  f"base, {w['bytes']:,} bytes ({w['folded_bytes']:,} folded){bad}")
     if s["top_repeated_spans"]:
         print("top repeated spans:")
         for r in s["top_repeated_spans"]:

@@ -17,6 +17,7 @@ checksum per record for the same reason).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import zlib
@@ -54,12 +55,15 @@ class Replay:
         end: byte offset just after the last valid record.
         problems: one line per skipped region (byte offset, length, why); empty for a clean journal.
         skipped_bytes: bytes that belonged to no valid record.
+        torn: bytes of a record cut short at the very end (0: none). In a journal a live writer still appends to,
+            that is a record being written: :func:`read_tail` stops before it and reads it once complete.
     """
 
     spans: list[np.ndarray] = field(default_factory=list)
     end: int = 0
     problems: list[str] = field(default_factory=list)
     skipped_bytes: int = 0
+    torn: int = 0
 
 
 def scan(data: bytes, *, vocab_size: int | None = None, where: str = "journal") -> Replay:
@@ -81,6 +85,8 @@ def scan(data: bytes, *, vocab_size: int | None = None, where: str = "journal") 
             nxt = data.find(MAGIC, nxt + 1)
         stop = size if nxt < 0 else nxt
         kind = "torn tail" if nxt < 0 and why == "cut short" else "corrupt record"
+        if kind == "torn tail":
+            out.torn = stop - pos
         out.problems.append(f"{where}: {kind} at byte {pos} ({stop - pos} bytes, {why}) skipped")
         out.skipped_bytes += stop - pos
         pos = stop
@@ -119,6 +125,33 @@ def read_journal(path, *, vocab_size: int | None = None) -> Replay:
     return scan(data, vocab_size=vocab_size, where=os.fspath(path))
 
 
+def read_tail(path, offset: int, *, vocab_size: int | None = None) -> Replay:
+    """The records of a journal from byte ``offset`` on (a follower's read of another writer's journal).
+    ``end`` and the problems' byte positions count from the file's start; a record cut short at the end is left
+    for the next read (``end`` stops before it, its problem line is dropped), damage before it is skipped and
+    reported once, since ``end`` moves past it. A missing file reads as no new records. Raises OSError only if
+    it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return Replay(end=offset)
+    out = scan(data, vocab_size=vocab_size, where=os.fspath(path))
+    if out.torn:
+        out.problems.pop()
+        out.skipped_bytes -= out.torn
+    out.end = offset + len(data) - out.torn
+    out.problems = [_shift(p, offset) for p in out.problems]
+    return out
+
+
+def _shift(problem: str, offset: int) -> str:
+    head, _, rest = problem.partition(" at byte ")
+    n, _, tail = rest.partition(" ")
+    return f"{head} at byte {int(n) + offset} {tail}" if n.isdigit() else problem
+
+
 def write_journal(path, spans: Sequence[Sequence[int] | np.ndarray]) -> None:
     """Write a whole journal atomically (:func:`redraft.io.atomic.atomic_path`: a temporary file, fsync, rename,
     fsync of the directory). Raises OSError; ``path`` is then unchanged."""
@@ -134,13 +167,23 @@ class JournalWriter:
         path: the journal file (created if missing).
         sync: fsync after each record (a crash then loses no appended span); False leaves it to the OS (a
             crash of the process loses nothing, a power cut may lose the last seconds).
+        owned: hold an exclusive ``flock`` on the file while it is open, so other processes can tell the writer
+            is alive (:func:`has_live_writer`; the kernel releases it when the process dies, ``kill -9`` included).
+    Raises:
+        OSError: the file cannot be opened; BlockingIOError when ``owned`` and another writer holds it.
     """
 
-    def __init__(self, path, *, sync: bool = True) -> None:
+    def __init__(self, path, *, sync: bool = True, owned: bool = False) -> None:
         self.path = os.fspath(path)
         self.sync = sync
         created = not os.path.exists(self.path)
         self._f = open(self.path, "ab", buffering=0)
+        if owned:
+            try:
+                fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self._f.close()
+                raise
         self.size = self._f.seek(0, os.SEEK_END)
         if created:
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
@@ -166,3 +209,19 @@ class JournalWriter:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+def has_live_writer(path) -> bool:
+    """Whether a process holds ``path`` open as an owned :class:`JournalWriter` (its ``flock``). A missing file
+    has none. On a shared volume this needs locks the filesystem carries between hosts (NFSv4 does)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False

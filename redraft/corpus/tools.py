@@ -11,11 +11,13 @@ from collections import Counter
 
 import numpy as np
 
+from .compaction import fold
 from .corpus import Corpus, concat_flat, load_corpus
-from .directory import read_directory, resolve
+from .directory import current_generation, read_directory, resolve, writers
 from .errors import CorpusError
 from .format import SECTIONS, append_text, binary_version, read_text, sniff
 from .index import SuffixIndex
+from .lease import CompactionLock, writer_id
 from .sources import read_spans
 
 
@@ -85,18 +87,15 @@ def convert_corpus(src, out, *, to: str, vocab_size=None, fingerprint=None, forc
 def compact_corpus(path, *, vocab_size=None, fingerprint=None, force=False) -> Corpus:
     """Rebuild the corpus file at `path` with one fresh index, in its own format; or compact a corpus directory
     (a server's or the vLLM proposer's, see :mod:`redraft.corpus.directory`) into its next generation: one binary
-    base, an empty journal, damaged records dropped (the damaged journal is kept as ``.damaged``). Do not compact a
-    directory a running server or proposer writes."""
+    base folding every writer's journal, damaged records dropped (a damaged journal whose writer is gone is kept as
+    ``.damaged``). Safe while servers and proposers write it: it takes the compaction lock as they do. Raises
+    CorpusError naming the lock file when another process is compacting it now."""
     if os.path.isdir(path):
-        from .online import OnlineCorpus
-
-        problems: list[str] = []
-        oc = OnlineCorpus(resolve(path), vocab_size=vocab_size, fingerprint=fingerprint, warn=problems.append)
-        try:
-            oc.compact()
-            return oc.corpus
-        finally:
-            oc.close()
+        d = resolve(path)
+        me = writer_id()
+        if fold(d, me, lambda spans: (spans, 0), vocab_size=vocab_size, fingerprint=fingerprint) is None:
+            raise CompactionLock(d, me).busy_error()
+        return read_directory(d, vocab_size=vocab_size, fingerprint=fingerprint)[0]
     fmt = sniff(path)
     c = load_corpus(path, vocab_size=vocab_size, fingerprint=fingerprint, force=force)
     corpus = Corpus.from_flat(*c.spans(), vocab_size=c.vocab_size, fingerprint=c.fingerprint)
@@ -173,6 +172,8 @@ def corpus_stats(path, *, vocab_size=None, fingerprint=None, force=False, top: i
         corpus, problems = read_directory(path, vocab_size=vocab_size, fingerprint=fingerprint)
         out = corpus.stats()
         out["format"], out["problems"] = "directory", len(problems)
+        out["generation"] = current_generation(resolve(path)).number
+        out["writers"] = writers(path, vocab_size=vocab_size)
         d = resolve(path)
         out["file_bytes"] = sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d))
     else:
