@@ -514,7 +514,7 @@ def test_run_k_from_the_environment_out_of_range_warns(tiny_model_dir, capsys, m
     rc, _, err = run_cli(capsys, "run", "--model", str(d), "--no-chat", "--ngen", "3", words(PROMPT))
     assert rc == 0
     assert [line for line in err if "warning" in line] == [
-        "redraft: warning: REDRAFT_CORPUS_K/COLI_CORPUS_K=99 is outside 1..48; using 48"]
+        "redraft: warning: COLI_CORPUS_K=99 is outside 1..48 (a draft depth in tokens); using 48"]
 
 
 def test_run_malformed_corpus_is_refused(tiny_model_dir, capsys, tmp_path):

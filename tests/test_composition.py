@@ -100,7 +100,7 @@ def test_env_precedence_and_clamping(capsys):
     env["REDRAFT_CORPUS_K"] = "99"  # REDRAFT_ beats COLI_; out of range: clamped with a warning
     e = read_draft_env(env)
     assert e.k == MAX_DRAFT_DEPTH and e.minacc == pytest.approx(0.2)
-    assert "REDRAFT_CORPUS_K/COLI_CORPUS_K=99 is outside 1..48" in capsys.readouterr().err
+    assert "REDRAFT_CORPUS_K=99 is outside 1..48" in capsys.readouterr().err
     assert SpeculationConfig.from_env(env, k=3).k == 3  # Python arguments beat the environment
     assert not SpeculationConfig.from_env(env).policy_on  # a K from the environment is a fixed setting
     with pytest.raises(EnvError, match="REDRAFT_CORPUS_MINACC"):

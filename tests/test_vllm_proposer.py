@@ -462,3 +462,33 @@ def test_vllm_check_refuses_bad_counts_and_missing_files_before_any_engine_runs(
         with pytest.raises(SystemExit) as e:
             main(["--model", str(tmp_path), *argv])
         assert e.value.code == 2 and says in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize("k_max", [None, 16])
+def test_depth_cap_drafts_adaptively_as_the_engine_does(tmp_path, k_max):
+    """REDRAFT_CORPUS_K_MAX is the CLI's --k-max: the proposer's corpus drafts are, step by step, those of the
+    corpus drafter the engine path builds from SpeculationConfig(k=2, k_max=...) (deeper while accepted whole)."""
+    from redraft.compose import SpeculationConfig, drafters_for
+
+    prompt, out = rng_ids(40, 20), rng_ids(41, 120)
+    corpus = Corpus.from_spans([rng_ids(42, 30), prompt + out], vocab_size=VOCAB)
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n-1\n".join(" ".join(map(str, s)) for s in corpus.span_list()) + "\n")
+    environ = {"REDRAFT_DRAFT_CORPUS": str(path), "REDRAFT_CORPUS_K": "2", "REDRAFT_NGRAM": "0"}
+    if k_max is not None:
+        environ["REDRAFT_CORPUS_K_MAX"] = str(k_max)
+    prop = RedraftProposer(vllm_config(k=32), environ=environ)
+    engine_side = drafters_for(SpeculationConfig(k=2, k_max=k_max, ngram=False), corpus)[0]
+    engine_side.begin(np.asarray(prompt))
+    batch = FakeBatch()
+    batch.add(0, prompt, out)
+    drafts, lengths = None, []
+    while not batch.done(0):
+        sampled, drafts = step(prop, batch, drafts)
+        if lengths and lengths[-1]:  # the engine feeds its drafter what the target accepted of its last draft
+            engine_side.observe(lengths[-1], len(sampled[0]) - 1, len(sampled[0]))
+        cap = min(32, MAX_LEN - int(batch.num_tokens_no_spec[0]))
+        want = engine_side.propose(batch.context(0), cap)
+        assert drafts[0] == (want.tokens if want is not None else [])
+        lengths.append(len(drafts[0]))
+    assert max(lengths) == (k_max or 2)

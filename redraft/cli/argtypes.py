@@ -1,7 +1,7 @@
 """argparse types for the command line: each parses one value or raises ``argparse.ArgumentTypeError`` with a
 one-line reason, so a bad flag is refused by the parser (exit 2, the flag named) before any work starts.
 
-A leaf (standard library, :mod:`redraft.defaults` and the torch-free CaPE bins): the commands get these names
+A leaf (standard library, :mod:`redraft.compose.env` and the torch-free CaPE bins): the commands get these names
 through :mod:`redraft.cli.common`, which re-exports them; it lives outside :mod:`redraft.cli` because that
 package's shared leaf may import no other module of it.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.compose.env import DepthError, check_depth
 from redraft.drafters.cape import CapeBins
 
 
@@ -74,9 +74,14 @@ def int_between(lo: int, hi: int):
     return int_in(lo, hi, f"an integer in {lo}..{hi}")
 
 
-# every corpus draft depth flag (run/demo/bench --k, --k-max, bench corpus -k): Colibri's cap, refused in the parser
-# rather than clamped (a K from the environment is clamped with a warning: it cannot be refused at parse time)
-draft_depth = int_in(1, MAX_DRAFT_DEPTH, "a draft depth in tokens")
+def draft_depth(text: str) -> int:
+    """argparse type of every corpus draft depth flag (run/demo/bench --k, --k-max, bench corpus -k): the one depth
+    rule (:func:`redraft.compose.env.check_depth`), refused in the parser rather than clamped (a K from the
+    environment is clamped with a warning: it cannot be refused at parse time)."""
+    try:
+        return check_depth(None, text, text=True)
+    except DepthError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def float_above(lo: float, *, strict: bool):

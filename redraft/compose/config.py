@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from redraft.compose.env import ENV_CORPUS, clamped_k, env, read_draft_env
+from redraft.compose.env import ENV_CORPUS, check_depth, env, read_draft_env
 from redraft.defaults import (
     CORPUS_K_DEFAULT,
     CORPUS_MINACC,
@@ -86,10 +86,14 @@ class SpeculationConfig:
     grammar: bool = True
 
     def __post_init__(self) -> None:
-        for name, lo, hi in (("k", 1, MAX_DRAFT_DEPTH), ("k_max", 1, MAX_DRAFT_DEPTH), ("tree_budget", 1, None)):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < lo or (hi is not None and v > hi)):
-                raise ValueError(f"SpeculationConfig.{name}={v!r}: expected an integer in {lo}..{hi or 'inf'}")
+        """Raises :class:`~redraft.compose.env.DepthError` (a ValueError) for a bad ``k`` / ``k_max`` (the one
+        depth rule, :func:`~redraft.compose.env.check_depth`), ValueError for the other fields."""
+        for name in ("k", "k_max"):
+            if getattr(self, name) is not None:
+                check_depth(f"SpeculationConfig.{name}", getattr(self, name))
+        v = self.tree_budget
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"SpeculationConfig.tree_budget={v!r}: expected an integer in 1..inf")
         if self.minacc is not None and not 0.0 <= self.minacc <= 1.0:
             raise ValueError(f"SpeculationConfig.minacc={self.minacc!r}: expected a fraction in 0..1 (0.5 = 50%)")
         if not isinstance(self.tree, int) or self.tree < 0:
@@ -110,7 +114,7 @@ class SpeculationConfig:
     @property
     def adaptive_max(self) -> int | None:
         """The adaptive depth cap in force (None under the policy or when ``k_max`` is unset)."""
-        return None if self.policy_on or self.k_max is None else clamped_k(self.k_max, warn=False)
+        return None if self.policy_on else self.k_max  # checked to lie in 1..48 at construction
 
     @property
     def guard_minacc(self) -> float:

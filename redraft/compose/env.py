@@ -5,6 +5,9 @@ Precedence everywhere: a command-line flag (or a Python argument) beats ``REDRAF
 ``COLI_CORPUS_K`` outside 1..48 is clamped with one warning naming the variable. A value that is not a number
 raises :class:`EnvError` naming the variable and what was expected.
 
+:func:`check_depth` is the one rule for a draft depth, wherever it comes from (a flag, a variable, a
+:class:`~redraft.compose.SpeculationConfig` field, the vLLM proposer's settings, the engine's cap).
+
 Standard library and :mod:`redraft.defaults` only: every front end (the CLI before torch loads, the vLLM proposer's
 numpy-only hot path) can import it.
 """
@@ -16,10 +19,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH
+from redraft.defaults import MAX_DRAFT_DEPTH
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
+ENV_K_MAX = ("REDRAFT_CORPUS_K_MAX",)  # a vLLM proposer's adaptive depth cap (the CLI's --k-max)
 ENV_MINACC = ("REDRAFT_CORPUS_MINACC", "COLI_CORPUS_MINACC")
 ENV_NGRAM = ("REDRAFT_NGRAM",)
 ENV_LEARN = ("REDRAFT_LEARN_CORPUS",)
@@ -98,11 +102,42 @@ def flag_env(names: tuple[str, ...], default: bool, environ: Mapping[str, str] |
     return v == "1"
 
 
-def clamped_k(k: int, names: tuple[str, ...] = ENV_K, *, warn: bool = True) -> int:
-    """``k`` clamped to 1..48 (Colibri's cap), with one warning naming ``names`` when it changed."""
-    c = max(1, min(int(k), MAX_DRAFT_DEPTH))
-    if c != k and warn:
-        print(f"redraft: warning: {_label(names)}={k} is outside 1..{MAX_DRAFT_DEPTH}; using {c}", file=sys.stderr)
+class DepthError(EnvError):
+    """A draft depth that is not an integer or lies outside its range; the message names the setting and the range."""
+
+
+def check_depth(name: str | None, value, *, hi: int = MAX_DRAFT_DEPTH, note: str = "", text: bool = False,
+                out_of_range: str = "raise") -> int:
+    """The one rule for a draft depth (tokens along one draft path): an integer in 1..``hi`` (default 48, Colibri's
+    cap). Flags, environment variables, SpeculationConfig fields and the vLLM proposer all check depths here, so the
+    same value is judged, and described, the same way everywhere.
+
+    Args:
+        name: the setting as the user wrote it (``REDRAFT_CORPUS_K``, ``SpeculationConfig.k``); None where the
+            caller names it itself (argparse prefixes ``argument --k:``).
+        value: an int, or with ``text`` the text of one (a flag, a variable).
+        note: added to the range's description, e.g. ``", at most num_speculative_tokens=8"``.
+        out_of_range: "raise"; "warn" = clamp into 1..hi with one warning on stderr (Colibri's rule for a K from
+            the environment, which cannot be refused before work starts); "clamp" = clamp silently (a cap).
+    Raises:
+        DepthError: not an integer, or outside 1..hi with ``out_of_range="raise"``.
+    """
+    who = f"{name}=" if name else ""
+    if text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise DepthError(f"{who}{value!r} is not an integer (a draft depth in tokens, 1..{hi}{note})") from None
+    if not isinstance(value, int):
+        raise DepthError(f"{who}{value!r} is not an integer (a draft depth in tokens, 1..{hi}{note})")
+    if 1 <= value <= hi:
+        return value
+    if out_of_range == "raise":
+        raise DepthError(f"{who}{value} is outside 1..{hi} (a draft depth in tokens{note})")
+    c = max(1, min(value, hi))
+    if out_of_range == "warn":
+        print(f"redraft: warning: {who}{value} is outside 1..{hi} (a draft depth in tokens{note}); using {c}",
+              file=sys.stderr)
     return c
 
 
@@ -127,11 +162,11 @@ def read_draft_env(environ: Mapping[str, str] | None = None) -> DraftEnv:
     Raises:
         EnvError: a K that is not an integer, a MINACC that is not a percentage.
     """
-    k = env(ENV_K, environ)
+    name, k = first_set(ENV_K, environ)
     return DraftEnv(corpus=env(ENV_CORPUS, environ),
-                    k=None if k is None else clamped_k(int_env(ENV_K, CORPUS_K_DEFAULT, environ)),
+                    k=None if k is None else check_depth(name, k, text=True, out_of_range="warn"),
                     minacc=percent_env(ENV_MINACC, environ))
 
 
-__all__ = ["DraftEnv", "ENV_CORPUS", "ENV_FORCE", "ENV_K", "ENV_LEARN", "ENV_MINACC", "ENV_NGRAM", "ENV_TENANT",
-           "EnvError", "clamped_k", "env", "first_set", "flag_env", "int_env", "percent_env", "read_draft_env"]
+__all__ = ["DepthError", "DraftEnv", "ENV_CORPUS", "ENV_FORCE", "ENV_K", "ENV_K_MAX", "ENV_LEARN", "ENV_MINACC",
+           "ENV_NGRAM", "ENV_TENANT", "EnvError", "check_depth", "env", "first_set", "flag_env", "int_env", "percent_env", "read_draft_env"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from redraft.compose.env import check_depth
 from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
@@ -123,7 +124,9 @@ class Engine:
         self.target = model if isinstance(model, HFTarget) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
-        self.max_depth = max(1, min(int(max_depth), POLICY_MAX_DEPTH if policy is not None else MAX_DRAFT_DEPTH))
+        # a cap, clamped (not refused) into the depth rule's range: 1..48, or 1..512 under a policy
+        self.max_depth = check_depth(None, int(max_depth), out_of_range="clamp",
+                                     hi=POLICY_MAX_DEPTH if policy is not None else MAX_DRAFT_DEPTH)
         self.tree_budget = tree_budget
         self.merge = merge
         self.exact = exact

@@ -23,11 +23,12 @@ COUNT_BRANCHES = 32  # distinct first tokens counted after a short match (more a
 
 
 def clamp_k(k: int, *, warn: bool = True) -> int:
-    """Clamp a corpus draft depth to 1..48 (Colibri's cap), warning when it changed."""
-    c = max(1, min(int(k), K_MAX))
-    if c != k and warn:
-        print(f"redraft: warning: corpus K={k} is outside 1..{K_MAX}; using {c}", file=sys.stderr)
-    return c
+    """Clamp a corpus draft depth to 1..48 (Colibri's cap) by the one depth rule
+    (:func:`redraft.compose.env.check_depth`), warning when it changed."""
+    # imported here: redraft.compose's package imports this module (its builder makes CorpusDrafters)
+    from redraft.compose.env import check_depth
+
+    return check_depth("corpus K", int(k), out_of_range="warn" if warn else "clamp")
 
 
 class CorpusDrafter:

@@ -16,7 +16,9 @@ names of redraft's CLI:
 
 =========================  =========================================================================================
 REDRAFT_DRAFT_CORPUS        corpus file (text or binary, as ``redraft run --corpus``); unset = n-gram drafts only
-REDRAFT_CORPUS_K            corpus draft depth 1..min(K, 48) (default: K)
+REDRAFT_CORPUS_K            corpus draft depth 1..min(K, 48) (default: K; 8 with REDRAFT_CORPUS_K_MAX, as the CLI)
+REDRAFT_CORPUS_K_MAX        adaptive corpus depth (the CLI's --k-max): double while drafts are accepted whole, up to
+                            this (1..min(K, 48), above the corpus depth); unset = fixed depth
 REDRAFT_CORPUS_MINACC       corpus guard threshold, percent 0..100 (default 50); the n-gram guard uses min(it, 20)
 REDRAFT_NGRAM               0 = no n-gram fallback (default 1)
 REDRAFT_LEARN_CORPUS        corpus directory that finished requests (prompt + output) are learned into, and drafted
@@ -25,7 +27,8 @@ REDRAFT_LEARN_CORPUS        corpus directory that finished requests (prompt + ou
 REDRAFT_LEARN_TENANT        the tenant subdirectory learned into (default ``default``, an open server's tenant)
 REDRAFT_CORPUS_FORCE        1 = use a binary corpus even if its tokenizer fingerprint differs from the model's
 REDRAFT_POLICY              0 = fixed depth and guards (Colibri's); default 1: the cost-aware policy, unless
-                            REDRAFT_CORPUS_K or REDRAFT_CORPUS_MINACC is set (fixed settings, as on the CLI)
+                            REDRAFT_CORPUS_K, REDRAFT_CORPUS_K_MAX or REDRAFT_CORPUS_MINACC is set (fixed
+                            settings, as on the CLI)
 REDRAFT_COST_CURVE          JSON cost curve of vLLM's step over its rows ({"sizes": [0, ...], "costs": [1, ...]}:
                             c(n) = time of a step over 1 + n rows / a one-row step; ``vllm_check`` writes one);
                             unset: a flat curve (a step costs the same whatever its rows, as on a GPU)
@@ -54,11 +57,14 @@ from redraft.compose.env import (
     ENV_CORPUS,
     ENV_FORCE,
     ENV_K,
+    ENV_K_MAX,
     ENV_LEARN,
     ENV_MINACC,
     ENV_NGRAM,
     ENV_TENANT,
+    DepthError,
     EnvError,
+    check_depth,
     first_set,
     flag_env,
 )
@@ -98,6 +104,7 @@ class ProposerSettings:
     k: int
     corpus: str | None = None
     corpus_k: int = CORPUS_K_DEFAULT
+    corpus_k_max: int | None = None
     minacc: float = CORPUS_MINACC
     ngram: bool = True
     learn: str | None = None
@@ -115,22 +122,28 @@ def settings_from_env(k: int, environ: Mapping[str, str] = os.environ) -> Propos
     """Read the REDRAFT_* variables (module doc) for a proposer with ``k`` speculative tokens.
 
     Raises:
-        ProposerConfigError: k < 1, a non-integer or out-of-range REDRAFT_CORPUS_K, a MINACC outside 0..100,
-            REDRAFT_NGRAM / REDRAFT_CORPUS_FORCE / REDRAFT_POLICY not 0 or 1.
+        ProposerConfigError: k < 1, a REDRAFT_CORPUS_K / REDRAFT_CORPUS_K_MAX that is not an integer in
+            1..min(k, 48), a K_MAX not above the corpus depth, a MINACC outside 0..100, REDRAFT_NGRAM /
+            REDRAFT_CORPUS_FORCE / REDRAFT_POLICY not 0 or 1.
     """
     if not isinstance(k, int) or k < 1:
         raise ProposerConfigError(f"speculative_config.num_speculative_tokens={k!r}: expected an integer >= 1")
     top = min(k, MAX_DRAFT_DEPTH)
-    corpus_k = _ranged(environ, ENV_K, int, 1, top, f" (at most 48 and at most num_speculative_tokens={k})")
-    pct = _ranged(environ, ENV_MINACC, float, 0, 100, ", a percentage")
+    corpus_k, k_max = _depth(environ, ENV_K, k), _depth(environ, ENV_K_MAX, k)
+    pct = _percent(environ, ENV_MINACC)
     minacc = CORPUS_MINACC if pct is None else pct / 100
-    # a fixed depth or guard turns the policy off: the CLI's rule (SpeculationConfig.policy_on)
-    policy = SpeculationConfig(k=corpus_k, minacc=None if pct is None else pct / 100,
-                               policy=_flag(environ, ENV_POLICY, True)).policy_on
-    return ProposerSettings(k=k, corpus=_env(environ, ENV_CORPUS)[1], corpus_k=corpus_k or top, minacc=minacc,
+    # a fixed depth, depth cap or guard turns the policy off: the CLI's rule (SpeculationConfig.policy_on)
+    cfg = SpeculationConfig(k=corpus_k, k_max=k_max, minacc=None if pct is None else pct / 100,
+                            policy=_flag(environ, ENV_POLICY, True))
+    # without a depth: K, or with an adaptive cap the CLI's start (8) so that the depth has room to grow
+    corpus_k = corpus_k or (min(cfg.depth, top) if k_max is not None else top)
+    if k_max is not None and k_max <= corpus_k:  # the CLI's rule for --k-max (redraft.cli.common)
+        raise ProposerConfigError(f"{ENV_K_MAX[0]}={k_max}: no effect unless above the corpus draft depth {corpus_k}")
+    return ProposerSettings(k=k, corpus=_env(environ, ENV_CORPUS)[1], corpus_k=corpus_k, corpus_k_max=k_max,
+                            minacc=minacc,
                             ngram=_flag(environ, ENV_NGRAM, True), learn=_env(environ, ENV_LEARN)[1],
                             force=_flag(environ, ENV_FORCE, False),
-                            tenant=_tenant(environ), policy=policy, cost_curve=_env(environ, ENV_COST_CURVE)[1])
+                            tenant=_tenant(environ), policy=cfg.policy_on, cost_curve=_env(environ, ENV_COST_CURVE)[1])
 
 
 def _tenant(environ: Mapping[str, str]) -> str:
@@ -140,19 +153,30 @@ def _tenant(environ: Mapping[str, str]) -> str:
     return v or DEFAULT_TENANT
 
 
-def _ranged(environ: Mapping[str, str], names: tuple[str, ...], kind: type, lo: int, hi: int, note: str):
-    """The first set variable of ``names`` parsed by ``kind`` (int or float) and checked to lie in lo..hi; None
-    when unset."""
+def _depth(environ: Mapping[str, str], names: tuple[str, ...], k: int) -> int | None:
+    """A draft depth variable by the one depth rule (:func:`redraft.compose.env.check_depth`) within
+    1..min(k, 48): a draft is never longer than vLLM's num_speculative_tokens ``k``. None when unset."""
+    name, v = _env(environ, names)
+    if v is None:
+        return None
+    note = "" if k >= MAX_DRAFT_DEPTH else f", at most num_speculative_tokens={k}"
+    try:
+        return check_depth(name, v, hi=min(k, MAX_DRAFT_DEPTH), note=note, text=True)
+    except DepthError as e:
+        raise ProposerConfigError(str(e)) from None
+
+
+def _percent(environ: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    """The first set variable of ``names`` as a percentage 0..100; None when unset."""
     name, v = _env(environ, names)
     if v is None:
         return None
     try:
-        x = kind(v)
+        x = float(v)
     except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise ProposerConfigError(f"{name}={v!r} is not {what} (expected {lo}..{hi}{note})") from None
-    if not lo <= x <= hi:
-        raise ProposerConfigError(f"{name}={v} is outside {lo}..{hi}{note}")
+        raise ProposerConfigError(f"{name}={v!r} is not a number (expected 0..100, a percentage)") from None
+    if not 0 <= x <= 100:
+        raise ProposerConfigError(f"{name}={v} is outside 0..100, a percentage")
     return x
 
 
@@ -288,7 +312,7 @@ class RedraftProposer:
                  s.k, self.corpus.path if self.corpus is not None else "none",
                  self.corpus.n_tokens if self.corpus is not None else 0,
                  f"policy (cost curve {s.cost_curve or 'flat'})" if s.policy
-                 else f"corpus K={s.corpus_k}, MINACC {100 * s.minacc:.0f}%", "on" if s.ngram else "off",
+                 else f"corpus K={s.corpus_k}{f' up to {s.corpus_k_max}' if s.corpus_k_max else ''}, MINACC {100 * s.minacc:.0f}%", "on" if s.ngram else "off",
                  s.learn or "off", self.learned.n_tokens if self.learned else 0)
         if self.learner is not None:
             # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
@@ -360,12 +384,12 @@ class RedraftProposer:
         s = self.settings
         self.totals["requests"] += 1
         first = self.learned if self.learned is not None else self.corpus
-        drafters = build_drafters(first, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram,
+        drafters = build_drafters(first, k=s.corpus_k, minacc=s.minacc, ngram=s.ngram, k_max=s.corpus_k_max,
                                   ngram_k=min(s.k, MAX_DRAFT_DEPTH), policy=s.policy)
         if self.learned is not None and self.corpus is not None:
             # the learned corpus first, then the fixed one: the order of a server's tenant and shared corpora
             drafters.insert(1, build_drafters(self.corpus, k=s.corpus_k, minacc=s.minacc, ngram=False,
-                                              corpus_name="fixed", policy=s.policy)[0])
+                                              k_max=s.corpus_k_max, corpus_name="fixed", policy=s.policy)[0])
         policy = build_load_policy(self.pricing, self.acceptance) if s.policy else None
         return RequestDrafts(DraftPlanner(drafters, policy, chain_only=True))  # vLLM verifies chains
 
