@@ -3,6 +3,7 @@ other's learned spans, survive a torn journal tail written by either, and `redra
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -148,3 +149,30 @@ def test_corpus_tools_read_verify_and_compact_a_directory(tmp_path, capsys):
     from redraft.corpus import load_corpus
 
     assert [s.tolist() for s in load_corpus(out).span_list()] == [a]
+
+
+def test_a_live_server_and_a_live_proposer_learn_from_each_other(model_dir, loaded, tmp_path):
+    """Both open on one directory at once (two writers): each drafts the other's new span within the follow
+    delay, and neither stores the other's span again."""
+    d = tmp_path / "corpora"
+    p1, p2 = [6, 10, 15, 21, 34, 42], [8, 9, 13, 18, 31, 45]
+    o1, o2 = answer(loaded, p1), answer(loaded, p2)
+    prop = proposer(d, tokenizer=str(model_dir))
+    with live_server(serve_args(model_dir, "--no-ngram", "--no-answer-cache", "--corpus-dir", str(d)), loaded) as srv:
+        client = srv.client()
+        r1 = client.completions.create(model=srv.server.model_id, prompt=p1, max_tokens=len(o1))
+        assert r1.model_extra["redraft"]["learned"]
+        deadline = time.monotonic() + 2.0
+        while prop.learned.n_spans < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first, _ = serve_request(prop, p1, o1)
+        assert first == o1[1:1 + K]  # the proposer drafts the server's span (followed, not stored again)
+        serve_request(prop, p2, o2)  # the proposer learns a new one
+        deadline = time.monotonic() + 2.0
+        corpus = srv.server.generator.corpora.get("default")
+        while not corpus.corpus.holds(p2 + o2) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r2 = client.completions.create(model=srv.server.model_id, prompt=p2, max_tokens=len(o2))
+        assert r2.model_extra["redraft"]["sources"]["corpus"]["accepted"] > 0 and not r2.model_extra["redraft"]["learned"]
+    prop.learned.close()
+    assert sorted(spans_of(d)) == sorted([p1 + o1, p2 + o2])

@@ -29,6 +29,9 @@ answer cache without a forward); the ``agent`` phase measures the answer cache.
   (redraft/bench/concurrent_bench.py).
 - ``longprompt``: a ~4,000-token prompt arriving beside 4 decoding streams: the largest extra gap between a
   stream's chunks, in seconds and in chunk forwards (redraft/bench/longprompt_bench.py).
+- ``fleet``: three replicas on one corpus directory: one replays what another answered, a mixed load with
+  ``kill -9`` during learning and during a compaction loses and repeats no stored span, latency against replicas
+  with a directory each (redraft/bench/fleet_bench.py).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from redraft.bench.concurrent_bench import (
     plain_answers,
     run_concurrent_phase,
 )
+from redraft.bench.fleet_bench import FleetBenchConfig, run_fleet_phase
 from redraft.bench.longprompt_bench import longprompt_table, run_longprompt_phase
 from redraft.bench.server_process import (  # noqa: F401 (metric_value: re-exported)
     ServerProcess,
@@ -57,7 +61,7 @@ from redraft.bench.server_process import (  # noqa: F401 (metric_value: re-expor
 )
 from redraft.io.questions import load_questions
 
-PHASES = ("repeat", "load", "overhead", "crash", "memory", "agent", "concurrent", "longprompt")
+PHASES = ("repeat", "load", "overhead", "crash", "memory", "agent", "concurrent", "longprompt", "fleet")
 
 
 @dataclass
@@ -75,6 +79,7 @@ class ServeBenchConfig:
         agent_conversations, agent_turns, agent_max_tokens: agent: tasks, requests per task, max_tokens each.
         agent_k: agent: the servers' fixed corpus draft depth (``--k K --k-max K``; None = their defaults).
         concurrent: concurrent/longprompt sizes. plain_check: concurrent: also compare with plain greedy here.
+        fleet: the fleet phase's sizes.
     """
 
     model: str | None = None
@@ -95,6 +100,7 @@ class ServeBenchConfig:
     agent_k: int | None = None
     concurrent: ConcurrentBenchConfig = field(default_factory=ConcurrentBenchConfig)
     plain_check: bool = True
+    fleet: FleetBenchConfig = field(default_factory=FleetBenchConfig)
 
 
 def ask(client, base: str, question: str, max_tokens: int, timeout: float = 600.0) -> tuple[int, dict, float]:
@@ -364,6 +370,10 @@ def phase_longprompt(cfg: ServeBenchConfig, work: Path) -> dict:
     return run_longprompt_phase(process_starter(cfg.model, work, cfg.threads), for_build(cfg.concurrent, serve_help()))
 
 
+def phase_fleet(cfg: ServeBenchConfig, work: Path) -> dict:
+    return run_fleet_phase(cfg.model, work, cfg.fleet, _questions(cfg.fleet.distinct + 1), threads=cfg.threads)
+
+
 # ---- all phases -----------------------------------------------------------------------------------------------------
 def check_phases(phases: list[str]) -> None:
     """Raises ValueError naming the first phase not in PHASES, or when ``phases`` is empty."""
@@ -395,7 +405,7 @@ def run_serve_bench(cfg: ServeBenchConfig, phases: list[str], work: Path,
 
 PHASE_FUNCTIONS = {"repeat": phase_repeat, "load": phase_load, "overhead": phase_overhead, "crash": phase_crash,
                    "memory": phase_memory, "agent": phase_agent, "concurrent": phase_concurrent,
-                   "longprompt": phase_longprompt}
+                   "longprompt": phase_longprompt, "fleet": phase_fleet}
 PHASE_TABLES = {"concurrent": concurrent_table, "longprompt": longprompt_table}
 
 

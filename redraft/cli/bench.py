@@ -14,6 +14,7 @@ from redraft.bench import corpus_bench, serve_bench
 from redraft.bench.concurrent_bench import ConcurrentBenchConfig
 from redraft.bench.corpus_bench import DEFAULT_SIZES, run_corpus_bench
 from redraft.bench.cost import cost_curve, cost_markdown
+from redraft.bench.fleet_bench import FleetBenchConfig
 from redraft.bench.harness import bench, machine_info, write_outputs
 from redraft.bench.methods import ALL_METHODS, MethodConfig, parse_methods
 from redraft.bench.report import plot_cost, text_table
@@ -204,7 +205,9 @@ def cmd_bench_serve(args) -> int:
         load_distinct=args.load_distinct, load_max_tokens=args.load_max_tokens,
         repeats=args.repeats, memory_requests=args.memory_requests, cap_tokens=args.cap_tokens,
         timeout=args.timeout, threads=getattr(args, "threads", None), agent_conversations=args.agent_conversations,
-        agent_turns=args.agent_turns, agent_max_tokens=args.agent_max_tokens, agent_k=args.agent_k)
+        agent_turns=args.agent_turns, agent_max_tokens=args.agent_max_tokens, agent_k=args.agent_k,
+        fleet=FleetBenchConfig(requests=args.fleet_requests, distinct=args.fleet_distinct,
+                               max_tokens=args.load_max_tokens, timeout=args.timeout))
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="redraft-bench-serve-"))
     try:
         results = serve_bench.run_serve_bench(cfg, phases, work, log=lambda line: print(line, flush=True))
@@ -412,6 +415,10 @@ def register(sub) -> None:
     p.add_argument("--agent-k", type=draft_depth, default=None, metavar="K",
                    help="agent: the servers draft from their corpus K tokens deep (--k K --k-max K; default: the "
                         "server's adaptive depth)")
+    p.add_argument("--fleet-requests", type=positive, default=300,
+                   help="fleet: requests of the mixed load over the replicas (default 300; max_tokens: --load-max-tokens)")
+    p.add_argument("--fleet-distinct", type=positive, default=100,
+                   help="fleet: distinct questions among them (default 100)")
     p.add_argument("--timeout", type=float_above(0, strict=True), default=1800.0,
                    help="most seconds per load/crash run (default 1800)")
     add_threads_arg(p)

@@ -54,13 +54,14 @@ def register(sub) -> None:
     p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                    help="serve GET /tokenizer_info (the special tokens and the chat template), as vLLM's flag of the "
                         "same name; off by default: with it, lm-eval's API models pick their remote tokenizer, "
-                        "which cannot apply --apply_chat_template to local-completions (pass "
+                        "which cannot apply a chat template to local-completions prompts (pass "
                         "tokenizer_backend=huggingface then)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int_between(0, 65535), default=8000, help="TCP port (default 8000)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
-                   help="where each tenant's learned corpus is kept (journal + binary base); default: in memory "
-                        "only, lost at exit")
+                   help="where each tenant's learned corpus is kept (journals + binary base); default: in memory "
+                        "only, lost at exit. Several servers and vLLM proposers may share one DIR (a shared volume "
+                        "for replicas): each learns from the others' answers within a fraction of a second")
     p.add_argument("--tenants", default=None, metavar="FILE",
                    help='JSON object {"API_KEY": "tenant", ...}; unknown keys get 401. Default: one tenant, no key')
     p.add_argument("--corpus", nargs="+", action="extend", default=[], metavar="FILE",
@@ -72,6 +73,9 @@ def register(sub) -> None:
     p.add_argument("--cap-tokens", type=positive, default=DEFAULT_CAP_TOKENS, metavar="N",
                    help=f"most ids in each tenant's learned corpus; the oldest spans are evicted beyond it "
                         f"(default {DEFAULT_CAP_TOKENS:,})")
+    p.add_argument("--compact-tokens", type=positive, default=None, metavar="N",
+                   help="journal ids (all writers of a tenant) that start a compaction into the tenant's binary base "
+                        "(default: 65,536 or the base's size, whichever is larger)")
     add_speculation_args(p)  # the policy or fixed depths, as `redraft run`
     p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=TOOL_CALL_PARSERS[0],
                    help="how the model writes tool calls: hermes = <tool_call>{json}</tool_call> blocks (ChatML "
@@ -186,7 +190,8 @@ def build_server(args, loaded=None):
     try:
         corpora = TenantCorpora(tenants.names, args.corpus_dir, vocab_size=loaded.vocab_size,
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,
-                                sync=args.sync, learn=not args.no_learn, shared=args.corpus)
+                                sync=args.sync, learn=not args.no_learn, shared=args.corpus,
+                                compact_tokens=args.compact_tokens)
     except CorporaError as e:
         raise _fail(str(e)) from None
     prefix_cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache_tokens else None
@@ -306,6 +311,10 @@ def cmd_serve(args) -> int:
           f"{'on' if server.generator.answers is not None else 'off'}, "
           f"{args.max_running} running at most, KV budget {capacity:,} tokens = "
           f"{kv_gib(server):.2f} GiB at most{note})", file=sys.stderr, flush=True)
+    others = sum(c.stats()["journals"] for c in corpora.learned.values()) if args.corpus_dir else 0
+    if others:
+        print(f"redraft serve: {args.corpus_dir} is shared: following {others} other writer journal"
+              f"{'s' if others != 1 else ''} (servers or vLLM proposers learning into it)", file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -108,7 +108,7 @@ class Server:
     def _corpus_gauges(self, tenant: str) -> None:
         c = self.generator.corpora.get(tenant)
         if c is not None:
-            self.metrics.corpus(tenant, c.n_tokens, c.n_spans, c.evicted_spans)
+            self.metrics.corpus(tenant, c)
 
     # ---- request checks -------------------------------------------------------------------------------------
     def tenant(self, request: Request) -> str:

@@ -29,6 +29,7 @@ class TenantCorpora:
         sync: fsync each journal record before a response completes.
         learn: False serves from the shared corpus only.
         shared: paths of fixed corpus files every tenant drafts from (merged, in order).
+        compact_tokens: journal ids that start a compaction (see :class:`OnlineCorpus`; None: its default).
         warn: one line per problem found while opening (a damaged journal tail, say).
     Raises:
         CorporaError: unusable directory, meta.json of another tokenizer, or a shared file that is refused.
@@ -36,7 +37,8 @@ class TenantCorpora:
 
     def __init__(self, tenants: Sequence[str], directory: str | None, *, vocab_size: int,
                  fingerprint: str | None, cap_tokens: int | None, sync: bool = True, learn: bool = True,
-                 shared: Sequence[str] = (), warn: Callable[[str], None] | None = None) -> None:
+                 shared: Sequence[str] = (), warn: Callable[[str], None] | None = None,
+                 compact_tokens: int | None = None) -> None:
         self.directory, self.learn = directory, learn
         kw = {} if warn is None else {"warn": warn}
         if directory is not None and learn:
@@ -45,8 +47,13 @@ class TenantCorpora:
         if learn:
             for t in tenants:
                 path = tenant_dir(directory, t) if directory is not None else None
-                self.learned[t] = OnlineCorpus(path, vocab_size=vocab_size, fingerprint=fingerprint,
-                                               cap_tokens=cap_tokens, sync=sync, **kw)
+                try:
+                    self.learned[t] = OnlineCorpus(path, vocab_size=vocab_size, fingerprint=fingerprint,
+                                                   cap_tokens=cap_tokens, sync=sync, compact_tokens=compact_tokens,
+                                                   **kw)
+                except CorpusError as e:
+                    self.close()
+                    raise CorporaError(f"--corpus-dir {e}") from e
         self.shared = _load_shared(shared, vocab_size, fingerprint)
 
     def get(self, tenant: str) -> OnlineCorpus | None:

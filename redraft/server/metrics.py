@@ -98,6 +98,11 @@ class ServerMetrics:
         self._batch_seen = (0, 0)
         self.corpus_evicted = Gauge("redraft:corpus_evicted_spans", "Spans evicted by the per-tenant cap since "
                                     "start.", m + ["tenant"], registry=r)
+        self.corpus_followed = Gauge("redraft:corpus_followed_spans", "Spans read from other writers' journals "
+                                     "of the tenant's corpus directory since start.", m + ["tenant"], registry=r)
+        self.corpus_follow_delay = Gauge("redraft:corpus_follow_delay_seconds", "Seconds between another writer's "
+                                         "newest record and its read here, at the last read that found one.",
+                                         m + ["tenant"], registry=r)
 
     def http_request(self, endpoint: str, status: int) -> None:
         self.http.labels(self.model_name, endpoint, str(status)).inc()
@@ -127,10 +132,14 @@ class ServerMetrics:
         self.prefix_tokens.set(cache.tokens)
         self.prefix_entries.set(len(cache))
 
-    def corpus(self, tenant: str, n_tokens: int, n_spans: int, evicted: int) -> None:
-        self.corpus_tokens.labels(self.model_name, tenant).set(n_tokens)
-        self.corpus_spans.labels(self.model_name, tenant).set(n_spans)
-        self.corpus_evicted.labels(self.model_name, tenant).set(evicted)
+    def corpus(self, tenant: str, corpus) -> None:
+        """The gauges of one tenant's learned corpus (a :class:`redraft.corpus.online.OnlineCorpus`)."""
+        labels = (self.model_name, tenant)
+        self.corpus_tokens.labels(*labels).set(corpus.n_tokens)
+        self.corpus_spans.labels(*labels).set(corpus.n_spans)
+        self.corpus_evicted.labels(*labels).set(corpus.evicted_spans)
+        self.corpus_followed.labels(*labels).set(corpus.followed_spans)
+        self.corpus_follow_delay.labels(*labels).set(corpus.follow_delay)
 
     def kv(self, budget, batcher=None) -> None:
         """Read the KV budget (a :class:`~redraft.server.admission.KVBudget` or None) and the step batcher's counts

@@ -14,7 +14,7 @@
   lm-evaluation-harness' ``tokenizer_backend=remote`` calls). ``/tokenizer_info`` is served only when the
   operator asks (``ServerOptions.tokenizer_info``), as vLLM serves it only with ``--enable-tokenizer-info-endpoint``:
   lm-eval's API models choose their remote tokenizer when the route answers, and that backend hands a chat-templated
-  conversation to a text tokenizer (``--apply_chat_template`` on ``local-completions`` fails).
+  conversation to a text tokenizer (lm-eval's chat template option on ``local-completions`` fails).
 """
 
 from __future__ import annotations

@@ -1,0 +1,161 @@
+"""Many writers on one corpus directory (in one process here; tests/test_fleet_servers.py runs separate servers):
+each follows the others' journals, compaction folds every journal without losing or repeating a span, the
+compaction lock is taken over from a dead holder and refused while a live one holds it, a record still being
+written is never read, and bad states name their file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from redraft.corpus import CorpusError
+from redraft.corpus.directory import read_directory, writers
+from redraft.corpus.journal import encode_record
+from redraft.corpus.lease import LOCK_FILE, CompactionLock, host_name
+from redraft.corpus.online import OnlineCorpus
+from redraft.corpus.tools import compact_corpus
+
+VOCAB = 1000
+
+
+def span(i: int, n: int = 12) -> list[int]:
+    rng = np.random.default_rng(i)
+    return [900 + i % 100, 10 + i % 7] + rng.integers(20, 800, n - 2).tolist()
+
+
+def held(oc: OnlineCorpus) -> list[list[int]]:
+    return sorted(s.tolist() for s in oc.corpus.span_list())
+
+
+def writer(d, **kw) -> OnlineCorpus:
+    return OnlineCorpus(d, vocab_size=VOCAB, follow_seconds=None, **kw)
+
+
+def test_writers_follow_each_other_and_learn_once(tmp_path):
+    a, b = writer(tmp_path), writer(tmp_path)
+    assert a.learn(span(1)) and b.learn(span(2))
+    assert a.follow() == 1 and b.follow() == 1
+    assert held(a) == held(b) == sorted([span(1), span(2)])
+    assert not b.learn(span(1))  # already stored by the other writer: not stored again
+    assert b.stats()["followed_spans"] == 1 and a.followed_spans == 1
+    a.close(), b.close()
+    assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == sorted([span(1), span(2)])
+
+
+def test_follower_thread_picks_up_spans_within_its_interval(tmp_path):
+    a = OnlineCorpus(tmp_path, vocab_size=VOCAB, follow_seconds=0.05)
+    b = OnlineCorpus(tmp_path, vocab_size=VOCAB, follow_seconds=0.05)
+    b.learn(span(3))
+    deadline = time.monotonic() + 5
+    while a.n_spans < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held(a) == [span(3)] and a.follow_delay < 5
+    a.close(), b.close()
+
+
+def test_compaction_by_one_writer_keeps_every_writers_spans_once(tmp_path):
+    a, b, c = writer(tmp_path), writer(tmp_path), writer(tmp_path)
+    for i in range(30):
+        (a, b, c)[i % 3].append(span(i))
+    b.compact()  # folds all three journals, as the files hold them
+    for w in (a, c):
+        w.follow()  # sees the new generation
+    want = sorted(span(i) for i in range(30))
+    assert held(a) == held(b) == held(c) == want
+    a.append(span(99))  # appends after the compaction land past the folded bytes
+    c.compact()
+    b.follow()
+    assert held(b) == sorted([*want, span(99)])
+    for w in (a, b, c):
+        w.close()
+    corpus, problems = read_directory(tmp_path)
+    assert sorted(s.tolist() for s in corpus.span_list()) == sorted([*want, span(99)]) and not problems
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".rdj")]  # their writers were alive at each compaction
+    compact_corpus(str(tmp_path))  # now they are gone: folded and removed
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".rdj")]
+    assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == sorted([*want, span(99)])
+
+
+def test_a_record_being_written_is_not_read_until_complete(tmp_path):
+    a = writer(tmp_path)
+    path = tmp_path / "journal-other.1.x.rdj"
+    rec = encode_record(span(5))
+    with open(path, "wb") as f:
+        f.write(rec[:-4])  # the other writer is half way through its write
+    assert a.follow() == 0 and a.n_spans == 0 and not a.problems
+    with open(path, "ab") as f:
+        f.write(rec[-4:])
+    assert a.follow() == 1 and held(a) == [span(5)]
+    a.close()
+
+
+def test_compaction_lock_is_taken_over_from_a_dead_holder(tmp_path):
+    a = writer(tmp_path)
+    a.append(span(1))
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)  # a pid of this host that is gone
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"writer": "dead", "host": host_name(), "pid": dead,
+                                                  "expires": time.time() + 600}))
+    a.compact()
+    assert (tmp_path / "generation-000001.json").exists() and not (tmp_path / LOCK_FILE).exists()
+    a.close()
+
+
+def test_a_lock_held_by_a_live_process_on_another_host_is_an_error_naming_it(tmp_path):
+    a = writer(tmp_path)
+    a.append(span(1))
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"writer": "far.7.abc", "host": "elsewhere", "pid": 7,
+                                                  "expires": time.time() + 600}))
+    a.compact()  # a server leaves it to the holder: no new generation, nothing lost
+    assert not (tmp_path / "generation-000001.json").exists() and held(a) == [span(1)]
+    with pytest.raises(CorpusError, match=r"compact\.lock is held by writer far\.7\.abc \(pid 7 on host elsewhere\)"):
+        compact_corpus(str(tmp_path))
+    assert CompactionLock(tmp_path, "me").acquire() is False
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"writer": "far.7.abc", "host": "elsewhere", "pid": 7,
+                                                  "expires": time.time() - 1}))  # its lease ran out
+    compact_corpus(str(tmp_path))
+    assert (tmp_path / "generation-000001.json").exists()
+    a.close()
+
+
+def test_a_journal_of_another_tokenizer_is_refused_by_name(tmp_path):
+    other = OnlineCorpus(tmp_path, vocab_size=500, fingerprint="other", follow_seconds=None)
+    other.append([1, 2, 3, 4])
+    warnings: list[str] = []
+    a = OnlineCorpus(tmp_path, vocab_size=VOCAB, fingerprint="mine", follow_seconds=None, warn=warnings.append)
+    assert a.n_spans == 0
+    assert any(os.path.basename(other.journal) in w and "another tokenizer" in w for w in warnings)
+    other.close(), a.close()
+
+
+def test_a_directory_that_cannot_be_written_is_an_error_naming_it(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        if os.access(d, os.W_OK):  # root may write anywhere: a path below a plain file cannot be written by anyone
+            (tmp_path / "plain").write_text("x")
+            d = tmp_path / "plain" / "ro"
+        with pytest.raises(CorpusError, match="ro: cannot write a journal there"):
+            writer(d)
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+
+
+def test_stats_report_each_writer(tmp_path):
+    a, b = writer(tmp_path), writer(tmp_path)
+    a.append(span(1))
+    b.append(span(2))
+    b.append(span(3))
+    rows = {r["writer"]: r for r in writers(tmp_path, vocab_size=VOCAB)}
+    assert rows[a.writer]["spans"] == 1 and rows[b.writer]["spans"] == 2
+    assert rows[a.writer]["live"] and rows[a.writer]["pid"] == os.getpid()
+    a.close()
+    assert not {r["writer"]: r for r in writers(tmp_path)}[a.writer]["live"]
+    b.close()
