@@ -8,6 +8,7 @@ is flagged in the JSON, the Markdown and the exit status, and the plots and cost
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 
@@ -371,3 +372,21 @@ def test_bench_cost_refuses_sizes_past_the_context(tiny_model_dir):
     a = build_parser().parse_args(["bench", "cost", "--model", str(tiny_model_dir[0]), "--max-s", "100000"])
     with pytest.raises(SystemExit, match="exceed the model's context length"):
         a.func(a)
+
+
+def test_a_llama_cpp_build_that_crashes_costs_the_method_not_the_bench(model, tmp_path, monkeypatch):
+    """A llama-cpp-python whose first decode segfaults (a fake one here) is probed in a child process: both
+    llama.cpp methods are skipped with the signal named, and this process goes on."""
+    from redraft.bench.methods import build_methods
+
+    fake = tmp_path / "fake" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, signal\n\nclass Llama:\n    def __init__(self, **kw):\n"
+                                      "        os.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(fake.parent))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    ms, skipped = build_methods(["plain", "llama.cpp", "llama.cpp-pld"], model, [], None, MethodConfig(gguf=str(gguf)))
+    assert [m.name for m in ms] == ["plain"]
+    assert all("signal 11 (SIGSEGV)" in skipped[n] for n in ("llama.cpp", "llama.cpp-pld")), skipped

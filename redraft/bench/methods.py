@@ -169,6 +169,38 @@ class LlamaCppMethod(Method):
             pass
 
 
+# A child process loads the GGUF and decodes a few tokens, as the method will: llama-cpp-python builds that crash
+# (a segfault in the first decode) then cost the method, never the bench process.
+_PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=1, verbose=False, seed=0)
+ids = llm.tokenize(b"The capital of France is")
+out = [int(t) for _, t in zip(range(4), llm.generate(ids, top_k=1, temp=0.0, reset=True))]
+print(len(out))
+"""
+
+
+def llama_cpp_probe(gguf: str, n_ctx: int = 512, timeout: float = 300.0) -> tuple[bool, str]:
+    """(True, "") when llama-cpp-python loads ``gguf`` and decodes 4 tokens in a child process, else (False, why):
+    its exit status or signal and the last line it printed."""
+    import signal
+    import subprocess
+    import sys
+
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE, str(gguf), str(n_ctx)], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"llama-cpp-python did not decode {gguf} within {timeout:.0f} s in a probe process"
+    if r.returncode == 0 and r.stdout.strip() == "4":
+        return True, ""
+    how = (f"signal {-r.returncode} ({signal.Signals(-r.returncode).name})" if r.returncode < 0
+           else f"exit status {r.returncode}")
+    last = (r.stderr.strip().splitlines() or [""])[-1][:200]
+    return False, f"llama-cpp-python crashed decoding {gguf} in a probe process ({how}){': ' + last if last else ''}"
+
+
 def llama_cpp_available() -> tuple[bool, str]:
     """(True, "") when llama-cpp-python imports, else (False, why)."""
     try:
@@ -210,6 +242,7 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
 
     eos = list(eos_token_ids)
     skipped: dict[str, str] = {}
+    probed: tuple[bool, str] | None = None  # the llama.cpp probe's verdict, once for both llama.cpp methods
 
     def engine(*, corpus=None, ngram: bool = True, tree: int = 0):
         # Colibri's fixed semantics: depth K, guard MINACC, no policy
@@ -253,6 +286,11 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
                 continue
             if not cfg.gguf:
                 skipped[name] = "no GGUF file for this model"
+                continue
+            if probed is None:
+                probed = llama_cpp_probe(cfg.gguf)
+            if not probed[0]:
+                skipped[name] = probed[1]
                 continue
             try:
                 pld = cfg.pld_tokens if name == "llama.cpp-pld" else None
