@@ -36,7 +36,7 @@ class FleetBenchConfig:
         concurrency: client threads. max_tokens: max_tokens of each load request. replay_max_tokens: of the
         replay request. kills: kill -9 while requests run. kill_in_compaction: one more while a replica compacts.
         compact_tokens: the replicas' ``--compact-tokens``. timeout: most seconds of each load run.
-        seed_tokens: ids of random spans (drawn from the prompts' ids) in the shared directory's base before the
+        seed_tokens: ids of random spans (uniform below the prompts' largest id) in the shared directory's base before the
         replicas start, so that a compaction has a production-sized base to rebuild (and lasts long enough to be
         caught holding its lock).
     """
@@ -57,8 +57,10 @@ class FleetBenchConfig:
 class Fleet:
     """``n`` replicas on corpus directories ``dirs[i]`` (one shared path, or one each); logs under ``work``."""
 
-    def __init__(self, model: str | None, work: Path, dirs: list[Path], extra: tuple[str, ...], threads: int | None):
+    def __init__(self, model: str | None, work: Path, dirs: list[Path], extra: tuple[str, ...], threads: int | None,
+                 name: str = "fleet"):
         self.model, self.work, self.dirs, self.extra, self.threads = model, work, dirs, extra, threads
+        self.name = name
         self.procs: list[ServerProcess | None] = [None] * len(dirs)
         self.bases: list[str] = [""] * len(dirs)
         self.starts = 0
@@ -70,7 +72,7 @@ class Fleet:
 
     def _spawn(self, i: int) -> ServerProcess:
         self.starts += 1
-        return ServerProcess(self.model, self.work / f"fleet-{self.starts}-replica{i}.log", "--corpus-dir",
+        return ServerProcess(self.model, self.work / f"{self.name}-{self.starts}-replica{i}.log", "--corpus-dir",
                              str(self.dirs[i]), "--no-answer-cache", *self.extra, threads=self.threads)
 
     def _proc(self, i: int) -> ServerProcess:
@@ -265,7 +267,8 @@ def check_directory(d: Path, answers: list[tuple[int, dict]], prompts: list[list
 
 
 def seed_base(d: Path, prompts: list[list[int]], tokens: int, span: int = 200) -> None:
-    """Fold ``tokens`` ids of random spans (ids drawn from ``prompts``) into tenant directory ``d``'s base."""
+    """Fold ``tokens`` ids of random spans (ids uniform below the prompts' largest) into tenant directory ``d``'s
+    base: matches in it are as short as in unrelated text, so it costs lookups what a big corpus costs."""
     import numpy as np
 
     from redraft.corpus.compaction import fold
@@ -274,11 +277,11 @@ def seed_base(d: Path, prompts: list[list[int]], tokens: int, span: int = 200) -
 
     if tokens <= 0:
         return
-    ids = np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts]))
+    top = max(max(p) for p in prompts if p)
     rng = np.random.default_rng(7)
     oc = OnlineCorpus(d, follow_seconds=None, sync=False, compact_tokens=1 << 62)
     for _ in range(max(1, tokens // span)):
-        oc.append(rng.choice(ids, span))
+        oc.append(rng.integers(0, top + 1, span))
     oc.close()
     fold(str(d), writer_id(), lambda spans: (spans, 0))
 
@@ -303,7 +306,7 @@ def run_fleet_phase(model: str | None, work: Path, cfg: FleetBenchConfig, questi
     extra = ("--compact-tokens", str(cfg.compact_tokens))
     out: dict = {"servers": cfg.servers}
     shared = work / "fleet-shared"
-    fleet = Fleet(model, work, [shared] * cfg.servers, extra, threads)
+    fleet = Fleet(model, work, [shared], extra, threads, name="fleet-tokenize")  # one replica: /tokenize
     try:
         prompts = prompts_of(fleet.bases[0], questions[:cfg.distinct + 1])
     except BaseException:
@@ -311,7 +314,7 @@ def run_fleet_phase(model: str | None, work: Path, cfg: FleetBenchConfig, questi
         raise
     fleet.stop()
     seed_base(shared / "default", prompts, cfg.seed_tokens)
-    fleet = Fleet(model, work, [shared] * cfg.servers, extra, threads)
+    fleet = Fleet(model, work, [shared] * cfg.servers, extra, threads, name="fleet-kills")
     try:
         out.update(replay_across(fleet, prompts[-1], cfg.replay_max_tokens))
         res = load(fleet, prompts[:cfg.distinct], cfg, kills=cfg.kills, kill_in_compaction=cfg.kill_in_compaction)
@@ -322,7 +325,7 @@ def run_fleet_phase(model: str | None, work: Path, cfg: FleetBenchConfig, questi
     timing = {}
     for name, dirs in (("shared", [work / "fleet-latency-shared"] * cfg.servers),
                        ("separate", [work / f"fleet-latency-{i}" for i in range(cfg.servers)])):
-        fleet = Fleet(model, work, dirs, extra, threads)
+        fleet = Fleet(model, work, dirs, extra, threads, name=f"fleet-latency-{name}")
         try:
             r = load(fleet, prompts[:cfg.distinct], cfg, seed=1)
         finally:
