@@ -172,12 +172,14 @@ def load(fleet: Fleet, prompts: list[list[int]], cfg: FleetBenchConfig, kills: i
     for part, k in ((list(enumerate(order[:first])), kills), (list(enumerate(order[first:], start=first)), 0)):
         failed: list[tuple[int, int]] = []
         _run(fleet, part, prompts, cfg, deadline, done, failed, k)
-        with httpx.Client() as c:  # the failed ones again, one at a time, once every replica is up
+        with httpx.Client() as c:  # the failed ones again, one at a time, on the next replicas that are up
             for n, i in failed:
-                try:
-                    done.append((i, complete(c, fleet.ready_base(n + 1), prompts[i], cfg.max_tokens)))
-                except (httpx.HTTPError, ValueError):
-                    pass
+                for step in range(1, 2 * len(fleet.bases) + 1):
+                    try:
+                        done.append((i, complete(c, fleet.ready_base(n + step), prompts[i], cfg.max_tokens)))
+                        break
+                    except (httpx.HTTPError, ValueError):
+                        time.sleep(0.2)  # that replica is being killed: the next one
         retried += len(failed)
         time.sleep(SETTLE_SECONDS)
     stop.set()
