@@ -1,4 +1,5 @@
-"""Speculation policy constants: the one place every module reads its draft depths and guard settings from.
+"""Speculation policy constants: the one place every module reads its draft depths and guard settings from, and
+the one rule that checks a draft depth (:func:`check_depth`).
 
 Figures are from measurements on the 2-core development CPU (see docs/benchmarks.md); the cost-aware policy
 (redraft.policy, settings at the end) replaces the fixed guard thresholds with the measured cost curve.
@@ -6,6 +7,7 @@ Figures are from measurements on the 2-core development CPU (see docs/benchmarks
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 # Draft depth (tokens along one path). Colibri's COLI_CORPUS_K default and cap.
@@ -117,3 +119,42 @@ POLICY_NGRAM_MIN_N = 2
 
 # The GliDe draft shipped inside the package for the default target (absent until one earns its place: docs/glide.md).
 SHIPPED_GLIDE_DIR = Path(__file__).resolve().parent / "data" / "glide" / "smollm2-135m-instruct"
+
+
+class DepthError(ValueError):
+    """A draft depth that is not an integer or lies outside its range; the message names the setting and the range."""
+
+
+def check_depth(name: str | None, value, *, hi: int = MAX_DRAFT_DEPTH, note: str = "", text: bool = False,
+                out_of_range: str = "raise") -> int:
+    """The one rule for a draft depth (tokens along one draft path): an integer in 1..``hi`` (default 48, Colibri's
+    cap). Flags, environment variables, SpeculationConfig fields and the vLLM proposer all check depths here, so the
+    same value is judged, and described, the same way everywhere.
+
+    Args:
+        name: the setting as the user wrote it (``REDRAFT_CORPUS_K``, ``SpeculationConfig.k``); None where the
+            caller names it itself (argparse prefixes ``argument --k:``).
+        value: an int, or with ``text`` the text of one (a flag, a variable).
+        note: added to the range's description, e.g. ``", at most num_speculative_tokens=8"``.
+        out_of_range: "raise"; "warn" = clamp into 1..hi with one warning on stderr (Colibri's rule for a K from
+            the environment, which cannot be refused before work starts); "clamp" = clamp silently (a cap).
+    Raises:
+        DepthError: not an integer, or outside 1..hi with ``out_of_range="raise"``.
+    """
+    who = f"{name}=" if name else ""
+    if text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise DepthError(f"{who}{value!r} is not an integer (a draft depth in tokens, 1..{hi}{note})") from None
+    if not isinstance(value, int):
+        raise DepthError(f"{who}{value!r} is not an integer (a draft depth in tokens, 1..{hi}{note})")
+    if 1 <= value <= hi:
+        return value
+    if out_of_range == "raise":
+        raise DepthError(f"{who}{value} is outside 1..{hi} (a draft depth in tokens{note})")
+    c = max(1, min(value, hi))
+    if out_of_range == "warn":
+        print(f"redraft: warning: {who}{value} is outside 1..{hi} (a draft depth in tokens{note}); using {c}",
+              file=sys.stderr)
+    return c

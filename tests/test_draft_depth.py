@@ -1,5 +1,5 @@
 """One rule for a corpus draft depth: the CLI flags, the environment, SpeculationConfig and the vLLM proposer judge
-a bad K with the same words (redraft.compose.env.check_depth), each naming its own setting."""
+a bad K with the same words (redraft.defaults.check_depth), each naming its own setting."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def int_between(lo: int, hi: int):
 
 def draft_depth(text: str) -> int:
     """argparse type of every corpus draft depth flag (run/demo/bench --k, --k-max, bench corpus -k): the one depth
-    rule (:func:`redraft.compose.env.check_depth`), refused in the parser rather than clamped (a K from the
+    rule (:func:`redraft.defaults.check_depth`), refused in the parser rather than clamped (a K from the
     environment is clamped with a warning: it cannot be refused at parse time)."""
     try:
         return check_depth(None, text, text=True)

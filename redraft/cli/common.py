@@ -32,7 +32,7 @@ from redraft.cli.argtypes import (  # noqa: F401
 )
 from redraft.cli.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
 from redraft.compose.config import SpeculationConfig
-from redraft.compose.env import ENV_CORPUS, ENV_K, ENV_MINACC, EnvError, env  # noqa: F401
+from redraft.compose.env import ENV_CORPUS, ENV_K, ENV_MINACC, DepthError, EnvError, env  # noqa: F401
 from redraft.corpus import CorpusError, tokenizer_fingerprint
 from redraft.defaults import CORPUS_K_DEFAULT, GLIDE_MINACC, NGRAM_MINACC, TREE_BUDGET
 from redraft.drafters.frozen_corpus import open_corpus
@@ -157,7 +157,7 @@ def config_from_args(args) -> SpeculationConfig:
     """:meth:`SpeculationConfig.from_args`; a bad environment value exits with one line naming the variable."""
     try:
         return SpeculationConfig.from_args(args)
-    except EnvError as e:
+    except (EnvError, DepthError) as e:
         raise SystemExit(f"redraft: error: {e}") from None
 
 

@@ -86,8 +86,8 @@ class SpeculationConfig:
     grammar: bool = True
 
     def __post_init__(self) -> None:
-        """Raises :class:`~redraft.compose.env.DepthError` (a ValueError) for a bad ``k`` / ``k_max`` (the one
-        depth rule, :func:`~redraft.compose.env.check_depth`), ValueError for the other fields."""
+        """Raises :class:`~redraft.defaults.DepthError` (a ValueError) for a bad ``k`` / ``k_max`` (the one
+        depth rule, :func:`~redraft.defaults.check_depth`), ValueError for the other fields."""
         for name in ("k", "k_max"):
             if getattr(self, name) is not None:
                 check_depth(f"SpeculationConfig.{name}", getattr(self, name))

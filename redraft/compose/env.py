@@ -15,11 +15,10 @@ numpy-only hot path) can import it.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from redraft.defaults import MAX_DRAFT_DEPTH
+from redraft.defaults import DepthError, check_depth
 
 ENV_CORPUS = ("REDRAFT_DRAFT_CORPUS", "COLI_DRAFT_CORPUS")
 ENV_K = ("REDRAFT_CORPUS_K", "COLI_CORPUS_K")
@@ -102,45 +101,6 @@ def flag_env(names: tuple[str, ...], default: bool, environ: Mapping[str, str] |
     return v == "1"
 
 
-class DepthError(EnvError):
-    """A draft depth that is not an integer or lies outside its range; the message names the setting and the range."""
-
-
-def check_depth(name: str | None, value, *, hi: int = MAX_DRAFT_DEPTH, note: str = "", text: bool = False,
-                out_of_range: str = "raise") -> int:
-    """The one rule for a draft depth (tokens along one draft path): an integer in 1..``hi`` (default 48, Colibri's
-    cap). Flags, environment variables, SpeculationConfig fields and the vLLM proposer all check depths here, so the
-    same value is judged, and described, the same way everywhere.
-
-    Args:
-        name: the setting as the user wrote it (``REDRAFT_CORPUS_K``, ``SpeculationConfig.k``); None where the
-            caller names it itself (argparse prefixes ``argument --k:``).
-        value: an int, or with ``text`` the text of one (a flag, a variable).
-        note: added to the range's description, e.g. ``", at most num_speculative_tokens=8"``.
-        out_of_range: "raise"; "warn" = clamp into 1..hi with one warning on stderr (Colibri's rule for a K from
-            the environment, which cannot be refused before work starts); "clamp" = clamp silently (a cap).
-    Raises:
-        DepthError: not an integer, or outside 1..hi with ``out_of_range="raise"``.
-    """
-    who = f"{name}=" if name else ""
-    if text and isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise DepthError(f"{who}{value!r} is not an integer (a draft depth in tokens, 1..{hi}{note})") from None
-    if not isinstance(value, int):
-        raise DepthError(f"{who}{value!r} is not an integer (a draft depth in tokens, 1..{hi}{note})")
-    if 1 <= value <= hi:
-        return value
-    if out_of_range == "raise":
-        raise DepthError(f"{who}{value} is outside 1..{hi} (a draft depth in tokens{note})")
-    c = max(1, min(value, hi))
-    if out_of_range == "warn":
-        print(f"redraft: warning: {who}{value} is outside 1..{hi} (a draft depth in tokens{note}); using {c}",
-              file=sys.stderr)
-    return c
-
-
 @dataclass(frozen=True)
 class DraftEnv:
     """What the environment says about drafting: ``corpus`` path, ``k`` (1..48 after clamping) and ``minacc``
@@ -163,9 +123,11 @@ def read_draft_env(environ: Mapping[str, str] | None = None) -> DraftEnv:
         EnvError: a K that is not an integer, a MINACC that is not a percentage.
     """
     name, k = first_set(ENV_K, environ)
-    return DraftEnv(corpus=env(ENV_CORPUS, environ),
-                    k=None if k is None else check_depth(name, k, text=True, out_of_range="warn"),
-                    minacc=percent_env(ENV_MINACC, environ))
+    try:
+        depth = None if k is None else check_depth(name, k, text=True, out_of_range="warn")
+    except DepthError as e:  # an environment variable's error, in the one rule's words
+        raise EnvError(str(e)) from None
+    return DraftEnv(corpus=env(ENV_CORPUS, environ), k=depth, minacc=percent_env(ENV_MINACC, environ))
 
 
 __all__ = ["DepthError", "DraftEnv", "ENV_CORPUS", "ENV_FORCE", "ENV_K", "ENV_K_MAX", "ENV_LEARN", "ENV_MINACC",

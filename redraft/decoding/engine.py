@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from redraft.compose.env import check_depth
 from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
@@ -27,7 +26,7 @@ from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import HFTarget, PrefixKV
-from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH
+from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH, check_depth
 from redraft.drafters.base import Drafter
 from redraft.policy.speculation import SpeculationPolicy
 

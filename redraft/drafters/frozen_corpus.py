@@ -14,7 +14,14 @@ import sys
 
 import numpy as np
 
-from redraft.defaults import CORPUS_K_DEFAULT, MAX_DRAFT_DEPTH, SUFFIX_CONTEXT_N, SUFFIX_MAX_N, SUFFIX_MIN_N
+from redraft.defaults import (
+    CORPUS_K_DEFAULT,
+    MAX_DRAFT_DEPTH,
+    SUFFIX_CONTEXT_N,
+    SUFFIX_MAX_N,
+    SUFFIX_MIN_N,
+    check_depth,
+)
 from redraft.drafters.base import AcceptanceGuard
 from redraft.tree import TokenTree
 
@@ -24,10 +31,7 @@ COUNT_BRANCHES = 32  # distinct first tokens counted after a short match (more a
 
 def clamp_k(k: int, *, warn: bool = True) -> int:
     """Clamp a corpus draft depth to 1..48 (Colibri's cap) by the one depth rule
-    (:func:`redraft.compose.env.check_depth`), warning when it changed."""
-    # imported here: redraft.compose's package imports this module (its builder makes CorpusDrafters)
-    from redraft.compose.env import check_depth
-
+    (:func:`redraft.defaults.check_depth`), warning when it changed."""
     return check_depth("corpus K", int(k), out_of_range="warn" if warn else "clamp")
 
 

@@ -154,7 +154,7 @@ def _tenant(environ: Mapping[str, str]) -> str:
 
 
 def _depth(environ: Mapping[str, str], names: tuple[str, ...], k: int) -> int | None:
-    """A draft depth variable by the one depth rule (:func:`redraft.compose.env.check_depth`) within
+    """A draft depth variable by the one depth rule (:func:`redraft.defaults.check_depth`) within
     1..min(k, 48): a draft is never longer than vLLM's num_speculative_tokens ``k``. None when unset."""
     name, v = _env(environ, names)
     if v is None:
