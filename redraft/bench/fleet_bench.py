@@ -36,6 +36,7 @@ class FleetBenchConfig:
         concurrency: client threads. max_tokens: max_tokens of each load request. replay_max_tokens: of the
         replay request. kills: kill -9 while requests run. kill_in_compaction: one more while a replica compacts.
         compact_tokens: the replicas' ``--compact-tokens``. timeout: most seconds of each load run.
+        latency: also run the latency comparison (shared directory against a directory each).
         seed_tokens: ids of random spans (uniform below the prompts' largest id) in the shared directory's base before the
         replicas start, so that a compaction has a production-sized base to rebuild (and lasts long enough to be
         caught holding its lock).
@@ -52,6 +53,7 @@ class FleetBenchConfig:
     compact_tokens: int = 2048
     timeout: float = 1800.0
     seed_tokens: int = 200_000
+    latency: bool = True
 
 
 class Fleet:
@@ -324,7 +326,10 @@ def run_fleet_phase(model: str | None, work: Path, cfg: FleetBenchConfig, questi
         fleet.stop()
     out.update({k: v for k, v in res.items() if k != "answers"})
     out.update(check_directory(shared / "default", res["answers"], prompts, decode))
-    timing = {}
+    out["ok"] = bool(out["replayed"] and out["replay_identical"] and out["lost_completed"] == 0
+                     and out["stored_twice"] == 0)
+    if not cfg.latency:
+        return out
     for name, dirs in (("shared", [work / "fleet-latency-shared"] * cfg.servers),
                        ("separate", [work / f"fleet-latency-{i}" for i in range(cfg.servers)])):
         fleet = Fleet(model, work, dirs, extra, threads, name=f"fleet-latency-{name}")
@@ -332,11 +337,8 @@ def run_fleet_phase(model: str | None, work: Path, cfg: FleetBenchConfig, questi
             r = load(fleet, prompts[:cfg.distinct], cfg, seed=1)
         finally:
             fleet.stop()
-        timing[name] = r
         out[f"{name}_latency_p50"], out[f"{name}_latency_p95"] = r["latency_p50"], r["latency_p95"]
     out["p95_shared_over_separate"] = out["shared_latency_p95"] / max(out["separate_latency_p95"], 1e-9)
-    out["ok"] = bool(out["replayed"] and out["replay_identical"] and out["lost_completed"] == 0
-                     and out["stored_twice"] == 0)
     return out
 
 
