@@ -159,3 +159,16 @@ def test_stats_report_each_writer(tmp_path):
     a.close()
     assert not {r["writer"]: r for r in writers(tmp_path)}[a.writer]["live"]
     b.close()
+
+
+def test_corpus_compact_records_the_directorys_tokenizer_in_the_base(tmp_path):
+    from redraft.corpus.directory import check_meta
+    from redraft.corpus.tools import corpus_stats
+
+    check_meta(tmp_path, VOCAB, "fp-1")
+    w = OnlineCorpus(tmp_path / "default", vocab_size=VOCAB, fingerprint="fp-1", follow_seconds=None)
+    w.append(span(1))
+    w.close()
+    compact_corpus(str(tmp_path))
+    s = corpus_stats(str(tmp_path))
+    assert (s["vocab_size"], s["fingerprint"]) == (VOCAB, "fp-1") and s["n_spans"] == 1

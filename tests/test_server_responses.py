@@ -27,7 +27,7 @@ def test_response_equals_chat_completion(live):
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.output_text == chat(live, [{"role": "user", "content": words([7, 8, 9])}])
     assert r.usage.output_tokens <= 12 and r.usage.input_tokens == 3
-    assert r.status in ("completed", "incomplete")
+    assert r.status in ("completed", "incomplete") and r.output[0].status == r.status  # the message's as OpenAI's
     # the request's speculation statistics, as in chat completions; prefix-cache hits are OpenAI's cached tokens
     assert r.model_extra["redraft"]["forwards"] >= 1
     assert r.usage.input_tokens_details.cached_tokens == r.model_extra["redraft"]["prefix_hit_tokens"]

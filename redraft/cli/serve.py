@@ -54,8 +54,8 @@ def register(sub) -> None:
     p.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                    help="serve GET /tokenizer_info (the special tokens and the chat template), as vLLM's flag of the "
                         "same name; off by default: with it, lm-eval's API models pick their remote tokenizer, "
-                        "which cannot apply a chat template to local-completions prompts (pass "
-                        "tokenizer_backend=huggingface then)")
+                        "which cannot apply a chat template to local-completions prompts (with the route on, pass "
+                        "tokenizer_backend=huggingface,tokenizer=MODEL_DIR to lm-eval for that)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int_between(0, 65535), default=8000, help="TCP port (default 8000)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
@@ -74,8 +74,8 @@ def register(sub) -> None:
                    help=f"most ids in each tenant's learned corpus; the oldest spans are evicted beyond it "
                         f"(default {DEFAULT_CAP_TOKENS:,})")
     p.add_argument("--compact-tokens", type=positive, default=None, metavar="N",
-                   help="journal ids (all writers of a tenant) that start a compaction into the tenant's binary base "
-                        "(default: 65,536 or the base's size, whichever is larger)")
+                   help="token ids in a tenant's journals (all writers') that start a compaction of them into the "
+                        "tenant's binary base (default: 65,536 or the base's size, whichever is larger)")
     add_speculation_args(p)  # the policy or fixed depths, as `redraft run`
     p.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=TOOL_CALL_PARSERS[0],
                    help="how the model writes tool calls: hermes = <tool_call>{json}</tool_call> blocks (ChatML "

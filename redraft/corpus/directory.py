@@ -73,6 +73,21 @@ def check_meta(directory, vocab_size: int, fingerprint: str | None) -> None:
                           f"use another directory")
 
 
+def directory_meta(path) -> tuple[int | None, str | None]:
+    """(vocab_size, fingerprint) of the corpus directory ``path`` is or belongs to (its ``meta.json``, in
+    ``path`` or its parent); (None, None) when there is none or it cannot be read."""
+    path = os.fspath(path)
+    for d in (path, os.path.dirname(os.path.abspath(path))):
+        try:
+            with open(os.path.join(d, META), encoding="utf-8") as f:
+                have = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(have, dict):
+            return have.get("vocab_size"), have.get("fingerprint")
+    return None, None
+
+
 def tenant_dir(root, tenant: str = DEFAULT_TENANT) -> str:
     """Where a tenant's OnlineCorpus lives under a corpus directory."""
     return os.path.join(os.fspath(root), tenant)
@@ -189,6 +204,9 @@ def read_directory(path, *, vocab_size: int | None = None, fingerprint: str | No
     Raises CorpusError when ``path`` is not a corpus directory; OSError when a file cannot be read.
     """
     d = resolve(path)
+    meta_vocab, meta_fp = directory_meta(d)
+    vocab_size = vocab_size if vocab_size is not None else meta_vocab
+    fingerprint = fingerprint if fingerprint is not None else meta_fp
     base, spans, problems = read_generation(d, current_generation(d), vocab_size=vocab_size, fingerprint=fingerprint)
     tail = Corpus.from_spans([s for j in spans for s in j.spans], vocab_size=vocab_size, fingerprint=fingerprint)
     return Corpus(list(base.segments) + list(tail.segments), path=d, vocab_size=vocab_size,

@@ -13,7 +13,7 @@ import numpy as np
 
 from .compaction import fold
 from .corpus import Corpus, concat_flat, load_corpus
-from .directory import current_generation, read_directory, resolve, writers
+from .directory import current_generation, directory_meta, read_directory, resolve, writers
 from .errors import CorpusError
 from .format import SECTIONS, append_text, binary_version, read_text, sniff
 from .index import SuffixIndex
@@ -92,6 +92,9 @@ def compact_corpus(path, *, vocab_size=None, fingerprint=None, force=False) -> C
     CorpusError naming the lock file when another process is compacting it now."""
     if os.path.isdir(path):
         d = resolve(path)
+        meta_vocab, meta_fp = directory_meta(d)  # the base records the tokenizer the directory was made for
+        vocab_size = vocab_size if vocab_size is not None else meta_vocab
+        fingerprint = fingerprint if fingerprint is not None else meta_fp
         me = writer_id()
         if fold(d, me, lambda spans: (spans, 0), vocab_size=vocab_size, fingerprint=fingerprint) is None:
             raise CompactionLock(d, me).busy_error()

@@ -120,7 +120,7 @@ def _messages(req: ResponsesBody) -> list[dict]:
 
 def _response(rid: str, model: str, req: ResponsesBody, status: str, text: str | None, out: Outcome | None,
               msg_id: str) -> dict:
-    output = [] if text is None else [{"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
+    output = [] if text is None else [{"type": "message", "id": msg_id, "status": status, "role": "assistant",
                                        "content": [{"type": "output_text", "text": text, "annotations": [],
                                                     "logprobs": []}]}]
     usage = None
