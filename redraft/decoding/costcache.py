@@ -153,7 +153,8 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
         print(f"redraft: measuring this machine's verify cost curve once ({len(key['sizes'])} forward sizes up to "
               f"{max(key['sizes'])} tokens; cached in {path.parent})", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        curve = measure(model, key["sizes"], prefix=prefix, repeats=repeats)
+        bar = {"progress": sys.stderr.isatty()} if measure is measure_cost_curve else {}  # a bar on a terminal
+        curve = measure(model, key["sizes"], prefix=prefix, repeats=repeats, **bar)
         save_curve(path, key, curve)
         print(f"redraft: cost curve measured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return curve
