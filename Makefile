@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: demo test test-fast install lint clean vllm-check fuzz-server lm-eval-concurrent
+.PHONY: demo test test-fast install lint clean vllm-check fuzz-server lm-eval-concurrent llama
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -77,6 +77,13 @@ $(VLLM_STAMP):
 
 # The default model served by vLLM twice (plain, then with the redraft proposer over a corpus of the first pass).
 # VLLM_CHECK_ARGS passes options through, e.g. `make vllm-check VLLM_CHECK_ARGS=--batch`.
+# llama-cpp-python (the `llama` extra) built from source for this CPU, without the tools, examples, servers and
+# OpenMP it does not need here (about 5 minutes on 2 cores; docs/llama-cpp.md says what was measured with it).
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
+llama: $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install -e '.[llama]'
+
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL" $(VLLM_CHECK_ARGS)
