@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -165,8 +164,8 @@ def load(fleet: Fleet, prompts: list[list[int]], cfg: FleetBenchConfig, kills: i
     deadline = time.monotonic() + cfg.timeout
     done: list[tuple[int, dict]] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=_kill_while_compacting, args=(fleet, stop, deadline), daemon=True)
-    watcher.result = False  # type: ignore[attr-defined]
+    caught = threading.Event()
+    watcher = threading.Thread(target=_kill_while_compacting, args=(fleet, stop, caught, deadline), daemon=True)
     if kill_in_compaction:
         watcher.start()
     first = min(len(prompts), len(order))
@@ -189,7 +188,7 @@ def load(fleet: Fleet, prompts: list[list[int]], cfg: FleetBenchConfig, kills: i
         watcher.join()
     lat = sorted(b["seconds"] for _, b in done)
     return {"sent": len(order), "completed": len(done), "first_try_failures": retried, "kills": kills,
-            "killed_in_compaction": watcher.result,  # type: ignore[attr-defined]
+            "killed_in_compaction": caught.is_set(),
             "latency_p50": _pct(lat, 50), "latency_p95": _pct(lat, 95), "answers": done}
 
 
@@ -231,20 +230,18 @@ def _run(fleet: Fleet, jobs: list[tuple[int, int]], prompts: list[list[int]], cf
         t.join(max(0.0, deadline - time.monotonic()) + 30)
 
 
-def _kill_while_compacting(fleet: Fleet, stop: threading.Event, deadline: float) -> None:
+def _kill_while_compacting(fleet: Fleet, stop: threading.Event, caught: threading.Event, deadline: float) -> None:
     """Poll every replica's tenant directory for a compaction lock held by a replica; kill -9 it then (once)."""
-    me = threading.current_thread()
-    locks = {Path(d) / "default" / "compact.lock" for d in fleet.dirs}
+    from redraft.corpus.lease import CompactionLock
+
+    locks = [CompactionLock(Path(d) / "default", "watcher") for d in set(fleet.dirs)]
     while time.monotonic() < deadline and not stop.is_set():
         pids = fleet.pids()
-        for path in locks:
-            try:
-                holder = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+        for lock in locks:
+            holder = lock.holder() or {}
             if holder.get("pid") in pids and not fleet.lock.locked():
                 fleet.restart(pids[holder["pid"]])
-                me.result = True  # type: ignore[attr-defined]
+                caught.set()
                 return
         time.sleep(0.001)
 

@@ -123,7 +123,7 @@ class ChunkLogprobs:
     """
 
     def __init__(self, tokenizer, chat: bool) -> None:
-        self.tokenizer, self.chat, self.sent = tokenizer, chat, 0
+        self.tokenizer, self.sent = tokenizer, 0
         self.pending: list = []
         self.legacy = None if chat else StreamedCompletionLogprobs(tokenizer)
 

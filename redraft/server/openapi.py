@@ -191,13 +191,6 @@ class ResponseObject(_Open):
     redraft: RedraftStats | None = None
 
 
-class CompletionChunkChoice(_Open):
-    index: int
-    text: str
-    logprobs: LegacyLogprobs | None = None
-    finish_reason: str | None
-
-
 class _Chunk(_Open):
     """What every streamed chunk has: the last choice chunk adds ``redraft``; an ``include_usage`` stream ends
     with a chunk of no choices and ``usage``."""
@@ -213,7 +206,7 @@ class _Chunk(_Open):
 class CompletionChunk(_Chunk):
     """One server-sent event of a streamed completion (``text_completion``)."""
 
-    choices: list[CompletionChunkChoice]
+    choices: list[CompletionChoice]  # a chunk's choice has a whole choice's fields
 
 
 class ChatDelta(_Open):
