@@ -79,10 +79,10 @@ $(VLLM_STAMP):
 # VLLM_CHECK_ARGS passes options through, e.g. `make vllm-check VLLM_CHECK_ARGS=--batch`.
 # llama-cpp-python (the `llama` extra) built from source for this CPU, without the tools, examples, servers and
 # OpenMP it does not need here (about 5 minutes on 2 cores; docs/llama-cpp.md says what was measured with it).
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
 llama: $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install -e '.[llama]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir -e '.[llama]'
 
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \

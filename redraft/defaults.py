@@ -69,7 +69,10 @@ GLIDE_GAMMA = 4
 # Measured on the default model (8 Spec-Bench questions x 32 tokens, prompts of 40-779 tokens; chains K=1..16,
 # trees, single tokens after drafts): largest 2.5e-6, 5.1e-3 and 4.4e-2 (about 20, 5 and 6 machine epsilons); the
 # bounds are 1.5x that (`redraft oracle --noise` checks them; docs/benchmarks.md, "Exact mode per dtype").
-EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
+EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2,
+                   # llama.cpp: a build with llamafile's sgemm (docs/llama-cpp.md), and one whose rows equal plain
+                   # decoding's bit for bit (probed at load: redraft.decoding.llamacpp)
+                   "llama.cpp": 6e-2, "llama.cpp batch-invariant": 0.0}
 # A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
 # Verify rows: 4; failing it costs one draft-free forward, or a replay of the cache one token per forward where the
 # row's gap is under the draft-free rows' threshold too. Draft-free rows on a cache drafting wrote: 2; failing it costs
@@ -80,7 +83,7 @@ EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2}
 # questions x 64 tokens, prompts of 40-769 tokens; chains K=4..48, trees, draft-free rows; 8 rivals per row): largest
 # 1.92e-6; the bound is 1.5x that (docs/benchmarks.md, "Near-ties judged by gap changes"). Dtypes not listed use
 # 2 x EXACT_ROW_NOISE.
-EXACT_GAP_NOISE = {"float32": 2.9e-6}
+EXACT_GAP_NOISE = {"float32": 2.9e-6, "llama.cpp": 4e-2, "llama.cpp batch-invariant": 0.0}
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
 # While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact

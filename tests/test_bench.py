@@ -15,7 +15,7 @@ import time
 import pytest
 
 from redraft.bench.harness import SCHEMA, bench, run_methods, write_outputs
-from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, RunRecord, parse_methods
+from redraft.bench.methods import ALL_METHODS, DEFAULT_METHODS, Method, MethodConfig, RunRecord, parse_methods
 from redraft.bench.report import acceptance_by_position, markdown, summarize
 from redraft.bench.rounds import first_diff
 from redraft.bench.workloads import ByteEncoder, Item, Workload, build_workloads, parse_workloads, replay_questions
@@ -234,7 +234,7 @@ def test_parsers():
     with pytest.raises(ValueError):
         parse_workloads("bogus", 2)
     assert parse_methods("corpus,plain") == ["plain", "corpus"]
-    assert parse_methods(None) == list(ALL_METHODS)
+    assert parse_methods(None) == list(DEFAULT_METHODS)
     with pytest.raises(ValueError):
         parse_methods("plain,warp")
     assert first_diff([1, 2, 3], [1, 2, 3]) is None

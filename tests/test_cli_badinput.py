@@ -37,7 +37,7 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad input was refused")
 
-    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(common, "load_target", refuse)
 
 
 def refusal(capsys, argv) -> tuple[int, str]:
@@ -363,7 +363,7 @@ def test_refusals_need_no_torch(tiny_model_dir, tmp_path):
              ["glide", "train", "--out", f"{t}/emptydir", "--resume"], ["bench", "run", "--out", f"{t}/afile"],
              ["bench", "run", "--model", f"{t}/nope"]]
     probe = ("import json, sys\nimport redraft.cli.common as common\nfrom redraft.cli import main\n"
-             "common.load_model = lambda *a, **k: sys.exit('the model was loaded')\nout = []\n"
+             "common.load_target = lambda *a, **k: sys.exit('the model was loaded')\nout = []\n"
              "for argv in json.loads(sys.argv[1]):\n"
              "    try:\n        rc = main(argv)\n    except SystemExit as e:\n        rc = e.code\n"
              "    out.append([argv, rc, 'torch' in sys.modules])\nprint(json.dumps(out))\n")

@@ -349,7 +349,7 @@ def test_dtype_flag_reaches_the_loader(monkeypatch, tmp_path, capsys, command):
         seen.append(kw["dtype"])
         raise ModelLoadError("loader reached")
 
-    monkeypatch.setattr("redraft.cli.common.load_model", loader)
+    monkeypatch.setattr("redraft.cli.common.load_target", loader)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "q.txt").write_text("a prompt\n")
     for extra in ([], *(["--dtype", name] for name in DTYPES)):

@@ -119,7 +119,7 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad input was refused")
 
-    monkeypatch.setattr(common, "load_model", refuse)
+    monkeypatch.setattr(common, "load_target", refuse)
 
 
 def refusal(capsys, argv) -> str:

@@ -32,6 +32,7 @@ def _step(margins: list[float], n_past: int, pending: list[int], drafted: int) -
 
 class _NoTarget:
     dtype = torch.float32
+    numerics = "float32"
 
 
 def test_plain_rows_are_trusted_ties_included():

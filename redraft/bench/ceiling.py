@@ -27,11 +27,11 @@ class CeilingTimer:
     """
 
     def __init__(self, model, repeats: int = 2) -> None:
-        from redraft.decoding.target import HFTarget  # torch-bound
+        from redraft.decoding.target import HFTarget, Target  # torch-bound
 
         if repeats < 1:
             raise ValueError(f"CeilingTimer: repeats must be >= 1, got {repeats}")
-        self.target = model if isinstance(model, HFTarget) else HFTarget(model)
+        self.target = model if isinstance(model, Target) else HFTarget(model)
         self.repeats = repeats
 
     def __call__(self, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> float | None:

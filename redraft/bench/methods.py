@@ -16,6 +16,11 @@ each call with the same clock, so figures are comparable across runtimes. Output
 | tree | redraft, the corpus's 4 most frequent continuations plus n-gram merged into one token tree (budget 32) |
 | llama.cpp | llama-cpp-python greedy on the same GGUF (optional: only when ``import llama_cpp`` works) |
 | llama.cpp-pld | llama-cpp-python with ``LlamaPromptLookupDecoding(num_pred_tokens=10)`` (optional) |
+| policy-transformers | with ``--runtime llama.cpp``: the policy method on the transformers target of the same GGUF |
+
+With ``--runtime llama.cpp`` the redraft methods (plain, ngram, corpus, policy, ...) run on llama.cpp and the
+llama.cpp methods use the target's context length and threads, so llama.cpp's own greedy ids must equal plain's;
+the hf methods need the transformers model and are skipped.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from dataclasses import dataclass, field
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
 
 ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "llama.cpp",
-               "llama.cpp-pld")
-DEFAULT_METHODS = ALL_METHODS
+               "llama.cpp-pld", "policy-transformers")
+DEFAULT_METHODS = ALL_METHODS[:-1]
+HF_METHODS = ("hf", "hf-pld")  # they call transformers' generate on the model itself
 NEEDS_CORPUS = ("corpus", "corpus+ngram", "tree")  # policy runs without a corpus too (n-gram drafts only)
 
 
@@ -123,7 +129,8 @@ class LlamaCppMethod(Method):
     exact_expected = False  # quantised kernels and activations: not the fp32 arithmetic of the target model
 
     def __init__(self, name: str, gguf_path: str, eos_token_ids: Sequence[int], *, prompt_lookup: int | None = None,
-                 n_ctx: int = 4096, description: str = "") -> None:
+                 n_ctx: int = 4096, description: str = "", n_threads: int | None = None,
+                 exact_expected: bool = False) -> None:
         from llama_cpp import Llama
 
         draft = None
@@ -132,7 +139,8 @@ class LlamaCppMethod(Method):
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
         self.name, self.description = name, description
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=os.cpu_count() or 1,
+        self.exact_expected = exact_expected  # True beside redraft's llama.cpp target: the same build and settings
+        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
                          draft_model=draft, verbose=False, seed=0)
         self.eos = set(int(e) for e in eos_token_ids) | {int(self.llm.token_eos())}
         self.forwards = 0
@@ -167,6 +175,22 @@ class LlamaCppMethod(Method):
             self.llm.close()
         except Exception:
             pass
+
+
+def _transformers_policy(gguf: str, eos: Sequence[int], corpus) -> Method:
+    """The policy method on the transformers target of ``gguf`` (dequantised to fp32 once), for a run whose redraft
+    methods are on llama.cpp: its ids are the fp32 model's, so they differ from llama.cpp's as expected."""
+    from redraft.compose import SpeculationConfig, build_engine, build_policy
+    from redraft.io.loading import load_model
+
+    loaded = load_model(gguf, quiet=True)
+    spec = SpeculationConfig()
+    policy = build_policy(loaded.model, max_nodes=spec.policy_nodes)
+    method = EngineMethod("policy-transformers", build_engine(loaded.model, spec, eos_token_ids=eos, corpus=corpus,
+                                                              policy=policy),
+                          "redraft policy on the transformers target (fp32) of the same GGUF")
+    method.exact_expected = False
+    return method
 
 
 # A child process loads the GGUF and decodes a few tokens, as the method will: llama-cpp-python builds that crash
@@ -242,6 +266,7 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
 
     eos = list(eos_token_ids)
     skipped: dict[str, str] = {}
+    runtime = getattr(model, "runtime", "transformers")  # a LlamaCppTarget says "llama.cpp"
     probed: tuple[bool, str] | None = None  # the llama.cpp probe's verdict, once for both llama.cpp methods
 
     def engine(*, corpus=None, ngram: bool = True, tree: int = 0):
@@ -279,6 +304,15 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
         if name in NEEDS_CORPUS and corpus is None:
             skipped[name] = "no corpus"
             continue
+        if name in HF_METHODS and runtime != "transformers":
+            skipped[name] = f"needs the transformers runtime (this run is on {runtime})"
+            continue
+        if name == "policy-transformers":
+            if runtime == "transformers" or not cfg.gguf:
+                skipped[name] = "only beside --runtime llama.cpp (the policy method is on transformers already)"
+                continue
+            out.append(_transformers_policy(cfg.gguf, eos, corpus))
+            continue
         if name.startswith("llama.cpp"):
             ok, why = llama_cpp_available()
             if not ok:
@@ -296,7 +330,10 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
                 pld = cfg.pld_tokens if name == "llama.cpp-pld" else None
                 desc = (f"llama-cpp-python, LlamaPromptLookupDecoding(num_pred_tokens={cfg.pld_tokens})" if pld
                         else "llama-cpp-python greedy")
-                out.append(LlamaCppMethod(name, cfg.gguf, eos, prompt_lookup=pld, n_ctx=cfg.n_ctx,
+                same = runtime == "llama.cpp"  # then the target's own context and threads, and the same ids
+                out.append(LlamaCppMethod(name, cfg.gguf, eos, prompt_lookup=pld,
+                                          n_ctx=model.max_length if same else cfg.n_ctx,
+                                          n_threads=model.n_threads if same else None, exact_expected=same,
                                           description=f"{desc} on {os.path.basename(cfg.gguf)}"))
             except Exception as e:
                 skipped[name] = f"llama.cpp failed to load {cfg.gguf}: {type(e).__name__}: {e}"

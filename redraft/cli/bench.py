@@ -47,6 +47,8 @@ def command_line() -> str:
 
 def model_name(loaded) -> str:
     """A readable model name: the converted directory's stem for the bundled default."""
+    if loaded.name == "default" and loaded.path.suffix == ".gguf":  # the llama.cpp runtime runs the file itself
+        return f"{loaded.path.stem} (default, llama.cpp)"
     if loaded.name == "default":
         return loaded.path.name.split("-" + loaded.path.name.rsplit("-", 1)[-1])[0] + " (default)"
     return str(loaded.name)
@@ -122,7 +124,7 @@ def cmd_bench_run(args) -> int:
         given["minacc"] /= 100.0
     cfg = MethodConfig(**given, gguf=gguf)  # MethodConfig holds the defaults of the flags not given
     check_model_or_exit(args.model)
-    loaded = load_model_or_exit(args.model, dtype=args.dtype)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype, runtime=args.runtime, n_ctx=args.n_ctx)
     announce_generation_config(loaded)
     encoder = ChatEncoder(loaded.tokenizer, chat=False if args.no_chat else None)
     results = bench(loaded.model, sorted(loaded.eos_token_ids), encoder, load_questions(), counts=counts,
@@ -131,9 +133,13 @@ def cmd_bench_run(args) -> int:
                     progress=not args.no_progress, ceiling=not args.no_ceiling, rounds=args.rounds)
     results["command"] = command_line()
     results["model"] = {"name": model_name(loaded), "path": str(loaded.path), "gguf": gguf,
-                        "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
-                        "vocab_size": loaded.vocab_size,
-                        "attn": getattr(loaded.model.config, "_attn_implementation", None)}
+                        "runtime": loaded.runtime, "vocab_size": loaded.vocab_size}
+    if loaded.runtime == "transformers":
+        results["model"].update(dtype=str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+                                attn=getattr(loaded.model.config, "_attn_implementation", None))
+    else:
+        results["model"].update(dtype=loaded.model.description, threads=loaded.model.n_threads,
+                                n_ctx=loaded.model.max_length)
     for m, why in results["skipped_methods"].items():
         print(f"redraft bench: skipped {m}: {why}", file=sys.stderr)
     print(text_table(results))

@@ -33,11 +33,12 @@ from redraft.cli.argtypes import (  # noqa: F401
 from redraft.cli.glide_args import add_glide_draft_args, check_glide_draft_args, glide_drafter_from_args  # noqa: F401
 from redraft.compose.config import SpeculationConfig
 from redraft.compose.env import ENV_CORPUS, ENV_K, ENV_MINACC, DepthError, EnvError, env  # noqa: F401
+from redraft.compose.runtime import LLAMA_N_CTX, RUNTIMES, load_target
 from redraft.corpus import CorpusError, tokenizer_fingerprint
 from redraft.defaults import CORPUS_K_DEFAULT, GLIDE_MINACC, NGRAM_MINACC, TREE_BUDGET
 from redraft.drafters.frozen_corpus import open_corpus
 from redraft.io.freeze import PromptFileError, read_prompts
-from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec, load_model
+from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, check_model_spec
 from redraft.io.prompts import normalize_prompt
 from redraft.io.questions import load_questions
 
@@ -74,10 +75,23 @@ def add_dtype_arg(p: argparse.ArgumentParser) -> None:
                    help="weight dtype (default float32, the fast one on CPUs; exact mode stays exact in each)")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that generates with the target model: ``--model --dtype --ngen --no-chat``."""
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """``--runtime`` (where the target runs) and ``--n-ctx`` (llama.cpp's context length)."""
+    p.add_argument("--runtime", choices=RUNTIMES, default="transformers",
+                   help="where the target model runs: transformers (default; a GGUF is dequantised to fp32 once) or "
+                        "llama.cpp (the .gguf file as it is quantized; needs the llama extra: make llama)")
+    p.add_argument("--n-ctx", type=positive, default=None, metavar="TOKENS",
+                   help=f"llama.cpp context length in tokens (default {LLAMA_N_CTX}; the transformers runtime uses "
+                        "the model's own)")
+
+
+def add_model_args(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
+    """Flags shared by every command that generates with the target model: ``--model --dtype --ngen --no-chat``,
+    and ``--runtime --n-ctx`` unless ``runtime`` is False (a command that needs the transformers model)."""
     add_model_arg(p)
     add_dtype_arg(p)
+    if runtime:
+        add_runtime_args(p)
     p.add_argument("--ngen", type=positive, default=NGEN_DEFAULT,
                    help=f"max new tokens per prompt (default {NGEN_DEFAULT})")
     p.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
@@ -185,10 +199,12 @@ def check_model_or_exit(spec: str | None) -> None:
         raise SystemExit(f"redraft: error: {e}") from None
 
 
-def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False) -> LoadedModel:
-    """:func:`redraft.io.loading.load_model`; a :class:`ModelLoadError` becomes ``redraft: error: ...`` and exit 1."""
+def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False,
+                       runtime: str = "transformers", n_ctx: int | None = None) -> LoadedModel:
+    """:func:`redraft.compose.load_target` (the model on ``runtime``); a :class:`ModelLoadError` becomes
+    ``redraft: error: ...`` and exit 1."""
     try:
-        return load_model(spec, dtype=dtype, quiet=quiet)
+        return load_target(spec, dtype=dtype, quiet=quiet, runtime=runtime, n_ctx=n_ctx)
     except ModelLoadError as e:
         raise SystemExit(f"redraft: error: {e}") from None
 

@@ -84,7 +84,7 @@ def run_demo(args) -> int:
     cfg = SpeculationConfig(k=args.k, policy=not args.no_policy, ngram=not args.no_ngram)
     policy_on, k = cfg.policy_on, cfg.depth
     check_model_or_exit(args.model)
-    loaded = load_model_or_exit(args.model, dtype=args.dtype)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype, runtime=args.runtime, n_ctx=args.n_ctx)
     announce_generation_config(loaded)
     chat = False if args.no_chat else None
     plain = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids)

@@ -68,7 +68,7 @@ def freeze_prompts(args) -> int:
     existing = existing_corpus_or_exit(args.out)
     check_model_or_exit(args.model)
 
-    loaded = load_model_or_exit(args.model, dtype=args.dtype)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype, runtime=args.runtime, n_ctx=args.n_ctx)
     announce_generation_config(loaded)
     if existing is not None:
         fingerprint = tokenizer_fingerprint(loaded.tokenizer)

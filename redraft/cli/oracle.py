@@ -178,7 +178,7 @@ def register(sub) -> None:
                                    "at each K (and tree drafts), and print 'Matching tokens: a/b' per configuration "
                                    "with the first divergent position and the plain top-2 logit gap there. Exit 1 "
                                    "if an exact-mode configuration diverged.")
-    add_model_args(p)
+    add_model_args(p, runtime=False)
     add_sampling_args(p)
     p.add_argument("--questions", type=positive, default=80, help="questions (default 80)")
     p.add_argument("--offset", type=nonneg, default=0, help="first question index (default 0)")

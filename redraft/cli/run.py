@@ -58,7 +58,7 @@ def cmd_run(args) -> int:
     # format and every token now; vocabulary and tokenizer once loaded
     corpus = None if new_corpus else open_corpus_or_exit(corpus_path)
     sampling = sampling_from_args(args)
-    loaded = load_model_or_exit(args.model, dtype=args.dtype)
+    loaded = load_model_or_exit(args.model, dtype=args.dtype, runtime=args.runtime, n_ctx=args.n_ctx)
     announce_generation_config(loaded, args)
     corpus = corpus_fits_model_or_exit(corpus, loaded, force=args.force)
     if new_corpus:

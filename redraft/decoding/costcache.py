@@ -25,6 +25,8 @@ from pathlib import Path
 from redraft.decoding.costmeasure import measure_cost_curve
 from redraft.decoding.packing import base_attention
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
+
+LLAMA_COST_MAX = 128  # the largest draft size timed for a llama.cpp target
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
 from redraft.policy.costcurve import CostCurve
@@ -66,10 +68,13 @@ def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PR
     """The cache key: model fingerprint, dtype, device, torch thread count, machine and measurement settings.
 
     Args:
-        model: a transformers causal LM or an HFTarget.
+        model: a transformers causal LM, an HFTarget, or a LlamaCppTarget (keyed by its GGUF and threads).
         threads: torch intra-op threads the curve is for (default: ``torch.get_num_threads()`` now).
     """
     import torch
+
+    if getattr(model, "runtime", None) == "llama.cpp":  # a LlamaCppTarget: its GGUF, build and threads
+        return _llama_key(model, sizes=sizes, prefix=prefix, repeats=repeats)
     import transformers
 
     inner = hf_model(model)
@@ -81,6 +86,20 @@ def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PR
             "threads": int(threads if threads is not None else torch.get_num_threads()),
             "machine": {"cpu": cpu_model(), "arch": platform.machine(), "system": platform.system(),
                         "cpus": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__},
+            "sizes": sorted(set(int(s) for s in sizes) | {0}), "prefix": int(prefix), "repeats": int(repeats)}
+
+
+def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> dict:
+    """:func:`curve_key` for a :class:`~redraft.decoding.llamacpp.LlamaCppTarget`: the GGUF file (name, size,
+    llama.cpp's description), llama-cpp-python's version, the target's thread count and the machine."""
+    from importlib.metadata import version
+
+    stat = target.path.stat()
+    return {"schema": SCHEMA, "runtime": "llama.cpp", "llama_cpp_python": version("llama_cpp_python"),
+            "model": {"file": target.path.name, "bytes": stat.st_size, "desc": target.description},
+            "threads": int(target.n_threads), "n_ctx": int(target.max_length),
+            "machine": {"cpu": cpu_model(), "arch": platform.machine(), "system": platform.system(),
+                        "cpus": os.cpu_count()},
             "sizes": sorted(set(int(s) for s in sizes) | {0}), "prefix": int(prefix), "repeats": int(repeats)}
 
 
@@ -145,6 +164,10 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
     Returns:
         :class:`CostCurve`.
     """
+    if getattr(model, "runtime", None) == "llama.cpp" and tuple(sizes) == tuple(COST_SIZES):
+        # llama.cpp's verify cost grows linearly past a few rows on a CPU (docs/llama-cpp.md): the curve's last
+        # segment carries it on, and the sizes past LLAMA_COST_MAX would cost a minute of forwards to time
+        sizes = tuple(s for s in COST_SIZES if s <= LLAMA_COST_MAX)
     key = curve_key(model, sizes=sizes, prefix=prefix, repeats=repeats)
     path = curve_path(key, directory if directory is not None else default_directory())
     curve = None if refresh else load_curve(path, key)

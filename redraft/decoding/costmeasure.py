@@ -35,12 +35,13 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     """Seconds per forward of S tokens for each S in ``sizes``, after ``prefix_ids`` is cached.
 
     Args:
-        model: a transformers causal LM or an :class:`~redraft.decoding.target.HFTarget` (its KV cache is reset).
+        model: a transformers causal LM or a :class:`~redraft.decoding.target.Target` (its KV cache is reset).
         sizes: forward sizes S >= 1 in tokens (root + S - 1 draft tokens).
         prefix_ids: token ids cached before every timed forward (at least one; cut so prefix + max S fits the
             model's context).
         repeats: timings per size.
-        tree_mask: also time each S with the explicit 4D tree mask and position ids the tree verifier uses.
+        tree_mask: also time each S with the explicit 4D tree mask and position ids the tree verifier uses (not on
+            a ``chain_only`` target).
         seed: the random draft ids' seed.
     Returns:
         {"chain": {S: [seconds] * repeats}, ["tree mask": {...}], "reference": {S: [seconds] * repeats}}:
@@ -52,7 +53,7 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     import torch
     from tqdm import tqdm
 
-    from redraft.decoding.target import HFTarget
+    from redraft.decoding.target import HFTarget, Target
     from redraft.decoding.verify import tree_attention_mask, tree_positions
     from redraft.tree import TokenTree
 
@@ -60,7 +61,8 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     if not sizes or min(sizes) < 1 or repeats < 1 or len(prefix_ids) == 0:
         raise ValueError(f"time_forwards needs sizes >= 1, repeats >= 1 and a prefix; got sizes {sizes}, "
                          f"repeats {repeats}, prefix of {len(prefix_ids)} ids")
-    target = model if isinstance(model, HFTarget) else HFTarget(model)
+    target = model if isinstance(model, Target) else HFTarget(model)
+    tree_mask = tree_mask and not target.chain_only
     max_s = max(sizes)
     prefix = fit_prefix(target, prefix_ids, max_s)
     n_prefix = len(prefix)
@@ -75,9 +77,12 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
         return tree_positions(tree, n_prefix, 1), tree_attention_mask(tree, n_prefix, 1, target.dtype)
 
     prepared = {(v, s): inputs(v, s) for v in variants for s in sizes}
-    param = next(target.model.parameters())
+    # llama.cpp's first forward after one of another size runs slower (its thread pool and caches settle): timed
+    # cold, a 65-token forward measured 14 single forwards against 42 warm (docs/llama-cpp.md)
+    settle = target.runtime != "transformers"
+    device = getattr(target, "device", None)
     # an accelerator runs asynchronously: wait for the forward, or only its launch is timed
-    sync = (lambda: torch.cuda.synchronize(param.device)) if param.device.type == "cuda" else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if getattr(device, "type", "cpu") == "cuda" else (lambda: None)
     target.reset()
     target.forward(prefix, n_logits=1)
     for s in (1, max_s, 1, max_s):  # warm-up: first-call allocations
@@ -87,6 +92,10 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     order_rng = np.random.default_rng(seed + 1)
 
     def timed(tokens, pos=None, mask=None) -> float:
+        if settle:  # the same forward once untimed first: a decode loop's forwards follow forwards of their kind
+            target.forward(tokens, pos, mask, n_logits=len(tokens))
+            sync()
+            target.crop(n_prefix)
         t0 = time.perf_counter()
         target.forward(tokens, pos, mask, n_logits=len(tokens))
         sync()
@@ -122,7 +131,7 @@ def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int 
     """Measure c(n) at ``sizes`` draft tokens (chain verify forwards, median of ``repeats``).
 
     Args:
-        model: a transformers causal LM or an HFTarget.
+        model: a transformers causal LM or a :class:`~redraft.decoding.target.Target` (either runtime).
         sizes: draft token counts n (0 is added when missing); a forward of 1 + n tokens is timed for each. Sizes
             whose forward does not fit the model's context are left out (:class:`CostCurve` extends its last
             segment past them).
@@ -140,9 +149,9 @@ def measure_cost_fit(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int = 
                      repeats: int = COST_REPEATS, seed: int = 0, progress: bool = False) -> CostFit:
     """As :func:`measure_cost_curve`, returning the whole :class:`~redraft.policy.costfit.CostFit` (the medians and
     interquartile ranges beside the fitted curve)."""
-    from redraft.decoding.target import HFTarget
+    from redraft.decoding.target import HFTarget, Target
 
-    target = model if isinstance(model, HFTarget) else HFTarget(model)
+    target = model if isinstance(model, Target) else HFTarget(model)
     ns = sorted(set(int(n) for n in sizes) | {0})
     if target.max_length:  # a forward of 1 + n tokens after at least one cached id must fit the context
         ns = [n for n in ns if n + 2 <= target.max_length]

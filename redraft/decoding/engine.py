@@ -25,7 +25,7 @@ from redraft.decoding.sequence import Steps, drive
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import HFTarget, PrefixKV
+from redraft.decoding.target import HFTarget, PrefixKV, Target
 from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH, check_depth
 from redraft.drafters.base import Drafter
 from redraft.policy.speculation import SpeculationPolicy
@@ -89,7 +89,8 @@ class Engine:
     """Lossless greedy speculative decoding of one sequence at a time.
 
     Args:
-        model: a transformers causal LM (or an :class:`HFTarget` wrapping one).
+        model: a transformers causal LM, or a :class:`~redraft.decoding.target.Target` (an :class:`HFTarget`
+            wrapping one, a :class:`~redraft.decoding.llamacpp.LlamaCppTarget`).
         drafters: draft sources (:class:`~redraft.drafters.base.Drafter`) in priority order; empty = plain greedy
             decoding. Each is bound to this engine's target before every generation.
         eos_token_ids: ids that end a generation (may be empty).
@@ -120,7 +121,7 @@ class Engine:
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
                  exact: bool = True, exact_margin: float | None = None,
                  generation_config=True, policy: SpeculationPolicy | None = None) -> None:
-        self.target = model if isinstance(model, HFTarget) else HFTarget(model)
+        self.target = model if isinstance(model, Target) else HFTarget(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
         # a cap, clamped (not refused) into the depth rule's range: 1..48, or 1..512 under a policy
@@ -130,7 +131,7 @@ class Engine:
         self.merge = merge
         self.exact = exact
         self.exact_margin = exact_margin
-        self.chain_only = self.target.sliding_window is not None
+        self.chain_only = self.target.chain_only
         self.generation_config = generation_config
         self.policy = policy
         self.planner = DraftPlanner(self.drafters, policy, merge=merge, chain_only=self.chain_only,

@@ -38,31 +38,40 @@ from redraft.tree import TokenTree
 UNMEASURED_NOISE_EPS = 64
 
 
-def row_noise(dtype: torch.dtype) -> float:
-    """Bound on |verify row - plain row| as a fraction of the row's largest |logit|, for weights of ``dtype``.
+def _key(numerics: torch.dtype | str) -> str:
+    """The noise tables' key: a runtime's own (``Target.numerics``, e.g. "llama.cpp") or a dtype's name."""
+    return numerics if isinstance(numerics, str) else str(numerics).removeprefix("torch.")
 
-    Measured values from ``defaults.EXACT_ROW_NOISE``; a dtype it lacks gets UNMEASURED_NOISE_EPS machine epsilons.
+
+def row_noise(dtype: torch.dtype | str) -> float:
+    """Bound on |verify row - plain row| as a fraction of the row's largest |logit|, for weights of ``dtype`` (or the
+    runtime a ``Target.numerics`` key names).
+
+    Measured values from ``defaults.EXACT_ROW_NOISE``; a torch dtype it lacks gets UNMEASURED_NOISE_EPS machine
+    epsilons. Raises KeyError for a runtime key the table lacks (no runtime is trusted unmeasured).
     """
-    name = str(dtype).removeprefix("torch.")
+    name = _key(dtype)
     if name in EXACT_ROW_NOISE:
         return EXACT_ROW_NOISE[name]
-    return UNMEASURED_NOISE_EPS * torch.finfo(dtype).eps
+    if isinstance(dtype, str) and not hasattr(torch, name):
+        raise KeyError(f"no measured verify-row noise for the {name!r} runtime (defaults.EXACT_ROW_NOISE)")
+    return UNMEASURED_NOISE_EPS * torch.finfo(dtype if not isinstance(dtype, str) else getattr(torch, name)).eps
 
 
-def gap_noise(dtype: torch.dtype) -> float:
+def gap_noise(dtype: torch.dtype | str) -> float:
     """Bound on how much a row computed with drafts moves the gap l[a] - l[c] between plain decoding's choice a and
     one of its closest rivals c, as a fraction of the row's largest |logit|, for weights of ``dtype``.
 
     Measured values from ``defaults.EXACT_GAP_NOISE`` (:func:`measure_gap_noise`); a dtype it lacks gets the bound that
     :func:`row_noise` implies (each of the two logits moving by at most that: twice it).
     """
-    name = str(dtype).removeprefix("torch.")
+    name = _key(dtype)
     if name in EXACT_GAP_NOISE:
         return EXACT_GAP_NOISE[name]
     return 2.0 * row_noise(dtype)
 
 
-def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype, safety: float, gaps: bool = True) -> torch.Tensor:
+def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype | str, safety: float, gaps: bool = True) -> torch.Tensor:
     """Top-2 gap (logit units) below which each row's choice may differ from plain decoding's.
 
     A row chooses another token c than plain decoding's a only if its gap to the runner-up is at most the change of
@@ -75,7 +84,7 @@ def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype, safety: float, 
 
     Args:
         logits: FloatTensor [R, V] (any float dtype), the rows whose choices are judged.
-        dtype: the target model's weight dtype.
+        dtype: the target model's weight dtype, or its runtime's ``Target.numerics`` key.
         safety: multiple of that bound (>= 1).
         gaps: the measured bound on gap changes (True) or the one each logit's change implies (False).
     Returns:
@@ -178,7 +187,7 @@ def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
     Returns:
         {kind: (relative, absolute)}: max over rows of max |row - plain row|, divided by the plain row's largest
         |logit| (relative) and in logit units (absolute). Kinds: "chain K=k", "tree", "single after drafts"
-        (one token alone on a cache verify forwards wrote) and "plain again" (plain decoding repeated: 0 unless
+        (one token alone on a cache verify forwards wrote; absent on a ``chain_only`` target) and "plain again" (plain decoding repeated: 0 unless
         the kernels are not deterministic).
     """
     depths = [k for k in depths if k < len(seq) - n_prompt] or [1]  # a first forward holds the prompt + K drafts
@@ -187,7 +196,8 @@ def measure_row_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
     found: dict[str, torch.Tensor] = {"plain again": _rows(target, seq, n_prompt, [0, 1])}
     for k in depths:
         found[f"chain K={k}"] = _rows(target, seq, n_prompt, [k, k + 1])
-    found["tree"] = _tree_rows(target, seq, n_prompt, max(depths), branches)
+    if not target.chain_only:  # a target that verifies chains only has no tree rows to measure
+        found["tree"] = _tree_rows(target, seq, n_prompt, max(depths), branches)
     found["single after drafts"] = _settle_rows(target, seq, n_prompt, min(depths[-1], 4))
     out = {}
     for kind, rows in found.items():
@@ -266,7 +276,8 @@ def measure_gap_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
         branches: wrong siblings per depth in the tree rows.
     Returns:
         {kind: FloatTensor [rows, pairs]}: |change of l[a] - l[c]| divided by plain decoding's row's largest |logit|,
-        one row per output position computed that way (draft-free: one per position and first forward). Kinds: "verify K=k", "tree K=k", "draft-free after K=k".
+        one row per output position computed that way (draft-free: one per position and first forward). Kinds:
+        "verify K=k", "tree K=k" (not on a ``chain_only`` target), "draft-free after K=k".
     """
     n_out = len(seq) - n_prompt
     depths = [k for k in depths if k < n_out] or [1]
@@ -285,6 +296,7 @@ def measure_gap_noise(target: HFTarget, seq: Sequence[int], n_prompt: int, depth
         out[f"verify K={k}"] = change(_rows(target, seq, n_prompt, [k, k + 1]))
         out[f"draft-free after K={k}"] = torch.cat([change(_recompute_rows(target, seq, n_prompt, k, first))
                                                      for first in sorted({k, max(k // 2, 1)})])
-    out[f"tree K={depths[-1]}"] = change(_tree_rows(target, seq, n_prompt, depths[-1], branches))
+    if not target.chain_only:
+        out[f"tree K={depths[-1]}"] = change(_tree_rows(target, seq, n_prompt, depths[-1], branches))
     target.reset()
     return out

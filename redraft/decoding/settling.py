@@ -149,7 +149,7 @@ class ExactMode:
             return step.logits.new_full((len(rows),), self.margin).float()
         # the rows of a chain's accepted path are the first ones: a view, not a gathered copy of [len(rows), V]
         logits = step.logits[:len(rows)] if rows == list(range(len(rows))) else step.logits[rows]
-        return near_tie_threshold(logits, self.target.dtype, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY, gaps)
+        return near_tie_threshold(logits, self.target.numerics, EXACT_SAFETY if drafted else EXACT_SETTLE_SAFETY, gaps)
 
     def _untrusted(self, step: Step, chooser: TokenChooser, drafted: bool) -> list[bool]:
         """Per token of ``step.new``: True where its row's top-2 gap is under the near-tie threshold."""

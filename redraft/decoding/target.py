@@ -52,7 +52,22 @@ class PrefixKV:
         return len(self.ids)
 
 
-class HFTarget:
+class Target:
+    """The interface every target implements (the engine, exact mode and the step loop use nothing else):
+    ``reset``, ``forward``, ``crop``, ``keep``, ``seed``, ``snapshot``, ``solo`` and ``verified_kv`` as
+    :class:`HFTarget` documents them, and the attributes ``length``, ``vocab_size``, ``max_length``, ``dtype``,
+    ``numerics`` (the key of the runtime's measured noise in ``defaults.EXACT_ROW_NOISE``/``EXACT_GAP_NOISE``),
+    ``chain_only`` (True: the engine verifies chains only), ``last_forward_plain``, ``carried_rows`` and
+    ``solo_depth``, and ``runtime`` (its name). :class:`HFTarget` is transformers; :class:`redraft.decoding.llamacpp.LlamaCppTarget` is llama.cpp.
+    """
+
+    runtime = "transformers"
+    last_forward_plain = True
+    carried_rows = 1
+    solo_depth = 0
+
+
+class HFTarget(Target):
     """A transformers causal LM with its own KV cache (batch size 1).
 
     Attributes:
@@ -61,17 +76,15 @@ class HFTarget:
         vocab_size: rows of the LM head.
         max_length: context length in tokens (``max_position_embeddings``) or None.
         sliding_window: attention window of sliding-window layers, or None. Token trees need a custom mask that
-            would have to repeat each layer's window, so the engine verifies chains only on such models.
+            would have to repeat each layer's window, so the engine verifies chains only on such models
+            (``chain_only``).
+        numerics: the weights' dtype name ("float32", ...): the key of exact mode's measured noise.
         last_forward_plain: whether the last forward ran in plain decoding's own shape (always, here; a target
             that packs several sequences' rows into one forward, :class:`redraft.decoding.batching.StepBatcher`,
             sets it False after such a forward, and exact mode then judges its rows like verify rows).
         carried_rows: rows the last forward carried for other sequences, plus one (1 alone; set by the batcher).
         solo_depth: > 0 inside :meth:`solo`: forwards asked for must run alone, in plain decoding's shape.
     """
-
-    last_forward_plain = True
-    carried_rows = 1
-    solo_depth = 0
 
     def __init__(self, model) -> None:
         self.model = model
@@ -83,6 +96,8 @@ class HFTarget:
         self.device = next(model.parameters()).device
         self.sliding_window = _sliding_window(model.config)
         self.cache_kwarg = cache_kwarg(model)
+        self.numerics = str(self.dtype).removeprefix("torch.")  # exact mode's noise key: the weights' dtype
+        self.chain_only = self.sliding_window is not None
 
     def reset(self) -> None:
         """Drop the whole KV cache (start of a new sequence).

@@ -131,27 +131,82 @@ def convert_gguf(path: Path, *, quiet: bool = False) -> Path:
     return out
 
 
+def gguf_tokenizer_dir(path: Path, *, quiet: bool = False) -> Path:
+    """A directory holding the tokenizer of the GGUF file ``path`` (no weights): the converted model's directory when
+    :func:`convert_gguf` made one, else a tokenizer-only copy under :func:`cache_dir` made once (a second or two).
+    For a runtime that runs the GGUF itself (llama.cpp) and needs only the tokenizer and chat template.
+
+    Raises:
+        ModelLoadError: transformers cannot read the file's tokenizer.
+    """
+    key = _gguf_key(path)
+    converted = cache_dir() / "models" / key
+    if (converted / "config.json").is_file() and (converted / "model.safetensors").is_file():
+        return converted
+    out = cache_dir() / "tokenizers" / key
+    if (out / "tokenizer_config.json").is_file():
+        return out
+    from transformers import AutoTokenizer
+
+    if not quiet:
+        print(f"redraft: reading {path.name}'s tokenizer into {out} (once)", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=out.parent))
+    try:
+        try:
+            with quiet_transformers():
+                AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
+        except Exception as e:
+            raise ModelLoadError(f"{path}: cannot read its tokenizer as GGUF ({type(e).__name__}: {e})") from e
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_gguf(spec: str | os.PathLike | None) -> Path:
+    """The GGUF file ``--model`` names (None: the bundled one) for a runtime that runs GGUF files as they are.
+
+    Raises:
+        ModelLoadError: a model directory was given (that runtime needs a .gguf file), or the file is not a GGUF.
+    """
+    check_model_spec(spec)
+    if spec is None or str(spec) in ("", "default"):
+        return default_model_path()
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ModelLoadError(f"--model {spec}: the llama.cpp runtime runs a .gguf file; this is a directory "
+                             "(use the transformers runtime for Hugging Face model directories)")
+    return path.resolve()
+
+
 @dataclass
 class LoadedModel:
     """A target model with its tokenizer.
 
     Attributes:
-        model: a transformers causal LM in eval mode (fp32 unless asked otherwise).
+        model: a transformers causal LM in eval mode (fp32 unless asked otherwise), or with ``runtime`` "llama.cpp"
+            a :class:`redraft.decoding.llamacpp.LlamaCppTarget` running the GGUF file.
         tokenizer: its tokenizer.
         name: what the user asked for (path, or "default").
-        path: the directory the weights were read from.
+        path: the directory the weights were read from (llama.cpp: the GGUF file).
+        runtime: "transformers" or "llama.cpp".
     """
 
     model: object
     tokenizer: object
     name: str
     path: Path
+    runtime: str = "transformers"
 
     @property
     def eos_token_ids(self) -> set[int]:
         """All ids that end a generation: the generation config's and the tokenizer's EOS ids (may be empty)."""
         ids: set[int] = set()
-        for src in (getattr(self.model, "generation_config", None), self.model.config):
+        for src in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None)):
             e = getattr(src, "eos_token_id", None) if src is not None else None
             if isinstance(e, int):
                 ids.add(e)
@@ -164,11 +219,16 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         """Rows of the LM head (token ids must be below this)."""
+        if self.runtime != "transformers":
+            return int(self.model.vocab_size)
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @property
     def max_length(self) -> int | None:
-        """The model's context length in tokens (``max_position_embeddings``), or None when unknown."""
+        """The model's context length in tokens (``max_position_embeddings``; llama.cpp: its ``n_ctx``), or None when
+        unknown."""
+        if self.runtime != "transformers":
+            return self.model.max_length
         return getattr(self.model.config, "max_position_embeddings", None)
 
 

@@ -1,0 +1,66 @@
+"""Where the target runs: transformers (a Hugging Face directory, or a GGUF dequantised once to fp32) or llama.cpp
+(a GGUF file run as it is quantized, :class:`redraft.decoding.llamacpp.LlamaCppTarget`).
+
+:func:`load_target` is the one loader every command and the Python API use; what it returns,
+:class:`~redraft.io.loading.LoadedModel`, says which runtime it holds (``runtime``), and everything downstream (the
+engine, the policy's cost curve, exact mode) takes its ``model`` either way.
+"""
+
+from __future__ import annotations
+
+import os
+
+from redraft.io.loading import (
+    LoadedModel,
+    ModelLoadError,
+    gguf_tokenizer_dir,
+    load_model,
+    quiet_transformers,
+    resolve_gguf,
+)
+
+RUNTIMES = ("transformers", "llama.cpp")
+LLAMA_N_CTX = 4096  # llama.cpp context tokens by default (the bundled model's training context is 8192)
+
+
+def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transformers", dtype: str = "float32",
+                quiet: bool = False, n_ctx: int | None = None, threads: int | None = None) -> LoadedModel:
+    """Load the target model and its tokenizer on ``runtime``.
+
+    Args:
+        spec: a HF model directory, a ``.gguf`` file, or None for the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).
+        runtime: "transformers" (:func:`redraft.io.loading.load_model`) or "llama.cpp" (a ``.gguf`` file only; the
+            ``llama`` extra must be installed).
+        dtype: transformers weight dtype (llama.cpp runs the file's own quantization and refuses another dtype).
+        n_ctx: llama.cpp context length in tokens (default LLAMA_N_CTX); threads: llama.cpp CPU threads (default
+            ``torch.get_num_threads()``, the thread count transformers would use).
+    Raises:
+        ModelLoadError: an unknown runtime, a dtype llama.cpp cannot honour, a path that is not a GGUF file for
+            llama.cpp, the ``llama`` extra missing, or a file llama.cpp cannot load (each names what was expected).
+    """
+    if runtime not in RUNTIMES:
+        raise ModelLoadError(f"runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if runtime == "transformers":
+        return load_model(spec, dtype=dtype, quiet=quiet)
+    if dtype != "float32":
+        raise ModelLoadError(f"--dtype {dtype}: the llama.cpp runtime runs the GGUF file's own quantization "
+                             "(leave --dtype at float32)")
+    path = resolve_gguf(spec)
+    from redraft.decoding.llamacpp import LlamaCppError, LlamaCppTarget
+
+    try:
+        import torch
+
+        target = LlamaCppTarget(path, n_ctx=n_ctx or LLAMA_N_CTX, n_threads=threads or torch.get_num_threads())
+    except LlamaCppError as e:
+        raise ModelLoadError(str(e)) from e
+    from transformers import AutoTokenizer
+
+    tok_dir = gguf_tokenizer_dir(path, quiet=quiet)
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    if len(tok) > target.vocab_size:
+        raise ModelLoadError(f"{path}: its tokenizer has {len(tok)} tokens but llama.cpp's vocabulary "
+                             f"{target.vocab_size}")
+    name = "default" if spec is None or str(spec) in ("", "default") else str(spec)
+    return LoadedModel(model=target, tokenizer=tok, name=name, path=path, runtime="llama.cpp")

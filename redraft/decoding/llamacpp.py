@@ -1,0 +1,296 @@
+"""The target model on llama.cpp: a GGUF file run as it is quantized, through llama.cpp's C API.
+
+The same interface as :class:`redraft.decoding.target.HFTarget` (reset, forward, crop, keep, seed, snapshot, solo),
+so the engine, its drafters, the cost-aware policy and exact mode run unchanged on llama.cpp's forward. It reaches
+llama.cpp through llama-cpp-python's ctypes bindings of the C API (``llama_decode`` on a ``llama_batch``,
+``llama_get_logits_ith``, ``llama_memory_seq_rm``): the binding's high-level ``Llama`` class samples inside its own
+loop and cannot verify a draft. The ``llama`` extra installs it (``make llama``, docs/llama-cpp.md).
+
+Plain decoding here is llama.cpp's own: the prompt in batches of ``n_batch`` tokens with one output row, then one
+token per ``llama_decode`` (what ``Llama.generate`` does with the same context settings), so its rows are bit for bit
+llama.cpp's plain greedy rows. A verify forward is one ``llama_decode`` over the pending tokens and the draft, with an
+output row for each verified token; rejected rows leave the KV cache by ``llama_memory_seq_rm``.
+
+Whether a verify row equals plain decoding's row depends on the build. ggml's own CPU kernels compute each row of
+a batch as they compute a single row, so a build without llamafile's sgemm (``-DGGML_LLAMAFILE=OFF``, what
+``make llama`` builds) gives verify rows bit-identical to plain decoding's at any batch size, and exact mode has
+nothing to settle. llamafile's sgemm (the binding's default build) computes batch rows from the fifth on another way:
+they move by up to ~1.4 logits on the bundled Q4_1 model (docs/llama-cpp.md). A probe at load time
+(:meth:`LlamaCppTarget.batch_invariant`) tells the two apart, and ``numerics`` names the measured noise exact mode
+then uses: ``"llama.cpp batch-invariant"`` (zero) or ``"llama.cpp"`` (``defaults.EXACT_GAP_NOISE``).
+
+Chains only: a token tree needs a node in every sequence whose path passes through it (llama.cpp's tree
+speculation), which this target does not build yet (``chain_only``); the engine then verifies each proposal's first
+path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from redraft.decoding.target import PrefixKV, Target
+
+NOISE_KEY = "llama.cpp"  # this runtime's entry in defaults.EXACT_ROW_NOISE / EXACT_GAP_NOISE
+INVARIANT_KEY = "llama.cpp batch-invariant"  # the entry for a build whose rows do not depend on the batch
+PROBE_ROWS = 8  # batch rows of the load-time probe (a build with llamafile's sgemm differs from row 4 on)
+
+
+class LlamaCppError(RuntimeError):
+    """llama.cpp cannot run here: the ``llama`` extra is missing, or a GGUF file does not load, or a decode failed."""
+
+
+def import_llama_cpp():
+    """The ``llama_cpp`` module (llama-cpp-python's bindings of llama.cpp's C API).
+
+    Raises:
+        LlamaCppError: it is not installed (``make llama`` or ``pip install 'redraft[llama]'``).
+    """
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise LlamaCppError(
+            "the llama.cpp runtime needs llama-cpp-python: run `make llama` (or pip install 'redraft[llama]' with "
+            f"the CMAKE_ARGS docs/llama-cpp.md gives); import failed: {e}") from e
+    return llama_cpp
+
+
+_BACKEND_READY = False
+
+
+def _quiet(llama_cpp) -> None:
+    """Initialise llama.cpp's backend once and route its log (model loading prints hundreds of lines) to nothing."""
+    global _BACKEND_READY
+    if _BACKEND_READY:
+        return
+    llama_cpp.llama_backend_init()
+    callback = llama_cpp.llama_log_callback(lambda level, text, user: None)
+    _quiet.callback = callback  # kept alive: llama.cpp holds the pointer
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    _BACKEND_READY = True
+
+
+class LlamaCppTarget(Target):
+    """A GGUF model on llama.cpp with its own context and KV cache (one sequence, batch size 1).
+
+    Args:
+        gguf: path of the GGUF file (any quantization llama.cpp loads).
+        n_ctx: context length in tokens (llama.cpp's ``n_ctx``).
+        n_threads: CPU threads for decoding and batches (None: ``os.cpu_count()``).
+        n_batch: most tokens per ``llama_decode`` (llama.cpp's ``n_batch``; ``n_ubatch`` the same): a prompt is fed
+            in batches of this many, as ``Llama.eval`` feeds it, and a verify forward must fit in one.
+    Attributes:
+        path: the GGUF file; length: tokens in the KV cache; vocab_size: rows of the output layer; max_length:
+            ``n_ctx``; dtype: the logits' dtype (float32); numerics: the key of this build's measured noise
+            (``"llama.cpp batch-invariant"`` when the load-time probe found verify rows equal to plain rows, else
+            ``"llama.cpp"``); invariant: that probe's verdict; chain_only: True (see the module docstring); description: llama.cpp's own one-line
+            description of the model (architecture, size, quantization).
+    Raises:
+        LlamaCppError: the ``llama`` extra is missing, the file does not exist or llama.cpp cannot load it.
+    """
+
+    runtime = "llama.cpp"
+    chain_only = True
+    sliding_window = None
+    dtype = torch.float32
+
+    def __init__(self, gguf: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_batch: int = 512) -> None:
+        lib = import_llama_cpp()
+        self.path = Path(gguf)
+        if not self.path.is_file():
+            raise LlamaCppError(f"GGUF file {self.path} does not exist")
+        _quiet(lib)
+        self._lib = lib
+        mparams = lib.llama_model_default_params()
+        self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise LlamaCppError(f"llama.cpp could not load {self.path} as a GGUF model (a truncated or foreign file, "
+                                "or an architecture this llama.cpp build does not know)")
+        threads = int(n_threads or os.cpu_count() or 1)
+        self.n_batch = int(min(n_batch, n_ctx))
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = int(n_ctx), self.n_batch, self.n_batch
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.n_seq_max = 1
+        cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as llama-cpp-python's Llama sets it
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise LlamaCppError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+        self._mem = lib.llama_get_memory(self._ctx)
+        self.cache = self._mem  # never None: the step loop resets a target whose cache is None
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
+        self.max_length = int(lib.llama_n_ctx(self._ctx))
+        self.n_threads = threads
+        buf = ctypes.create_string_buffer(256)
+        lib.llama_model_desc(self._model, buf, 256)
+        self.description = buf.value.decode(errors="replace")
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.length = 0
+        self.ids: list[int] = []  # the tokens the KV cache holds, in order
+        self.solo_depth = 0
+        self.invariant = self.batch_invariant()
+        self.numerics = INVARIANT_KEY if self.invariant else NOISE_KEY
+
+    # -- the Target interface ---------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Drop the whole KV cache (start of a new sequence)."""
+        self._lib.llama_memory_clear(self._mem, True)
+        self.length = 0
+        self.ids = []
+
+    def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                n_logits: int = 1) -> torch.Tensor:
+        """Run ``ids`` through llama.cpp after the cached tokens, appending all of them to the KV cache.
+
+        Args:
+            ids: S >= 1 token ids, fed in ``llama_decode`` batches of at most ``n_batch``.
+            positions, mask: must be None (consecutive positions, causal attention: chains only).
+            n_logits: trailing rows that get an output row (1..S; plain decoding's forwards ask for 1).
+        Returns:
+            FloatTensor [n_logits, vocab] (float32, CPU): the logits of the last ``n_logits`` rows.
+        Raises:
+            NotImplementedError: a tree's positions or mask was given.
+            ValueError: the tokens would overflow the context, or n_logits is outside 1..S.
+            LlamaCppError: ``llama_decode`` failed.
+        """
+        if positions is not None or mask is not None:
+            raise NotImplementedError("the llama.cpp target verifies chains only (no tree positions or mask)")
+        s = len(ids)
+        if not 1 <= n_logits <= s:
+            raise ValueError(f"forward: n_logits={n_logits} outside 1..{s} fed tokens")
+        if self.length + s > self.max_length:
+            raise ValueError(f"forward: {self.length} cached + {s} new tokens exceed n_ctx={self.max_length}")
+        lib, batch, first_out = self._lib, self._batch, s - n_logits
+        rows: list[np.ndarray] = []
+        for start in range(0, s, self.n_batch):
+            chunk = ids[start:start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            for j, tok in enumerate(chunk):
+                batch.token[j] = int(tok)
+                batch.pos[j] = self.length + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = start + j >= first_out
+            rc = lib.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self._lib.llama_memory_seq_rm(self._mem, 0, self.length, -1)
+                raise LlamaCppError(f"llama_decode returned {rc} on {len(chunk)} tokens at position {self.length}")
+            self.length += len(chunk)
+            self.ids.extend(int(t) for t in chunk)
+            n_out = sum(1 for j in range(len(chunk)) if start + j >= first_out)
+            if n_out:
+                ptr = lib.llama_get_logits(self._ctx)  # the batch's output rows, in batch order
+                rows.append(np.ctypeslib.as_array(ptr, shape=(n_out * self.vocab_size,)).copy())
+        return torch.from_numpy(np.concatenate(rows).reshape(n_logits, self.vocab_size))
+
+    @contextlib.contextmanager
+    def solo(self):
+        """A context in which every forward runs in plain decoding's shape (always so here: one sequence)."""
+        self.solo_depth += 1
+        try:
+            yield self
+        finally:
+            self.solo_depth -= 1
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached tokens (``llama_memory_seq_rm`` of the rest)."""
+        if length < self.length:
+            if not self._lib.llama_memory_seq_rm(self._mem, 0, int(length), -1):
+                raise LlamaCppError(f"llama.cpp could not drop KV positions {length}.. of the sequence")
+            self.length = int(length)
+            del self.ids[length:]
+
+    def keep(self, prefix: int, extra: list[int]) -> None:
+        """Keep cached positions [0, prefix) plus ``extra`` (ascending absolute indices >= prefix), which must be the
+        contiguous run ``prefix, prefix + 1, ...`` (an accepted chain). Raises ValueError for anything else."""
+        if extra and extra != list(range(prefix, prefix + len(extra))):
+            raise ValueError("keep: the llama.cpp target keeps contiguous chains only")
+        self.crop(prefix + len(extra))
+
+    def seed(self, prefix: PrefixKV) -> None:
+        """Start a new sequence on ``prefix``'s tokens. When the cache already begins with them (the previous
+        sequence shared that prefix) the rest is dropped and nothing is recomputed; otherwise the prefix is
+        prefilled as plain decoding's prompt is (one forward in ``n_batch`` batches).
+
+        The KV entries of a prefix left by an earlier sequence were written by its forwards, verify forwards
+        included: the engine judges rows on them as verify rows (as for :class:`PrefixKV`)."""
+        ids = [int(t) for t in prefix.ids]
+        if len(ids) <= self.length and self.ids[:len(ids)] == ids:
+            self.crop(len(ids))
+            return
+        self.reset()
+        self.forward(ids, n_logits=1)
+
+    def snapshot(self, ids: Sequence[int]) -> PrefixKV:
+        """A :class:`PrefixKV` naming the first ``len(ids)`` cached tokens (no entries: llama.cpp keeps them in its
+        own cache, which :meth:`seed` reuses while it still holds them). Raises ValueError: more ids than cached, or
+        ids that are not the cached ones."""
+        n = len(ids)
+        if not 0 < n <= self.length or [int(t) for t in ids] != self.ids[:n]:
+            raise ValueError(f"snapshot: the {n} ids are not the first of the {self.length} cached tokens")
+        return PrefixKV(tuple(self.ids[:n]), ())
+
+    def verified_kv(self, layers: Sequence[int], n: int):
+        """Not available: llama.cpp's KV cache is not a torch tensor (GliDe drafts need the transformers runtime).
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError("GliDe drafts read the target's KV cache: use the transformers runtime for them")
+
+    def batch_invariant(self, rows: int = PROBE_ROWS) -> bool:
+        """Whether this build computes every row of a batch bit for bit as it computes that token alone: ``rows``
+        tokens fed as one batch after a 4-token prefix against the same tokens fed one at a time (about ``2 *
+        rows`` single-token forwards; the cache is reset after).
+        """
+        ids = [(17 * i + 1) % self.vocab_size for i in range(4 + rows)]
+        self.reset()
+        self.forward(ids[:4])
+        batch = self.forward(ids[4:], n_logits=rows)
+        self.crop(4)
+        single = torch.cat([self.forward([t]) for t in ids[4:]])
+        self.reset()
+        return bool(torch.equal(batch, single))
+
+    # -- llama.cpp's own facts -------------------------------------------------------------------------------------
+
+    def is_eog(self, token: int) -> bool:
+        """Whether llama.cpp's vocabulary marks ``token`` as an end of generation."""
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
+
+    def eog_ids(self) -> list[int]:
+        """Every end-of-generation id of the GGUF's vocabulary (EOS, EOT, ...)."""
+        return [t for t in range(self.vocab_size) if self.is_eog(t)]
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of ``token`` (llama.cpp's ``llama_vocab_get_text``)."""
+        return self._lib.llama_vocab_get_text(self._vocab, int(token)).decode(errors="replace")
+
+    def close(self) -> None:
+        """Free the context, the batch and the model (idempotent)."""
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if getattr(self, "_batch", None) is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
