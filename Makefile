@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: demo test test-fast install lint clean vllm-check fuzz-server lm-eval-concurrent llama
+.PHONY: demo demo-llama test test-fast install lint clean vllm-check fuzz-server lm-eval-concurrent llama
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ lint: $(LINT_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/redraft demo
+
+# The same demo with the target on llama.cpp (the bundled GGUF as it is quantized); builds the llama extra first.
+demo-llama: llama
+	$(BIN)/redraft demo --runtime llama.cpp
 
 # The tests run in TEST_WORKERS pytest-xdist processes (auto: one per CPU core; 0: in this process). Each worker takes
 # whole files (--dist loadfile), so a module's fixtures (the real model, a live server) are built once; the files
@@ -78,7 +82,9 @@ $(VLLM_STAMP):
 # The default model served by vLLM twice (plain, then with the redraft proposer over a corpus of the first pass).
 # VLLM_CHECK_ARGS passes options through, e.g. `make vllm-check VLLM_CHECK_ARGS=--batch`.
 # llama-cpp-python (the `llama` extra) built from source for this CPU, without the tools, examples, servers and
-# OpenMP it does not need here (about 5 minutes on 2 cores; docs/llama-cpp.md says what was measured with it).
+# OpenMP it does not need here, and without llamafile's sgemm: ggml's own kernels compute every row of a verify batch
+# bit for bit as a single-token decode does, so exact mode has nothing to settle (about 5 minutes on 2 cores;
+# docs/llama-cpp.md). --no-cache-dir: pip's wheel cache would otherwise reuse a wheel built with other flags.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
 llama: $(STAMP)

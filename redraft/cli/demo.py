@@ -97,7 +97,8 @@ def run_demo(args) -> int:
     base = [plain.generate(encode(q), args.ngen)
             for q in tqdm(replay_q, desc="1/3 plain greedy", unit="q", file=sys.stderr)]
 
-    corpus_path = Path(args.corpus_out) if args.corpus_out else cache_dir() / "demo" / "corpus.txt"
+    default_name = "corpus.txt" if loaded.runtime == "transformers" else f"corpus-{loaded.runtime}.txt"
+    corpus_path = Path(args.corpus_out) if args.corpus_out else cache_dir() / "demo" / default_name
     corpus_path.parent.mkdir(parents=True, exist_ok=True)
     try:  # replaces the file at once (temporary file + rename): an interrupted demo never leaves half a corpus
         write_text(corpus_path, [r.prompt_ids + r.output_ids for r in base])
@@ -123,7 +124,7 @@ def run_demo(args) -> int:
 
     replay_rows, replay_total = compare(replay_q, base, replay)
     drafts = f"cost-aware policy, depth <= {MAX_DRAFT_DEPTH}" if policy_on else f"K={k}"
-    report = {"model": loaded.name, "k": None if policy_on else k, "policy": policy_on, "ngen": args.ngen,
+    report = {"model": loaded.name, "runtime": loaded.runtime, "k": None if policy_on else k, "policy": policy_on, "ngen": args.ngen,
               "ngram": not args.no_ngram, "corpus": str(corpus_path), "corpus_ids": corpus.n_tokens,
               "replay": {"rows": replay_rows, "total": replay_total}}
     if policy is not None:
