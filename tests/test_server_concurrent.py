@@ -247,8 +247,10 @@ def test_serve_options_are_validated(model_dir):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--model", str(model_dir), flag, "0"])
     args = serve_args(model_dir)
-    assert (args.max_running, args.max_batch_tokens, args.kv_tokens) == (16, None, None)
-    from redraft.cli.serve import build_server
+    assert (args.max_running, args.max_batch_tokens, args.kv_tokens) == (None, None, None)
+    from redraft.cli.serve import build_server, max_running_of
+
+    assert max_running_of(args) == 16  # the transformers runtime's default (llama.cpp's is 1)
 
     # a flag that cannot act is refused before the model loads (build_server is never handed a model here)
     with pytest.raises(SystemExit, match="--max-batch-tokens 64: no effect with --max-running 1"):

@@ -14,6 +14,7 @@ import sys
 from redraft.cli.common import (
     add_dtype_arg,
     add_model_arg,
+    add_runtime_args,
     add_speculation_args,
     add_threads_arg,
     config_from_args,
@@ -23,7 +24,7 @@ from redraft.cli.common import (
     positive,
 )
 from redraft.defaults import TOOL_CALL_PARSERS
-from redraft.io.loading import DEFAULT_MODEL_FILE
+from redraft.io.loading import DEFAULT_MODEL_FILE, ModelLoadError, resolve_gguf
 
 DEFAULT_CAP_TOKENS = 1_000_000
 DEFAULT_PREFIX_CACHE_TOKENS = 16_384
@@ -44,6 +45,7 @@ def register(sub) -> None:
                     "back faster with identical output.")
     add_model_arg(p)
     add_dtype_arg(p)
+    add_runtime_args(p)  # llama.cpp: one request at a time (one sequence), from llama.cpp's own cache
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model id clients send and see (default: the model directory's name); several names are "
                         "aliases: requests may name any, /v1/models lists all, the first is the main one")
@@ -85,10 +87,10 @@ def register(sub) -> None:
                    help="do not propose the tokens a response_format or tool-call grammar forces as drafts")
     p.add_argument("--max-queue", type=positive, default=256, metavar="N",
                    help="most waiting requests; beyond it a request is answered 429 with Retry-After (default 256)")
-    p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=DEFAULT_MAX_RUNNING, metavar="N",
+    p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=None, metavar="N",
                    help=f"most requests generating at once, 1..{MAX_RUNNING} (one thread each); their forwards are "
                         f"batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
-                        f"unbatched)")
+                        f"unbatched; the llama.cpp runtime serves one request at a time: 1 only)")
     p.add_argument("--max-batch-tokens", type=positive, default=None, metavar="N",
                    help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
                         f"chunk of a waiting prompt's prefill; a chunk is never under 32 rows, so a step may "
@@ -100,13 +102,15 @@ def register(sub) -> None:
                         f"requests at the model's full context, within a quarter of the memory the cache lives in "
                         f"(the machine's or the container's, or the GPU's free memory), at least "
                         f"{DEFAULT_KV_TOKENS:,} and one context; float32 SmolLM2-135M takes ~46 KB a token, and a "
-                        f"running sequence's cache up to a quarter more for room to grow)")
+                        f"running sequence's cache up to a quarter more for room to grow; llama.cpp: its --n-ctx, "
+                        f"one sequence's cache)")
     p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
                    metavar="N",
                    help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
                         f"all tenants (least recently used evicted first), and start each request from the longest "
                         f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
-                        f"SmolLM2-135M takes ~46 KB a token)")
+                        f"SmolLM2-135M takes ~46 KB a token; llama.cpp keeps the previous request's tokens in its own "
+                        f"cache, and a request of the same tenant starts from up to N of them)")
     p.add_argument("--no-answer-cache", action="store_true",
                    help="decode every request; by default a greedy request (temperature 0, no logprobs, no "
                         "response_format, no tools) whose tenant was already answered for the identical "
@@ -142,6 +146,43 @@ def model_id_of(loaded, served_name: str | list[str] | None) -> str:
     return os.path.basename(os.path.normpath(str(loaded.name))) or str(loaded.name)
 
 
+LLAMA_ONE_AT_A_TIME = "the llama.cpp runtime serves one request at a time: --max-running 1"
+
+
+def max_running_of(args) -> int:
+    """``--max-running``, or its default for the runtime: 1 for llama.cpp (one sequence), else
+    :data:`DEFAULT_MAX_RUNNING`.
+
+    Raises:
+        SystemExit: ``--max-running`` above 1 with ``--runtime llama.cpp``.
+    """
+    given = getattr(args, "max_running", None)
+    if getattr(args, "runtime", "transformers") == "llama.cpp":
+        if given is not None and given > 1:
+            raise _fail(f"--max-running {given}: {LLAMA_ONE_AT_A_TIME}")
+        return 1
+    return DEFAULT_MAX_RUNNING if given is None else given
+
+
+def check_runtime(args) -> None:
+    """The runtime's cheap checks, before anything slow (no torch): ``--max-running`` (resolved in ``args`` by
+    :func:`max_running_of`), and for llama.cpp that ``--model`` names a GGUF file and ``--dtype`` is float32.
+
+    Raises:
+        SystemExit: one line naming the flag.
+    """
+    args.max_running = max_running_of(args)
+    if getattr(args, "runtime", "transformers") != "llama.cpp":
+        return
+    try:
+        resolve_gguf(args.model)
+    except ModelLoadError as e:
+        raise _fail(str(e)) from None
+    if args.dtype != "float32":
+        raise _fail(f"--dtype {args.dtype}: the llama.cpp runtime runs the GGUF file's own quantization (leave "
+                    "--dtype at float32)")
+
+
 def speculation_config(args):
     """How requests draft: :meth:`redraft.compose.SpeculationConfig.from_args` on the shared draft flags (the
     environment's ``REDRAFT_CORPUS_K`` / ``..._MINACC`` too, as ``redraft run``); ``--corpus`` files are the shared
@@ -160,8 +201,10 @@ def speculation_config(args):
 def build_server(args, loaded=None):
     """Everything but the socket: tenants, model, corpora, generator and :class:`redraft.server.app.Server`.
 
-    Raises SystemExit with one line for a bad tenants file, corpus file, corpus directory or model.
+    Raises SystemExit with one line for a bad tenants file, corpus file, corpus directory or model, or a runtime
+    flag that cannot apply (:func:`check_runtime`). ``args.max_running`` is resolved to its runtime's default.
     """
+    check_runtime(args)  # before the imports below (torch)
     from redraft.corpus import tokenizer_fingerprint
 
     # torch-bound: the generator runs the engine
@@ -171,7 +214,7 @@ def build_server(args, loaded=None):
     from redraft.server.corpora import CorporaError, TenantCorpora
     from redraft.server.generation import Generator
     from redraft.server.options import ServerOptions
-    from redraft.server.prefix_cache import PrefixCache
+    from redraft.server.prefix_cache import HeldPrefix, PrefixCache
     from redraft.server.tenants import Tenants, TenantsError
 
     config = speculation_config(args)
@@ -186,7 +229,10 @@ def build_server(args, loaded=None):
         raise _fail(f"--max-batch-tokens {args.max_batch_tokens}: no effect with --max-running 1 (requests run one "
                     "at a time, unbatched)")
     if loaded is None:
-        loaded = load_model_or_exit(args.model, dtype=args.dtype)
+        loaded = load_model_or_exit(args.model, dtype=args.dtype, runtime=getattr(args, "runtime", "transformers"),
+                                    n_ctx=getattr(args, "n_ctx", None))
+    elif loaded.runtime != getattr(args, "runtime", "transformers"):
+        raise ValueError(f"build_server: a {loaded.runtime} model for --runtime {getattr(args, 'runtime', None)}")
     try:
         corpora = TenantCorpora(tenants.names, args.corpus_dir, vocab_size=loaded.vocab_size,
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,
@@ -194,7 +240,10 @@ def build_server(args, loaded=None):
                                 compact_tokens=args.compact_tokens)
     except CorporaError as e:
         raise _fail(str(e)) from None
-    prefix_cache = PrefixCache(args.prefix_cache_tokens) if args.prefix_cache_tokens else None
+    prefix_cache = None
+    if args.prefix_cache_tokens:  # llama.cpp: the tokens its own cache holds (one sequence), no store of entries
+        prefix_cache = (HeldPrefix(loaded.model, args.prefix_cache_tokens) if loaded.runtime != "transformers"
+                        else PrefixCache(args.prefix_cache_tokens))
     budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
                           batcher=step_batcher(args, loaded),
@@ -209,9 +258,18 @@ def build_server(args, loaded=None):
 
 
 def kv_capacity(args, loaded) -> int:
-    """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`)."""
+    """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`); on
+    llama.cpp its context (``--n-ctx``: the one sequence's whole cache), or ``--kv-tokens`` when smaller."""
     from redraft.server.admission import default_kv_tokens, kv_bytes_per_token
 
+    if loaded.runtime != "transformers":
+        context = loaded.model.max_length
+        if args.kv_tokens is None:
+            return context
+        if args.kv_tokens < context:
+            print(f"redraft serve: warning: --kv-tokens {args.kv_tokens:,} is under llama.cpp's {context:,}-token "
+                  f"context: a request whose prompt + max_tokens exceeds it is refused (400)", file=sys.stderr)
+        return min(args.kv_tokens, context)
     config = loaded.model.config
     if args.kv_tokens is not None:
         context = getattr(config, "max_position_embeddings", None)
@@ -283,11 +341,14 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def kv_gib(server) -> float:
-    """GiB the server's KV budget takes at most (tokens x bytes per token in the model's dtype)."""
+def kv_gib(server) -> float | None:
+    """GiB the server's KV budget takes at most (tokens x bytes per token in the model's dtype); None on llama.cpp
+    (the cache is llama.cpp's own, sized by ``--n-ctx``)."""
     from redraft.server.admission import kv_bytes_per_token
 
     g = server.generator
+    if g.runtime != "transformers":
+        return None
     per = kv_bytes_per_token(g.model.config, g.facts.dtype.itemsize)
     return g.budget.capacity * per / 2**30
 
@@ -304,13 +365,19 @@ def cmd_serve(args) -> int:
     capacity = server.generator.budget.capacity
     prefix = min(args.prefix_cache_tokens, capacity)  # the prefix cache keeps what the KV budget leaves
     note = full_context_note(capacity, server.generator.context_length, args.max_running)
+    gib = kv_gib(server)
+    if gib is None:  # llama.cpp: one sequence in its own cache
+        prefix_text = f"{server.generator.runtime}'s own (the previous request's tokens, same tenant)"
+        kv_text = f"KV {capacity:,} tokens in {server.generator.runtime}'s own cache (--n-ctx)"
+    else:
+        prefix_text = f"{prefix:,} tokens at most"
+        kv_text = f"KV budget {capacity:,} tokens = {gib:.2f} GiB at most"
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
-          f"{f'{prefix:,} tokens at most' if args.prefix_cache_tokens else 'off'}, answer cache "
+          f"{prefix_text if args.prefix_cache_tokens else 'off'}, answer cache "
           f"{'on' if server.generator.answers is not None else 'off'}, "
-          f"{args.max_running} running at most, KV budget {capacity:,} tokens = "
-          f"{kv_gib(server):.2f} GiB at most{note})", file=sys.stderr, flush=True)
+          f"{args.max_running} running at most, {kv_text}{note})", file=sys.stderr, flush=True)
     others = sum(c.stats()["journals"] for c in corpora.learned.values()) if args.corpus_dir else 0
     if others:
         print(f"redraft serve: {args.corpus_dir} is shared: following {others} other writer journal"

@@ -4,7 +4,9 @@ A request is a step function (:mod:`redraft.decoding.sequence`) that the schedul
 other running requests, one target forward per step. Each request gets a target of its own
 (:meth:`Generator.new_target`: an :class:`~redraft.decoding.target.HFTarget` whose forwards the server's step batcher
 packs with the other running requests' into one forward per step, or runs alone without one) and an engine built per
-request (a thin object) by :func:`redraft.compose.build_engine`; the model's weights exist once.
+request (a thin object) by :func:`redraft.compose.build_engine`; the model's weights exist once. A target of another
+runtime that runs one sequence (:class:`~redraft.decoding.llamacpp.LlamaCppTarget`) is shared by every request,
+which then run one at a time; it is emptied before a request of another tenant than the previous one's.
 Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as ``redraft run``: the cost-aware policy
 by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or ``--minacc``. The cost curve is
 measured once per server (cached on disk as the CLI caches it). What the policy learns (acceptance per draft
@@ -32,7 +34,7 @@ from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import SamplingParams
 from redraft.decoding.sequence import Steps
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import HFTarget
+from redraft.decoding.target import HFTarget, Target
 from redraft.decoding.textstream import TextStream
 
 from .admission import KVBudget
@@ -97,7 +99,9 @@ class Generator:
     """Generates jobs for the scheduler: calling it returns the job's step function.
 
     Args:
-        loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids).
+        loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids). A model that is already a
+            :class:`~redraft.decoding.target.Target` (the llama.cpp runtime's) is the one target every request
+            uses: requests must then run one at a time (no ``batcher``; :attr:`one_at_a_time`).
         corpora: the tenants' learned corpora and the shared corpus.
         config: how requests draft (:class:`~redraft.compose.SpeculationConfig`; default: the policy, n-gram
             drafts, exact mode, as ``redraft run``). Its ``corpus`` path is ignored: ``corpora`` are the corpora.
@@ -116,6 +120,9 @@ class Generator:
 
     Attributes:
         model, tokenizer, eos: the loaded model's. policies: tenant -> the tenant's policy (what it learned).
+        shared: the one target of a runtime that runs one sequence, else None (a target per request).
+    Raises:
+        ValueError: a ``batcher`` for a model that is a shared target.
     """
 
     def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
@@ -125,7 +132,12 @@ class Generator:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
-        self.facts = HFTarget(loaded.model)  # vocabulary, context, dtype: never forwards (requests own targets)
+        self.shared: Target | None = loaded.model if isinstance(loaded.model, Target) else None
+        if self.shared is not None and batcher is not None:
+            raise ValueError(f"the {self.shared.runtime} target runs one sequence: no step batcher")
+        # vocabulary, context, dtype: never forwards (requests own targets, or share the one target)
+        self.facts = self.shared if self.shared is not None else HFTarget(loaded.model)
+        self._holder: str | None = None  # the tenant whose tokens the shared target holds
         self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
         self.prefix_cache, self.budget, self.batcher = prefix_cache, budget, batcher
         self.answers = answers if self.config.exact else None
@@ -144,11 +156,30 @@ class Generator:
     def vocab_size(self) -> int:
         return self.facts.vocab_size
 
-    def new_target(self) -> HFTarget:
-        """A target for one request (priced at the step batcher's current load with one,
-        :meth:`~redraft.decoding.batching.StepBatcher.new_target`). Close it with :func:`close_target`."""
+    @property
+    def runtime(self) -> str:
+        """Where the target runs: "transformers" or "llama.cpp"."""
+        return self.facts.runtime
+
+    @property
+    def one_at_a_time(self) -> bool:
+        """Whether requests must run one at a time (every request shares the one target)."""
+        return self.shared is not None
+
+    def new_target(self, tenant: str | None = None) -> Target:
+        """A target for one request of ``tenant`` (priced at the step batcher's current load with one,
+        :meth:`~redraft.decoding.batching.StepBatcher.new_target`). Close it with :func:`close_target`.
+
+        The shared target (:attr:`shared`) keeps the previous request's tokens for a request of the same tenant (its
+        prefix reuse, :class:`~redraft.server.prefix_cache.HeldPrefix`) and is emptied for any other (or an unnamed
+        one): one tenant's cached tokens never speed up another's request."""
         if self.batcher is not None:
             return self.batcher.new_target()
+        if self.shared is not None:
+            if tenant is None or tenant != self._holder:
+                self.shared.reset()
+            self._holder = tenant
+            return self.shared
         return HFTarget(self.model)
 
     def drafters(self, tenant: str, constraint=None) -> list:
@@ -182,7 +213,7 @@ class Generator:
             return policy
         return batched_policy(policy)
 
-    def engine(self, tenant: str, target: HFTarget, constraint=None):
+    def engine(self, tenant: str, target: Target, constraint=None):
         """The engine for one request of ``tenant`` on ``target``: its drafters and its policy."""
         return build_engine(target, self.config, eos_token_ids=self.eos,
                             drafters=self.drafters(tenant, constraint), policy=self.request_policy(tenant))
@@ -205,7 +236,7 @@ class Generator:
         stop = StopStrings(self.tokenizer, work.stop)
         replayed = None if key is None else replay(self.answers.get(key), work.prompt_ids, work.max_tokens, stop,
                                                    self.eos)
-        target = None if replayed is not None else self.new_target()
+        target = None if replayed is not None else self.new_target(job.tenant)
         emitted = [0]  # tokens generated so far (the count an aborted request reports)
         try:
             return (yield from self._generate(job, emit, target, emitted, stop, key, replayed))
@@ -213,9 +244,9 @@ class Generator:
             raise Cancelled(emitted[0]) from e
         finally:
             if target is not None:  # frees the sequence's KV entries at once (a prefix entry keeps its own view)
-                close_target(target)
+                close_target(target, shared=target is self.shared)
 
-    def _generate(self, job: Job, emit: Callable[[str], None], target: HFTarget | None, emitted: list[int],
+    def _generate(self, job: Job, emit: Callable[[str], None], target: Target | None, emitted: list[int],
                   stop: StopStrings, key: tuple | None = None, replayed: GenerationResult | None = None
                   ) -> Steps[Outcome]:
         work: Work = job.payload
@@ -292,7 +323,7 @@ class Generator:
         return Outcome(result=res, text=text, finish_reason=reason, learned=learned, tool_calls=calls, content=answer,
                        prompt_logprobs=scored, answer_cache_hit=replayed is not None)
 
-    def _decode(self, job: Job, target: HFTarget, stop: StopStrings, on_tokens, on_logprobs=None
+    def _decode(self, job: Job, target: Target, stop: StopStrings, on_tokens, on_logprobs=None
                 ) -> Steps[GenerationResult]:
         """Run the engine on ``target`` from the tenant's longest cached prompt prefix, then cache the prompt +
         answer's KV entries."""
@@ -310,8 +341,12 @@ class Generator:
 
 
 
-def close_target(target: HFTarget) -> None:
-    """Free a request's KV entries at once (a prefix-cache entry keeps its own views)."""
+def close_target(target: Target, shared: bool = False) -> None:
+    """Free a request's KV entries at once (a prefix-cache entry keeps its own views). A ``shared`` target (one
+    sequence every request runs on, :attr:`Generator.shared`) keeps its cache: the next request of the same tenant
+    starts from it, and :meth:`Generator.new_target` empties it for another tenant."""
+    if shared:
+        return
     target.cache = None
     target.length = 0
 

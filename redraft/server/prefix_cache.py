@@ -18,6 +18,12 @@ does that for ``redraft serve``:
 
 Memory: an entry costs ``2 x layers x kv_heads x head_dim x dtype bytes`` per token (46 KB in float32 for the
 default SmolLM2-135M: 16,384 tokens take ~750 MB).
+
+A runtime that keeps one sequence in a KV cache of its own (llama.cpp) has no entries to copy out: there
+:class:`HeldPrefix` stands in for the store, as llama.cpp's server reuses its slot's cache: a request starts from
+the longest common prefix of its prompt and the tokens the target still holds from the previous request, which the
+server only leaves in place for a request of the same tenant (:meth:`redraft.server.generation.Generator.new_target`
+empties it for another tenant's).
 """
 
 from __future__ import annotations
@@ -123,6 +129,61 @@ class PrefixCache:
         """Tokens held for ``tenant``."""
         with self.lock:
             return sum(len(ids) for t, ids in self.entries if t == tenant)
+
+
+class HeldPrefix:
+    """The prefix cache of a target that runs one sequence in its own KV cache (llama.cpp's): the tokens it holds.
+
+    The same methods as :class:`PrefixCache`, so the generator, the KV budget and the metrics use it unchanged.
+    :meth:`lookup` names the longest common prefix of the prompt and ``target.ids`` (what the target's cache holds
+    now, left by the previous request); :meth:`~redraft.decoding.target.Target.seed` then keeps those positions and
+    drops the rest, recomputing nothing. Tenants never share it: the generator empties the target before a request
+    of another tenant than the previous one. It holds no memory beyond the target's own cache, which the running
+    request's reservation covers: ``tokens`` is 0 and eviction has nothing to free.
+
+    Args:
+        target: the shared target (``ids``, ``length`` and ``snapshot`` are used).
+        max_tokens: most held tokens one request may start from (0 = none).
+        min_hit: shortest prefix worth reusing, in tokens.
+    Attributes:
+        stats: :class:`PrefixCacheStats` (``evictions`` and ``replaced`` stay 0). tokens: 0 (see above).
+    """
+
+    tokens = 0
+
+    def __init__(self, target, max_tokens: int, min_hit: int = 1) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.target, self.max_tokens, self.min_hit = target, int(max_tokens), max(1, int(min_hit))
+        self.stats = PrefixCacheStats()
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 1 if self.target.length else 0
+
+    def lookup(self, tenant: str, prompt: Sequence[int]) -> PrefixKV | None:
+        """The longest common prefix of ``prompt`` and the held tokens (at most ``max_tokens``, leaving at least one
+        prompt token to feed), None when shorter than ``min_hit``. ``tenant`` is not consulted: the target holds only
+        the current request's tenant's tokens (see the class docstring)."""
+        prompt = [int(t) for t in prompt]
+        with self.lock:
+            self.stats.queries += len(prompt)
+            held = self.target.ids[:self.target.length]
+            n = common_prefix(held, prompt, limit=min(len(prompt) - 1, self.max_tokens))
+            if n < self.min_hit:
+                return None
+            self.stats.hits += n
+        return self.target.snapshot(prompt[:n])
+
+    def store(self, tenant: str, entry: PrefixKV, room: int | None = None) -> None:
+        """Nothing to keep: the target's cache still holds the entry's tokens until the next request."""
+
+    def evict_to(self, limit: int) -> None:
+        """Nothing to free: the held tokens are in the memory the next request runs in."""
+
+    def tenant_tokens(self, tenant: str) -> int:
+        """0: the held tokens take no memory of their own (see the class docstring)."""
+        return 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:

@@ -2,8 +2,9 @@
 
 ``usage`` counts each prompt once (however many choices it has) and every choice's completion tokens.
 ``system_fingerprint`` names what decides the output besides the request: redraft's version, the model id, its
-dtype and size, and the transformers and torch versions (OpenAI: "can be used in conjunction with the seed request
-parameter to understand when backend changes have been made that might impact determinism").
+dtype and size, the transformers and torch versions, and another runtime's name and numerics (llama.cpp's). OpenAI:
+"can be used in conjunction with the seed request parameter to understand when backend changes have been made that
+might impact determinism".
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def fingerprint(model_id: str, generator) -> str:
     target = generator.facts
     key = f"{__version__}|{model_id}|{target.dtype}|{target.vocab_size}|{target.max_length}|" \
           f"{transformers.__version__}|{torch.__version__}"
+    if target.runtime != "transformers":  # another runtime's output differs: its own fingerprint (llama.cpp's build)
+        key += f"|{target.runtime}|{target.numerics}"
     return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 

@@ -1,0 +1,188 @@
+"""``redraft serve --runtime llama.cpp``: the bundled GGUF served by llama.cpp, one request at a time.
+
+Every answer is checked against redraft's plain decoding on the same llama.cpp target (itself checked against
+llama.cpp's own greedy decoding in test_llama_target.py): completions, chat, streaming, the answer cache, and a
+repeated prompt decoded again from the tokens llama.cpp's cache still holds (the held prefix), which never serves
+another tenant. The live-server tests are marked slow and skipped without the ``llama`` extra; the flag checks and
+the held-prefix units run everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from conftest import use_session_cache
+from serverkit import live_server
+
+N_CTX, THREADS, N = 2048, 1, 24
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "List three primary colors."}]
+
+
+def _has_llama() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def serve_args(*extra: str):
+    from redraft.cli import build_parser
+
+    return build_parser().parse_args(["serve", "--runtime", "llama.cpp", "--n-ctx", str(N_CTX), "--port", "0",
+                                      "--quiet", *extra])
+
+
+@pytest.fixture(scope="module")
+def llama():
+    if not _has_llama():
+        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    from redraft.compose import load_target
+
+    return load_target(None, runtime="llama.cpp", n_ctx=N_CTX, threads=THREADS, quiet=True)
+
+
+@pytest.fixture
+def session_cache(monkeypatch):
+    """The run's own redraft cache (the llama.cpp target's cost curve is measured once and kept there)."""
+    use_session_cache(monkeypatch)
+
+
+def plain_text(loaded, ids: list[int], n: int = N) -> str:
+    """redraft's plain greedy decoding of ``ids`` on the llama.cpp target, as text."""
+    from redraft.compose import plain_engine
+
+    res = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids).generate(ids, n)
+    return loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True)
+
+
+# ---- flags: refused before anything slow -----------------------------------------------------------------------------
+
+def test_llama_refuses_more_than_one_running():
+    from redraft.cli.serve import build_server, max_running_of
+
+    with pytest.raises(SystemExit, match=r"--max-running 4: the llama.cpp runtime serves one request at a time: "
+                                         r"--max-running 1"):
+        build_server(serve_args("--max-running", "4"))  # no model handed over: the check comes before the load
+    assert max_running_of(serve_args()) == 1 == max_running_of(serve_args("--max-running", "1"))
+
+
+def test_llama_refuses_a_model_directory(tmp_path):
+    from redraft.cli.serve import build_server
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match="the llama.cpp runtime runs a .gguf file; this is a directory"):
+        build_server(serve_args("--model", str(tmp_path)))
+    with pytest.raises(SystemExit, match="--dtype bfloat16: the llama.cpp runtime runs the GGUF file's own"):
+        build_server(serve_args("--dtype", "bfloat16"))
+
+
+def test_llama_flag_errors_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "redraft", "serve", "--runtime", "llama.cpp", "--max-running", "4",
+                          "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == ("redraft serve: error: --max-running 4: the llama.cpp runtime "
+                                                   "serves one request at a time: --max-running 1")
+    assert "Traceback" not in out.stderr
+
+
+# ---- the held prefix (units on a stand-in target) --------------------------------------------------------------------
+
+class _Held:
+    """A target stand-in: the ids its cache holds."""
+
+    def __init__(self, ids):
+        self.ids, self.length = list(ids), len(ids)
+
+    def snapshot(self, ids):
+        from redraft.decoding.target import PrefixKV
+
+        assert list(ids) == self.ids[:len(ids)]
+        return PrefixKV(tuple(ids), ())
+
+
+def test_held_prefix_names_the_common_prefix_and_costs_nothing():
+    from redraft.server.admission import KVBudget
+    from redraft.server.prefix_cache import HeldPrefix
+
+    target = _Held([5, 6, 7, 8, 9])
+    held = HeldPrefix(target, max_tokens=16)
+    hit = held.lookup("alice", [5, 6, 7, 1, 2])
+    assert hit.ids == (5, 6, 7) and hit.kv == ()
+    assert held.lookup("alice", [5, 6, 7, 8, 9]).ids == (5, 6, 7, 8)  # one prompt token is left to feed
+    assert held.lookup("alice", [4, 6]) is None and len(held) == 1
+    assert HeldPrefix(target, max_tokens=2).lookup("alice", [5, 6, 7, 1]).ids == (5, 6)
+    assert (held.stats.queries, held.stats.hits) == (12, 7)
+    budget = KVBudget(10, held)
+    assert budget.try_reserve(10) and budget.used == 10  # the held tokens are the running request's memory
+    held.store("alice", hit)
+    assert target.ids == [5, 6, 7, 8, 9]
+
+
+# ---- a live server ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_llama_server_answers_as_plain_decoding(llama, session_cache):
+    tok = llama.tokenizer
+    ids = tok(PROMPT)["input_ids"]
+    want = plain_text(llama, ids)
+    chat_ids = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    chat_ids = chat_ids["input_ids"] if isinstance(chat_ids, dict) or hasattr(chat_ids, "keys") else chat_ids
+    want_chat = plain_text(llama, list(chat_ids))
+    with live_server(serve_args(), llama) as srv:
+        assert srv.server.scheduler.max_running == 1 and srv.server.generator.batcher is None
+        client, model = srv.client(), srv.server.model_id
+        first = client.completions.create(model=model, prompt=PROMPT, max_tokens=N, temperature=0)
+        assert first.choices[0].text == want and first.usage.prompt_tokens == len(ids)
+        again = client.completions.create(model=model, prompt=PROMPT, max_tokens=N, temperature=0)
+        assert again.choices[0].text == want
+        assert again.usage.prompt_tokens_details.cached_tokens == len(ids)  # the answer cache: no forward
+        chat = client.chat.completions.create(model=model, messages=CHAT, max_tokens=N, temperature=0)
+        assert chat.choices[0].message.content == want_chat
+        scored = httpx.post(srv.url + "/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 0,
+                                                            "echo": True, "logprobs": 0}, timeout=60).json()
+        assert scored["choices"][0]["logprobs"]["token_logprobs"][0] is None
+        assert len(scored["choices"][0]["logprobs"]["tokens"]) == len(ids)
+        # decoded after the scoring forward left the prompt in llama.cpp's cache: streamed, still plain decoding's
+        # past the stored answer's end: decoded, not replayed
+        stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=N + 8, temperature=0, stream=True,
+                                           stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == plain_text(llama, ids, N + 8)
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == len(ids) - 1  # the scored prompt, held
+        r = httpx.post(srv.url + "/completions", json={"model": model, "prompt": PROMPT, "max_tokens": -1},
+                       timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "max_tokens" and "max_tokens" in err["message"], r.text
+        models = httpx.get(srv.url + "/models", timeout=60).json()["data"]
+        assert models[0]["max_model_len"] == N_CTX
+
+
+@pytest.mark.slow
+def test_llama_server_decodes_again_from_its_held_prefix_per_tenant(llama, session_cache, tmp_path):
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps({"key-a": "alice", "key-b": "bob"}))
+    tok = llama.tokenizer
+    ids = tok(PROMPT)["input_ids"]
+    want = plain_text(llama, ids, 32)
+    with live_server(serve_args("--no-answer-cache", "--tenants", str(tenants)), llama) as srv:
+        model = srv.server.model_id
+        alice, bob = srv.client("key-a"), srv.client("key-b")
+        first = alice.completions.create(model=model, prompt=PROMPT, max_tokens=32, temperature=0)
+        assert first.choices[0].text == want and first.usage.prompt_tokens_details.cached_tokens == 0
+        # decoded again: from llama.cpp's cache of alice's previous request, drafted from what she learned
+        again = alice.completions.create(model=model, prompt=PROMPT, max_tokens=32, temperature=0)
+        assert again.choices[0].text == want
+        assert again.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+        other = bob.completions.create(model=model, prompt=PROMPT, max_tokens=32, temperature=0)
+        assert other.choices[0].text == want
+        assert other.usage.prompt_tokens_details.cached_tokens == 0  # alice's tokens never serve bob
+        metrics = httpx.get(srv.base + "/metrics", timeout=60).text
+        hits = [line for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_hits_total")]
+        assert [float(line.split()[-1]) for line in hits] == [len(ids) - 1]
