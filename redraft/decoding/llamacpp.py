@@ -193,15 +193,6 @@ class LlamaCppTarget(Target):
                 rows.append(np.ctypeslib.as_array(ptr, shape=(n_out * self.vocab_size,)).copy())
         return torch.from_numpy(np.concatenate(rows).reshape(n_logits, self.vocab_size))
 
-    @contextlib.contextmanager
-    def solo(self):
-        """A context in which every forward runs in plain decoding's shape (always so here: one sequence)."""
-        self.solo_depth += 1
-        try:
-            yield self
-        finally:
-            self.solo_depth -= 1
-
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (``llama_memory_seq_rm`` of the rest)."""
         if length < self.length:

@@ -66,6 +66,16 @@ class Target:
     carried_rows = 1
     solo_depth = 0
 
+    @contextlib.contextmanager
+    def solo(self):
+        """A context in which every forward asked for runs in plain decoding's shape, this sequence's rows alone
+        (:class:`redraft.decoding.sequence.ForwardCall` ``solo``: a step batcher never packs or chunks it)."""
+        self.solo_depth += 1
+        try:
+            yield self
+        finally:
+            self.solo_depth -= 1
+
 
 class HFTarget(Target):
     """A transformers causal LM with its own KV cache (batch size 1).
@@ -173,16 +183,6 @@ class HFTarget(Target):
                          logits_to_keep=n_logits, **{self.cache_kwarg: self.cache})
         self.length += len(ids)
         return out.logits[0].cpu()
-
-    @contextlib.contextmanager
-    def solo(self):
-        """A context in which every forward asked for runs in plain decoding's shape, this sequence's rows alone
-        (:class:`redraft.decoding.sequence.ForwardCall` ``solo``: a step batcher never packs or chunks it)."""
-        self.solo_depth += 1
-        try:
-            yield self
-        finally:
-            self.solo_depth -= 1
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens."""

@@ -89,6 +89,21 @@ def _gguf_key(path: Path) -> str:
     return f"{path.stem}-{h.hexdigest()[:12]}"
 
 
+def _write_dir(out: Path, prefix: str, write) -> None:
+    """Make the cache directory ``out`` with ``write(tmp)`` in a temporary sibling, then rename it into place: an
+    interrupted write never leaves a half-written entry."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def convert_gguf(path: Path, *, quiet: bool = False) -> Path:
     """Dequantise a GGUF file once into an fp32 safetensors model directory under :func:`cache_dir`.
 
@@ -106,9 +121,8 @@ def convert_gguf(path: Path, *, quiet: bool = False) -> Path:
         return out
     if not quiet:
         print(f"redraft: converting {path.name} to fp32 safetensors in {out} (once, ~30 s)", file=sys.stderr)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         try:
             with quiet_transformers():
                 tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -122,12 +136,8 @@ def convert_gguf(path: Path, *, quiet: bool = False) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    _write_dir(out, ".convert-", write)
     return out
 
 
@@ -150,20 +160,15 @@ def gguf_tokenizer_dir(path: Path, *, quiet: bool = False) -> Path:
 
     if not quiet:
         print(f"redraft: reading {path.name}'s tokenizer into {out} (once)", file=sys.stderr)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         try:
             with quiet_transformers():
                 AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot read its tokenizer as GGUF ({type(e).__name__}: {e})") from e
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    _write_dir(out, ".tokenizer-", write)
     return out
 
 
