@@ -128,6 +128,7 @@ def test_held_prefix_names_the_common_prefix_and_costs_nothing():
 # ---- a live server ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.llama
 def test_llama_server_answers_as_plain_decoding(llama, session_cache):
     tok = llama.tokenizer
     ids = tok(PROMPT)["input_ids"]
@@ -165,6 +166,7 @@ def test_llama_server_answers_as_plain_decoding(llama, session_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.llama
 def test_llama_server_decodes_again_from_its_held_prefix_per_tenant(llama, session_cache, tmp_path):
     tenants = tmp_path / "tenants.json"
     tenants.write_text(json.dumps({"key-a": "alice", "key-b": "bob"}))
