@@ -95,7 +95,7 @@ EXACT_PAY_PAUSE = 128
 # the measured cost curve.
 # Draft sizes at which the verify cost curve is measured (every size to 4, where a CPU's curve is least regular,
 # then doubling up to the policy's depth cap; linear in between), the cached prefix before each timed forward, and
-# timings per size (each against the 1-token forwards around it; median, then the fit of redraft.policy.costfit).
+# timings per size (each against the 1-token forwards around it; median, then the fit of redraft.pricing.fit).
 # Measuring takes ~repeats x (sum of c(n) + 13) plain steps: ~40 s on the 2-core development CPU with one thread on
 # a quiet machine, once per model, dtype, thread count and machine (cached). Five repeats, not three: the median and the
 # interquartile range the fit stays within need more than three samples to set aside one taken during another job's

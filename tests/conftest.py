@@ -388,9 +388,10 @@ def load_default_model(**kwargs):
     with cache_lock("default-model"):
         loaded = load_model(**kwargs)
         if kwargs.get("dtype", "float32") == "float32" and kwargs.get("attn", "sdpa") == "sdpa":
-            from redraft.decoding.costcache import cached_cost_curve
+            from redraft.decoding.target import HFTarget
+            from redraft.pricing.cache import cached_cost_curve
 
-            cached_cost_curve(loaded.model)
+            cached_cost_curve(HFTarget(loaded.model))
     return loaded
 
 
@@ -398,9 +399,10 @@ def seed_cost_curve(model, directory, name) -> os.PathLike:
     """Store ``model``'s cached cost curve in the cache ``directory`` under the key of a copy of it saved at ``name``
     (the key holds the model's path): a process loading the copy reads the curve instead of measuring it again
     (~30 s for the default model). Returns the file written."""
-    from redraft.decoding.costcache import cached_cost_curve, curve_key, curve_path, save_curve
+    from redraft.decoding.target import as_target
+    from redraft.pricing.cache import cached_cost_curve, curve_key, curve_path, save_curve
 
-    curve = cached_cost_curve(model)
+    curve = cached_cost_curve(as_target(model))
     saved = model.config._name_or_path
     model.config._name_or_path = str(name)
     try:

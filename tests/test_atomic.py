@@ -94,8 +94,8 @@ def test_plot_failing_midway_leaves_no_file(tmp_path, monkeypatch):
 
 
 def test_cost_curve_cache_failing_midway_keeps_the_old_cache(tmp_path, monkeypatch):
-    from redraft.decoding.costcache import save_curve
-    from redraft.policy.costcurve import CostCurve
+    from redraft.pricing.cache import save_curve
+    from redraft.pricing.curve import CostCurve
 
     path = tmp_path / "curve.json"
     assert save_curve(path, {"k": 1}, CostCurve((0, 1), (1.0, 1.5)))

@@ -28,11 +28,11 @@ from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.sequence import Sequence, forward
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Draft, Step
-from redraft.decoding.stepcost import StepCostFit, key_weight
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
+from redraft.pricing.stepcost import StepCostFit, key_weight
 from redraft.tree import TokenTree
 
 

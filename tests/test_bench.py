@@ -20,7 +20,7 @@ from redraft.bench.report import acceptance_by_position, markdown, summarize
 from redraft.bench.rounds import first_diff
 from redraft.bench.workloads import ByteEncoder, Item, Workload, build_workloads, parse_workloads, replay_questions
 from redraft.io.questions import load_questions
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
 
 try:
     from conftest import build_tiny

@@ -11,7 +11,7 @@ from redraft.bench.report import differing, summarize
 from redraft.bench.rounds import merge_rounds, merge_rows, rounds_differing
 from redraft.bench.workloads import ByteEncoder
 from redraft.io.questions import load_questions
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
 
 VOCAB = 96
 CURVE = CostCurve((0, 1, 4, 16, 48), (1.0, 1.6, 1.75, 2.9, 5.5))
@@ -113,7 +113,7 @@ def model():
 def test_bench_two_rounds_on_the_tiny_model(model, monkeypatch):
     """Two rounds: every row holds both rounds' seconds, the outputs and decisions repeat, and the policy's cost
     curve is measured once (round 2 reuses it)."""
-    import redraft.decoding.costcache as costcache
+    import redraft.pricing.cache as cost_cache
 
     measured = []
 
@@ -121,7 +121,7 @@ def test_bench_two_rounds_on_the_tiny_model(model, monkeypatch):
         measured.append(1)
         return CURVE
 
-    monkeypatch.setattr(costcache, "cached_cost_curve", fake_curve)
+    monkeypatch.setattr(cost_cache, "cached_cost_curve", fake_curve)
     res = bench(model, [], ByteEncoder(VOCAB), load_questions(), counts={"replay": 1, "novel": 2}, ngen=12,
                 methods=["plain", "ngram", "policy"], max_prompt_tokens=40, vocab_size=VOCAB, progress=False,
                 rss_interval=0, cfg=MethodConfig(), rounds=2)

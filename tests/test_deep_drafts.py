@@ -12,11 +12,13 @@ from conftest import MAX_POS, VOCAB, SequenceDrafter, plain_greedy
 
 from redraft.compose import SpeculationConfig, build_drafters
 from redraft.corpus import Corpus
-from redraft.decoding.costmeasure import measure_cost_curve
 from redraft.decoding.engine import Engine
+from redraft.decoding.target import as_target
 from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH
 from redraft.drafters import CorpusDrafter
-from redraft.policy import CostCurve, SpeculationPolicy
+from redraft.policy import SpeculationPolicy
+from redraft.pricing import CostCurve
+from redraft.pricing.measure import measure_cost_curve
 
 FLAT = CostCurve.flat(POLICY_MAX_DEPTH)
 PROMPT = [9, 8, 7]
@@ -150,7 +152,7 @@ def test_a_whole_short_context_match_is_a_replay(tiny_llama, want):
 
 
 def test_cost_curve_leaves_out_sizes_past_the_context(tiny_llama):
-    curve = measure_cost_curve(tiny_llama, (0, 1, 64, 126, 127, 512), prefix=8, repeats=1)
+    curve = measure_cost_curve(as_target(tiny_llama), (0, 1, 64, 126, 127, 512), prefix=8, repeats=1)
     assert curve.sizes == (0, 1, 64, 126)  # 1 + n tokens after one cached id must fit 128 positions
 
 

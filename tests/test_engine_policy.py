@@ -21,7 +21,8 @@ from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
 from redraft.defaults import MAX_DRAFT_DEPTH, PROBE_OVERHEAD
 from redraft.drafters import NgramDrafter
-from redraft.policy import CostCurve, Selection, SpeculationPolicy
+from redraft.policy import Selection, SpeculationPolicy
+from redraft.pricing import CostCurve
 from redraft.tree import TokenTree
 
 # shaped like the 2-core development CPU's curve: one draft token costs more than three (not monotonic)

@@ -224,7 +224,8 @@ def test_grammar_drafts_under_the_cost_aware_policy(kit, curve):
     lossless, and on a flat cost curve the forced tokens are verified."""
     from redraft.defaults import MAX_DRAFT_DEPTH
     from redraft.drafters import NgramDrafter
-    from redraft.policy import CostCurve, SpeculationPolicy
+    from redraft.policy import SpeculationPolicy
+    from redraft.pricing import CostCurve
 
     tok, model, eos, person = kit
     c = CostCurve.flat(64) if curve == "flat" else \

@@ -7,9 +7,11 @@ From the bottom up (``LAYERS``):
 1. ``redraft.corpus`` (numpy only), ``redraft.glide`` (the draft network) and ``redraft.grammar`` (output
    constraints and their per-row masks), side by side: none imports another;
 2. ``redraft.io.freeze``: prompt files and ``[TOKENS]`` logs -> corpus spans; it reads the corpus formats, so it sits
-   above the corpus although it lives with the other file helpers;
+   above the corpus although it lives with the other file helpers; beside it ``redraft.pricing``, the price of a
+   forward (measuring it on a duck-typed target, fitting, caching, pricing drafts and chunks), below the policy that
+   prices with its curve and the decode step that measures through it;
 3. ``redraft.drafters``; 4. ``redraft.policy`` (numpy only: it takes a cost curve, never a model);
-5. ``redraft.decoding`` (the decode step, and the cost-curve measurement that runs target forwards);
+5. ``redraft.decoding`` (the decode step);
 6. ``redraft.compose`` (the one composition point: configuration -> drafters, policy, engine);
 7. front ends: ``redraft.cli``, ``redraft.server``, ``redraft.bench``, ``redraft.training``,
    ``redraft.integrations``, the ``__main__`` entry points, any public API module at the package root and the package
@@ -30,7 +32,7 @@ FRONT_END = 7
 LAYERS: dict[str, int] = {
     "redraft": FRONT_END, "redraft.defaults": 0, "redraft.tree": 0, "redraft.io": 0,
     "redraft.corpus": 1, "redraft.glide": 1, "redraft.grammar": 1,
-    "redraft.io.freeze": 2,
+    "redraft.io.freeze": 2, "redraft.pricing": 2,
     "redraft.drafters": 3,
     "redraft.policy": 4,
     "redraft.decoding": 5,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from redraft.bench.modeltime import main, model_time, results_model_time
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
 
 CURVE = CostCurve((0, 4, 64), (1.0, 1.4, 4.2))  # c(n) linear between the points
 

@@ -12,18 +12,8 @@ import pytest
 import torch
 from conftest import build_tiny
 
-from redraft.decoding.costcache import (
-    cached_cost_curve,
-    curve_key,
-    curve_path,
-    default_directory,
-    load_curve,
-    save_curve,
-)
-from redraft.decoding.costmeasure import measure_cost_curve, time_forwards
 from redraft.policy import (
     AcceptanceTracker,
-    CostCurve,
     SpeculationPolicy,
     count_priors,
     depth_limit,
@@ -34,6 +24,16 @@ from redraft.policy import (
     succession_priors,
 )
 from redraft.policy.select import path_probabilities
+from redraft.pricing import CostCurve
+from redraft.pricing.cache import (
+    cached_cost_curve,
+    curve_key,
+    curve_path,
+    default_directory,
+    load_curve,
+    save_curve,
+)
+from redraft.pricing.measure import measure_cost_curve, time_forwards
 
 
 def linear(slope: float, up_to: int = 64) -> CostCurve:
@@ -480,14 +480,16 @@ def test_default_directory_is_redrafts_cache(monkeypatch, tmp_path):
 
 def test_time_forwards_and_measure_cost_curve_on_a_tiny_model(tiny):
     from redraft.decoding.target import HFTarget
+    from redraft.decoding.verify import chain_inputs
 
     target = HFTarget(tiny)
-    samples = time_forwards(target, [1, 3, 5], prefix_ids=list(range(10)), repeats=2, tree_mask=True)
+    samples = time_forwards(target, [1, 3, 5], prefix_ids=list(range(10)), repeats=2,
+                            tree_inputs=chain_inputs(target.dtype))
     assert set(samples) == {"chain", "tree mask", "reference"}  # reference: the 1-token forwards around each sample
     assert all(set(s) == {1, 3, 5} for s in samples.values())
     assert all(len(v) == 2 and all(t > 0 for t in v) for s in samples.values() for v in s.values())
     assert target.length == 0  # the cache is left empty
-    curve = measure_cost_curve(tiny, sizes=(1, 4, 2), prefix=12, repeats=2)
+    curve = measure_cost_curve(HFTarget(tiny), sizes=(1, 4, 2), prefix=12, repeats=2)
     assert curve.sizes == (0, 1, 2, 4) and curve.costs[0] == 1.0
     assert all(math.isfinite(c) and c > 0 for c in curve.costs)
     with pytest.raises(ValueError, match="sizes >= 1"):

@@ -1,5 +1,5 @@
-"""The cost curve's fit from noisy timings (redraft.policy.costfit) and the ratio timing it is fed
-(redraft.decoding.costmeasure.ratios), on synthetic timings: no clock anywhere."""
+"""The cost curve's fit from noisy timings (redraft.pricing.fit) and the ratio timing it is fed
+(redraft.pricing.measure.ratios), on synthetic timings: no clock anywhere."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redraft.decoding.costmeasure import ratios
-from redraft.policy.costfit import fit_costs
+from redraft.pricing.fit import fit_costs
+from redraft.pricing.measure import ratios
 
 SIZES = [0, 1, 2, 3, 4, 8, 16, 32, 48, 64, 128, 256, 512]
 # the 2-core development CPU, one thread, quiet machine (rounded medians): not monotonic at 2-3, near-linear past 64

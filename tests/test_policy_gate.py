@@ -17,8 +17,8 @@ from redraft.drafters.glide import GlideDrafter
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft
 from redraft.policy import SpeculationPolicy
-from redraft.policy.costcurve import CostCurve
 from redraft.policy.gate import PolicyGate
+from redraft.pricing.curve import CostCurve
 
 # shaped like the 2-core development CPU's curve (see test_engine_policy.py)
 CPU_LIKE = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48), (1.0, 1.6, 2.0, 1.7, 1.75, 2.1, 2.9, 4.2, 5.5))

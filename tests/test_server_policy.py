@@ -14,7 +14,7 @@ from conftest import plain_greedy
 from serverkit import EOS, save_tiny_model, serve_args
 
 from redraft.compose import SpeculationConfig
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
 from redraft.server.corpora import TenantCorpora
 from redraft.server.generation import Generator
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redraft.decoding.stepcost import (
+from redraft.pricing.stepcost import (
     FIT_BOUNDS,
     FIT_MIN_STEPS,
     StepCostFit,

@@ -1,4 +1,4 @@
-"""The load rule's price in a draining batch (redraft/policy/load.py, argument ``share``) and who holds such a
+"""The load rule's price in a draining batch (redraft/pricing/load.py, argument ``share``) and who holds such a
 batch up (redraft/integrations/draining.py), then the vLLM proposer on synthetic batches: in a batch whose requests
 all came in together and that is not full, the requests ahead of the slowest stop sending drafts that are not
 certain while the slowest keeps drafting; a full batch (others may wait to join) and a batch whose requests came in
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from redraft.integrations.draining import critical_counts
-from redraft.policy import CostCurve
-from redraft.policy.load import LoadPricing, load_costs
+from redraft.pricing import CostCurve
+from redraft.pricing.load import LoadPricing, load_costs
 from tests.test_vllm_proposer import FakeBatch, rng_ids, step
 from tests.test_vllm_proposer_policy import make_policy_proposer
 
@@ -204,7 +204,7 @@ def test_tied_requests_do_not_draft_while_one_of_them_has_no_draft(tmp_path, mon
 
 
 def test_share_grid_rounds_down_geometrically():
-    from redraft.policy.load import SHARE_FLOOR, grid_share, share_grid
+    from redraft.pricing.load import SHARE_FLOOR, grid_share, share_grid
 
     for share in (1.0, 0.999, 0.5, 0.3, 0.01, SHARE_FLOOR, SHARE_FLOOR / 2, 0.0):
         got = grid_share(share_grid(share))

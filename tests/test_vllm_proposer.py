@@ -382,8 +382,8 @@ def test_vllm_check_report_says_whether_ids_are_identical(tmp_path, capsys):
 
 
 def test_vllm_check_fits_the_step_curve_through_noisy_differences():
-    from redraft.integrations.vllm_check import fit_step_curve
-    from redraft.policy import CostCurve
+    from redraft.pricing import CostCurve
+    from redraft.pricing.fit import fit_step_curve
 
     rows = [1, 2, 4, 8, 16, 32, 64, 128]
     noisy = [0.05 + 0.002 * t + e for t, e in zip(rows, [0.01, -0.06, 0.0, 0.02, -0.01, 0.0, 0.01, -0.02],

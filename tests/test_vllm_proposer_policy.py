@@ -1,6 +1,6 @@
 """The vLLM proposer's draft length under the cost-aware policy at the step's load, on synthetic batches.
 
-The load rule itself (redraft/policy/load.py) is checked against its formula; the proposer (FakeBatch from
+The load rule itself (redraft/pricing/load.py) is checked against its formula; the proposer (FakeBatch from
 test_vllm_proposer.py: vLLM's persistent batch with a fixed greedy output per request, so verification accepts a
 draft's longest matching prefix plus the bonus id) is checked for: depth shrinking as other requests fill the step
 and growing back when they leave, no drafts from a source that is never right, the cap num_speculative_tokens,
@@ -16,8 +16,10 @@ import pytest
 
 from redraft.defaults import PROBE_MAX
 from redraft.integrations.vllm_proposer import ProposerConfigError, RedraftProposer
-from redraft.policy import AcceptanceTracker, CostCurve
-from redraft.policy.load import LoadAwarePolicy, LoadPricing, load_costs
+from redraft.policy import AcceptanceTracker
+from redraft.policy.load import LoadAwarePolicy
+from redraft.pricing import CostCurve
+from redraft.pricing.load import LoadPricing, load_costs
 from tests.test_vllm_proposer import FakeBatch, periodic_miss_request, rng_ids, step, vllm_config
 
 # A step whose cost is mostly fixed overhead: C(T) = 1 + 0.02 (T - 1) (c(n) = 1 + 0.02 n).

@@ -7,7 +7,7 @@ its ratio to their mean, and each repeat visits the sizes in a random order, so 
 shared machine neither moves one size against the 1-token step nor lands on neighbouring sizes; each S reports the
 median ratio (the raw seconds are in the JSON). A draft of d tokens pays only when it yields more than c(d+1)
 tokens per forward, so this curve says how deep drafts may go. The timing loop is the speculation policy's
-(:func:`redraft.decoding.costmeasure.time_forwards`): this table and the policy's cost curve measure the same way.
+(:func:`redraft.pricing.measure.time_forwards`): this table and the policy's cost curve measure the same way.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         the ratios, ``t1_s`` the reference forwards' median.
     """
     # torch-bound: `redraft bench` imports this module while registering its flags
-    from redraft.decoding.costmeasure import fit_prefix, ratios, time_forwards
     from redraft.decoding.target import HFTarget
+    from redraft.decoding.verify import chain_inputs
+    from redraft.pricing.measure import fit_prefix, ratios, time_forwards
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     rng = np.random.default_rng(seed)
@@ -41,7 +42,8 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         prefix_ids = rng.integers(0, target.vocab_size, prefix).tolist()
     n_prefix = len(fit_prefix(target, prefix_ids, max_s))
     samples = time_forwards(target, range(1, max_s + 1), prefix_ids=prefix_ids, repeats=repeats,
-                            tree_mask=tree_mask, seed=seed + 1, progress=progress)
+                            tree_inputs=chain_inputs(target.dtype) if tree_mask else None, seed=seed + 1,
+                            progress=progress)
     variants = [v for v in samples if v != "reference"]
     curves = {}
     t1 = statistics.median(t for ts in samples["reference"].values() for t in ts)

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redraft.policy.costcurve import CostCurve
+from redraft.pricing.curve import CostCurve
 
 
 @dataclass(frozen=True)

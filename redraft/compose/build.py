@@ -159,7 +159,7 @@ def grammar_drafters(config: SpeculationConfig, constraint) -> list[Drafter]:
 
 
 def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **kw):
-    """A :class:`~redraft.policy.SpeculationPolicy` with ``curve`` (a :class:`~redraft.policy.CostCurve`), or
+    """A :class:`~redraft.policy.SpeculationPolicy` with ``curve`` (a :class:`~redraft.pricing.CostCurve`), or
     ``model``'s cost curve from the cache, measured first if missing (a few seconds on a CPU, once per model,
     dtype, thread count and machine). ``kw`` go to SpeculationPolicy.
 
@@ -171,15 +171,16 @@ def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **
     if curve is None:
         if model is None:
             raise ValueError("build_policy: give the target model (its cost curve is measured) or a cost curve")
-        from redraft.decoding.costcache import cached_cost_curve
+        from redraft.decoding.target import as_target
+        from redraft.pricing.cache import cached_cost_curve
 
-        curve = cached_cost_curve(model)
+        curve = cached_cost_curve(as_target(model))
     return SpeculationPolicy(curve, max_nodes=max_nodes, **kw)
 
 
 def build_load_policy(pricing, tracker):
     """A :class:`~redraft.policy.load.LoadAwarePolicy` for one request of a batched runtime (the vLLM proposer):
-    ``pricing`` (a :class:`~redraft.policy.load.LoadPricing`: the step's cost at the batch's load) and ``tracker``
+    ``pricing`` (a :class:`~redraft.pricing.load.LoadPricing`: the step's cost at the batch's load) and ``tracker``
     (an :class:`~redraft.policy.AcceptanceTracker` shared by all requests). numpy only."""
     from redraft.policy.load import LoadAwarePolicy
 
@@ -202,7 +203,8 @@ def batched_policy(policy):
     Returns:
         the request's LoadAwarePolicy (its own probe bookkeeping). numpy only.
     """
-    from redraft.policy.load import LoadAwarePolicy, LoadPricing
+    from redraft.policy.load import LoadAwarePolicy
+    from redraft.pricing.load import LoadPricing
 
     pricing = _PRICING.get(policy)
     if pricing is None or pricing.curve is not policy.curve or pricing.n_max != policy.max_nodes:

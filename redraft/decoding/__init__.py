@@ -1,8 +1,8 @@
 """The decode step: the engine's loop, verify forwards, token choice, exact mode, the target model, stopping,
 the model's generation_config processors and run statistics; streamed text (:mod:`redraft.decoding.textstream`);
-the verify cost curve measured with target forwards and cached (:mod:`redraft.decoding.costmeasure`,
-:mod:`redraft.decoding.costcache`), which the policy package only receives; continuous batching, several sequences'
-rows in one forward per step (:mod:`redraft.decoding.batching`, :mod:`redraft.decoding.packing`).
+continuous batching, several sequences' rows in one forward per step (:mod:`redraft.decoding.batching`,
+:mod:`redraft.decoding.packing`; its chunks priced by :mod:`redraft.pricing.stepcost`). The verify cost curve is
+measured through a :class:`~redraft.decoding.target.Target` and cached by :mod:`redraft.pricing`.
 
 Data flows one way through it: a drafted :class:`~redraft.tree.TokenTree` -> verify forward
 (:mod:`redraft.decoding.target`, :mod:`redraft.decoding.verify`) -> token choice (:mod:`redraft.decoding.sampling`)

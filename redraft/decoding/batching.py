@@ -9,7 +9,7 @@ sequence over each one's own cache) and resumes each sequence whose forward is c
 its next forward. One loop calls it (a server's scheduler, :func:`run_together`); no thread per sequence.
 
 - every step is priced in units of a row's matrix products, a row after L cached tokens costing 1 + w L
-  (:mod:`redraft.decoding.stepcost`, w learned from the steps' own times), and may cost what ``max_batch_tokens``
+  (:mod:`redraft.pricing.stepcost`, w learned from the steps' own times), and may cost what ``max_batch_tokens``
   rows at depth 0 cost;
 - smallest forwards first, each whole while the step stays within that (a deep verify tree may thus be chunked);
 - then at most one chunk of ONE forward that did not fit (a long prompt's prefill): the rows that the rest of the
@@ -35,8 +35,8 @@ import torch
 
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
 from redraft.decoding.sequence import ForwardCall, Sequence, Steps
-from redraft.decoding.stepcost import StepCostFit, key_weight, row_cost, rows_within
 from redraft.decoding.target import HFTarget
+from redraft.pricing.stepcost import StepCostFit, key_weight, row_cost, rows_within
 
 
 class SequenceCancelled(Exception):
@@ -90,12 +90,12 @@ class StepBatcher:
     Args:
         model: the transformers causal LM (eval mode) every sequence decodes with.
         max_batch_tokens: most rows in one packed step (>= 1), and a step costs at most what that many rows cost
-            at depth 0 (:mod:`redraft.decoding.stepcost`); a forward with more rows is chunked over steps.
+            at depth 0 (:mod:`redraft.pricing.stepcost`); a forward with more rows is chunked over steps.
         min_chunk: fewest rows of a chunk (>= 1; a step may exceed ``max_batch_tokens`` by up to this much).
     Attributes (read-only, for metrics): steps (forwards run), rows (rows carried by them), forward_seconds (wall
         seconds in them), last_step_rows, active (sequences of the last step still running after it), step_log
         (recent steps: per step a tuple of (sequence number, rows) per participant), step_seconds (the same steps'
-        forward seconds), cost_fit (:class:`~redraft.decoding.stepcost.StepCostFit`).
+        forward seconds), cost_fit (:class:`~redraft.pricing.stepcost.StepCostFit`).
     Raises:
         ValueError: max_batch_tokens < 1 or min_chunk < 1, or a model whose attention implementation has no mask
             function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
@@ -242,7 +242,7 @@ def plan_step(pending, weight: float, extra: float, max_batch_tokens: int, min_c
     Args:
         pending: the waiting forwards; each has ``rows_left``, ``n_cached`` + ``done_rows`` (its depth), ``order``
             (arrival) and ``skipped`` (steps planned since it last had a place).
-        weight: w, a cached key's cost per row (:mod:`redraft.decoding.stepcost`).
+        weight: w, a cached key's cost per row (:mod:`redraft.pricing.stepcost`).
         extra: what each participant beyond the first costs beyond its rows, in rows.
         max_batch_tokens: the step's rows at most, and its cost at most theirs at depth 0.
         min_chunk: the fewest rows a chunk gets (the step may exceed both bounds by up to this much).

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-PACKED_PREFIX = "redraft_packed_"
+from redraft.io.loading import PACKED_PREFIX
+
 STEP_KWARG = "redraft_packed_step"
 PACKABLE = ("sdpa", "eager")  # attention functions that take each call's 4D mask and keys as given
 
@@ -132,12 +133,6 @@ class SplitCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
-
-
-def base_attention(config) -> str:
-    """The model's own attention implementation's name (without the packed wrapper's prefix)."""
-    name = str(getattr(config, "_attn_implementation", "") or "")
-    return name[len(PACKED_PREFIX):] if name.startswith(PACKED_PREFIX) else name
 
 
 def enable_packed_attention(model) -> None:

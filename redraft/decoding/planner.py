@@ -48,7 +48,7 @@ class DraftLimits:
         carried: rows the step already carries, this sequence's root row included (1 alone): the policy prices
             the draft at this load (:meth:`redraft.policy.load.LoadAwarePolicy.at_load`).
         share: part of the step's fixed cost one accepted token of this sequence saves (None: the row's share;
-            :func:`redraft.policy.load.load_costs`).
+            :func:`redraft.pricing.load.load_costs`).
         confident: (chance, floor): a draft whose first token's acceptance chance is at least ``chance`` is priced
             at a share of at least ``floor`` (the draining-batch rule, :mod:`redraft.integrations.draining`).
     """

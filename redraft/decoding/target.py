@@ -239,3 +239,9 @@ def _sliding_window(config) -> int | None:
     if layer_types is not None:
         return window if "sliding_attention" in layer_types else None
     return window if getattr(config, "use_sliding_window", True) else None
+
+
+def as_target(model) -> Target:
+    """``model`` itself when it is a :class:`Target` (either runtime), else a transformers causal LM wrapped in an
+    :class:`HFTarget` (a fresh, empty KV cache)."""
+    return model if isinstance(model, Target) else HFTarget(model)

@@ -55,6 +55,19 @@ def tree_attention_mask(tree: TokenTree, n_past: int, n_pending: int, dtype: tor
     return mask[None, None]
 
 
+def chain_inputs(dtype: torch.dtype):
+    """The tree verifier's inputs for a chain draft, as :func:`redraft.pricing.measure.time_forwards` takes them
+    (``tree_inputs``): ``inputs(draft ids after the root, prefix length) -> (position ids, 4D mask)``, the draft as
+    a one-path :class:`~redraft.tree.TokenTree` after the root as the one pending token."""
+
+    def inputs(draft, n_prefix: int):
+        tree = TokenTree()
+        tree.add_chain(draft, "bench")
+        return tree_positions(tree, n_prefix, 1), tree_attention_mask(tree, n_prefix, 1, dtype)
+
+    return inputs
+
+
 def greedy_accept(tree: TokenTree, choices: list[int]) -> tuple[list[int], int]:
     """Longest root-to-leaf path whose tokens equal the target's greedy choices.
 

@@ -4,7 +4,7 @@ A batch whose requests all came in together and that no other request waits to j
 over fewer prompts than ``max_num_seqs``) runs until its slowest request is done, every step paying the step's fixed
 cost. An accepted token of a request that is ahead of the slowest saves only its own row in a later step; the step
 itself (its fixed cost) goes away only when every one of the slowest advances. The load rule prices a draft with
-that value (:func:`redraft.policy.load.load_costs`, argument ``share``): for each of the m slowest requests the chance
+that value (:func:`redraft.pricing.load.load_costs`, argument ``share``): for each of the m slowest requests the chance
 that the other m - 1 advance too (:func:`tied_shares`), 0 for the others. Anywhere else (a request joined later, or
 the batch is full and finished requests are replaced from a queue) every request keeps its row's share of the step
 (None: c_B), which is also the price that minimises the sum of the requests' latencies. The slowest are those with
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from redraft.policy.load import SHARE_FLOOR
+from redraft.pricing.load import SHARE_FLOOR
 
 # Requests first seen within this many calls of each other count as one batch (a prefill split over steps).
 COHORT_CALLS = 4
@@ -72,7 +72,7 @@ def batch_critical(requests: Sequence, sampled: Sequence, max_num_seqs: int | No
 
 def tied_shares(critical: Sequence[int | None], chance: Callable[[int], float], *,
                 floor: float = SHARE_FLOOR) -> list[float | None]:
-    """Per row, ``share`` for :func:`redraft.policy.load.load_costs`: the part of the step's fixed cost an accepted
+    """Per row, ``share`` for :func:`redraft.pricing.load.load_costs`: the part of the step's fixed cost an accepted
     token of this row saves.
 
     The fixed cost goes away only if every one of the m slowest requests advances, so a slowest request's accepted

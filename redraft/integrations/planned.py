@@ -6,7 +6,7 @@ The engine's policy rule (:mod:`redraft.policy`): each draft source's proposal i
 the leading tokens whose expected accepted tokens pay for their verify cost, from acceptance learned online per
 source and match length (:func:`redraft.policy.apply.policy_key`) and the source's own priors. In vLLM the verify
 cost of a request's draft depends on what the step already carries for other requests, so the cost table is the
-load rule's c_B (:mod:`redraft.policy.load`), B given per request by the proposer. The sources are tried in
+load rule's c_B (:mod:`redraft.pricing.load`), B given per request by the proposer. The sources are tried in
 priority order (corpus, then n-gram) and the first one whose proposal the policy keeps any of drafts, as in the
 engine's priority mode; vLLM verifies chains, so a proposal is cut to its first path. Requests share the learned
 acceptance (one :class:`~redraft.policy.acceptance.AcceptanceTracker` per proposer) and keep their own probe
@@ -15,13 +15,13 @@ bookkeeping. numpy only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import numpy as np
 
 from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
-from redraft.policy.costcurve import CostCurve
+from redraft.pricing.cache import read_curve
+from redraft.pricing.curve import CostCurve
 
 
 def verified(draft: Sequence[int], sampled: Sequence[int]) -> tuple[int, int]:
@@ -86,9 +86,9 @@ class RequestDrafts:
 
 
 def load_step_curve(path: str | None, k: int) -> CostCurve:
-    """The cost curve of vLLM's step (REDRAFT_COST_CURVE): a JSON object {"sizes": [...], "costs": [...]} (or the
-    cost cache's {"key": ..., "curve": {...}}); sizes are rows beyond one, costs relative to a one-row step. None:
-    a flat curve up to ``k`` (a step costs the same whatever its rows).
+    """The cost curve of vLLM's step (REDRAFT_COST_CURVE), read by :func:`redraft.pricing.cache.read_curve`: a JSON
+    object {"sizes": [...], "costs": [...]} (or the cost cache's {"key": ..., "curve": {...}}); sizes are rows beyond
+    one, costs relative to a one-row step. None: a flat curve up to ``k`` (a step costs the same whatever its rows).
 
     Raises:
         ValueError: the file is missing, not JSON or not a valid curve (the message names the variable).
@@ -96,11 +96,7 @@ def load_step_curve(path: str | None, k: int) -> CostCurve:
     if path is None:
         return CostCurve.flat(k)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        if isinstance(data, dict) and isinstance(data.get("curve"), dict):
-            data = data["curve"]
-        return CostCurve.from_dict(data)
+        return read_curve(path)
     except OSError as e:
         raise ValueError(f"REDRAFT_COST_CURVE={path}: cannot be read ({e.strerror or e})") from None
     except ValueError as e:  # JSONDecodeError too

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from redraft.io.atomic import write_json
+from redraft.pricing.fit import fit_step_curve
 
 PROPOSER = "redraft.integrations.vllm_proposer.RedraftProposer"
 QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
@@ -85,7 +86,8 @@ def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(4, 20), re
     and steps[1] tokens (EOS ignored); the difference of the two wall times (the faster of ``repeats``), over the
     steps between them, is one decode step over T rows, prefill and start-up cancelled out. A verify step over T rows
     of one request costs about the same (the same weights pass over T rows). Single differences are noisy on a
-    shared machine (some come out negative), so the curve is a robust line through them (:func:`fit_step_curve`):
+    shared machine (some come out negative), so the curve is a robust line through them
+    (:func:`redraft.pricing.fit.fit_step_curve`):
     costs c(n) = C(1 + n) / C(1) at sizes n = T - 1.
     """
     from vllm import SamplingParams
@@ -104,23 +106,6 @@ def measure_step_curve(llm, prompt: list[int], rows=STEP_ROWS, steps=(4, 20), re
             best.append(min(runs))
         seconds.append((best[1] - best[0]) / (steps[1] - steps[0]))
     return fit_step_curve(rows, seconds)
-
-
-def fit_step_curve(rows, seconds) -> dict:
-    """The line C(T) = a + b T through (rows, seconds), a >= 0 and b >= 0, as a cost curve: {"sizes": [T - 1],
-    "costs": [C(T) / C(1)], "fit": {"a_seconds", "b_seconds_per_row"}, "seconds"}; a flat curve when nothing
-    positive was measured. Theil-Sen (the median of the pairwise slopes, then the median intercept): one step slowed
-    by another job on the machine moves it little, where least squares follows it."""
-    import numpy as np
-
-    x, y = np.asarray(rows, dtype=float), np.asarray(seconds, dtype=float)
-    i, j = np.triu_indices(len(x), k=1)
-    b = max(0.0, float(np.median((y[j] - y[i]) / (x[j] - x[i])))) if len(x) > 1 else 0.0
-    a = max(0.0, float(np.median(y - b * x)))
-    if a + b <= 0:
-        a, b = 1.0, 0.0
-    return {"sizes": [int(t) - 1 for t in rows], "costs": [float((a + b * t) / (a + b)) for t in rows],
-            "fit": {"a_seconds": a, "b_seconds_per_row": b}, "seconds": [float(v) for v in seconds]}
 
 
 def run_rounds(llm, prompts: list[list[int]], args) -> dict:

@@ -36,7 +36,7 @@ REDRAFT_COST_CURVE          JSON cost curve of vLLM's step over its rows ({"size
 
 Under the policy (the default) the draft length per request is the engine's rule: learned acceptance per source and
 match length against the step's cost, priced at the load the step already carries for other requests (and in a
-draining batch by what an accepted token saves: :mod:`redraft.policy.load`, :mod:`redraft.integrations.planned`,
+draining batch by what an accepted token saves: :mod:`redraft.pricing.load`, :mod:`redraft.integrations.planned`,
 :mod:`redraft.integrations.draining`), capped by num_speculative_tokens. The CLI's COLI_* aliases (COLI_DRAFT_CORPUS,
 COLI_CORPUS_K, COLI_CORPUS_MINACC) are read too. Nothing on the hot path imports torch or transformers.
 """
@@ -84,7 +84,7 @@ from redraft.integrations.draining import CONFIDENT_CHANCE, batch_critical, tied
 from redraft.integrations.planned import RequestDrafts, load_step_curve
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
-from redraft.policy.load import LoadPricing
+from redraft.pricing.load import LoadPricing
 
 # under vLLM's "vllm" logger, so the messages land in vLLM's own log with its format and level
 log = logging.getLogger("vllm.redraft")

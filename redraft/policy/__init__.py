@@ -2,8 +2,8 @@
 
 The rule
     A verify forward with n draft tokens costs c(n) plain 1-token steps, c(0) = 1, measured where redraft runs
-    (:class:`~redraft.policy.costcurve.CostCurve`; measured by :mod:`redraft.decoding.costmeasure` and cached by
-    :mod:`redraft.decoding.costcache` per model, dtype, device, thread count and machine). Each candidate node i
+    (:class:`~redraft.pricing.curve.CostCurve`, owned with every other price by :mod:`redraft.pricing`: measured
+    by :mod:`redraft.pricing.measure` and cached by :mod:`redraft.pricing.cache` per model, dtype, device, thread count and machine). Each candidate node i
     gets q(i) = P(accepted | parent accepted) from what was learned online about its source at its depth
     (:mod:`~redraft.policy.acceptance`: decayed Beta counts, so the estimate follows the last few forwards)
     blended with what the source knows about this draft (:mod:`~redraft.policy.priors`: corpus continuation counts,
@@ -58,8 +58,7 @@ the 2-core development CPU with one thread, 13 sizes up to 512 draft tokens x 5 
 Limits: the curve is measured with chain forwards; a token tree's 4D mask can cost a little more (``redraft bench
 cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, against ~65 ms for a verify forward here.
 
-Modules (numpy only, no target model): costcurve (c(n), interpolation), costfit (c(n) from noisy timing ratios:
-median, then non-decreasing and sub-additive within each size's interquartile range), acceptance (online per-source
+Modules (numpy only, no target model; the curve and every price on it are :mod:`redraft.pricing`'s): acceptance (online per-source
 estimates), priors (source self-knowledge), select (the subtree choice), speculation (SpeculationPolicy: all of it
 per step, with probes), apply (the engine's side: a step's candidate tree with per-source priors and keys, the cut,
 the outcomes fed back). The policy is built by the composition point, :func:`redraft.compose.build_engine` (from a
@@ -68,10 +67,9 @@ for one alone); every front end (``run``, ``demo``, ``bench run``'s ``policy`` m
 """
 
 from redraft.policy.acceptance import AcceptanceTracker
-from redraft.policy.costcurve import CostCurve
 from redraft.policy.priors import count_priors, depth_limit, source_priors, succession_priors
 from redraft.policy.select import Selection, select_nodes, source_outcomes, subtree_parents
 from redraft.policy.speculation import SpeculationPolicy
 
-__all__ = ["AcceptanceTracker", "CostCurve", "Selection", "SpeculationPolicy", "count_priors",
+__all__ = ["AcceptanceTracker", "Selection", "SpeculationPolicy", "count_priors",
            "depth_limit", "select_nodes", "source_outcomes", "source_priors", "subtree_parents", "succession_priors"]

@@ -17,10 +17,10 @@ draft would still slow every step down. :class:`PolicyGate` wraps such a drafter
   probes it. A useless draft model then costs about ``probe_overhead`` of a plain step on average, like a useless
   lookup source.
 
-``draft_cost`` is measured as the drafter runs: the time of its proposals over the time of the rest of a step
-(from the end of one proposal to the next request, i.e. the verify forward and bookkeeping; an upper bound on a
-plain step while drafts are cut), smoothed; :data:`redraft.defaults.GLIDE_DRAFT_COST` until the first
-measurement. Ours; GliDe (arXiv 2402.02082) always drafts, and on a GPU a draft step is a small share of a verify.
+``draft_cost`` is measured as the drafter runs (:class:`~redraft.pricing.draft.DraftCostMeter`: the time of its
+proposals over the time of the rest of a step, smoothed), :data:`redraft.defaults.GLIDE_DRAFT_COST` until the first
+measurement; the prices above are :func:`~redraft.pricing.draft.drafted_costs` and
+:func:`~redraft.pricing.draft.probe_cost`. Ours; GliDe (arXiv 2402.02082) always drafts, and on a GPU a draft step is a small share of a verify.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import numpy as np
 
 from redraft.defaults import GLIDE_DRAFT_COST
 from redraft.policy.speculation import SpeculationPolicy
+from redraft.pricing.draft import DraftCostMeter, drafted_costs, probe_cost
 
 
 class PolicyGate:
@@ -57,19 +58,20 @@ class PolicyGate:
                              f"{smoothing}")
         self.drafter, self.policy = drafter, policy
         self.name, self.guard = drafter.name, getattr(drafter, "guard", None)
-        self.fixed = draft_cost is not None
-        self.cost = float(draft_cost) if draft_cost is not None else GLIDE_DRAFT_COST
-        self.smoothing = smoothing
+        self.meter = DraftCostMeter(float(draft_cost) if draft_cost is not None else GLIDE_DRAFT_COST,
+                                    fixed=draft_cost is not None, smoothing=smoothing)
         self.asked = self.drafted = 0
-        self._draft_s: float | None = None  # smoothed seconds per proposal
-        self._rest_s: float | None = None  # smoothed seconds from the end of a proposal to the next request
-        self._ended: float | None = None
+
+    @property
+    def cost(self) -> float:
+        """The draft model's cost per proposal in plain steps, now (fixed, or as measured)."""
+        return self.meter.cost
 
     def bind(self, target) -> None:
         self.drafter.bind(target)
 
     def begin(self, prompt) -> None:
-        self._ended = None
+        self.meter.restart()
         self.drafter.begin(prompt)
 
     def observe(self, proposed: int, accepted: int, emitted: int) -> None:
@@ -83,22 +85,20 @@ class PolicyGate:
             return False
         q = self.policy.tracker.conditional(self.name, depth)  # [depth] P(level d | level d - 1)
         expected = 1.0 + np.cumsum(np.cumprod(q))  # tokens per forward for a chain of 1..depth levels
-        rate = expected / (self.policy.costs[1:depth + 1] + self.cost)
+        rate = expected / drafted_costs(self.policy.costs, depth, self.cost)
         return bool(rate.max() > 1.0 + self.policy.min_gain)
 
     def probe_due(self, depth: int) -> bool:
         """Whether the source has been idle long enough for a probe that costs its draft too."""
         length = max(1, min(int(depth), self.policy.probe_max, len(self.policy.costs) - 1))
-        worst = max(0.0, float(self.policy.costs[length]) - 1.0) + self.cost
+        worst = probe_cost(self.policy.costs, length, self.cost)
         return self.policy.idle.get(self.name, 0) >= max(1, math.ceil(worst / self.policy.probe_overhead))
 
     def propose(self, context, max_depth: int):
         """The wrapped drafter's proposal when it pays or a probe is due, else None (the draft model does not run;
         the step counts as idle for the source)."""
         now = time.perf_counter()
-        if self._ended is not None:
-            self._rest_s = self._smooth(self._rest_s, now - self._ended)
-        self._ended = None
+        self.meter.asked(now)
         self.asked += 1
         if max_depth <= 0:
             return None
@@ -109,12 +109,5 @@ class PolicyGate:
             return None
         self.drafted += 1
         tree = self.drafter.propose(context, max_depth)
-        end = time.perf_counter()
-        self._draft_s = self._smooth(self._draft_s, end - now)
-        if not self.fixed and self._rest_s:
-            self.cost = self._draft_s / self._rest_s
-        self._ended = end
+        self.meter.drafted(now, time.perf_counter())
         return tree
-
-    def _smooth(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new

@@ -37,16 +37,17 @@ import numpy as np
 
 from redraft.defaults import PROBE_MAX, PROBE_OVERHEAD
 from redraft.policy.acceptance import AcceptanceTracker
-from redraft.policy.costcurve import CostCurve
 from redraft.policy.priors import node_depths
 from redraft.policy.select import Selection, path_probabilities, select_nodes
+from redraft.pricing.curve import CostCurve
+from redraft.pricing.draft import marginal_costs, probe_cost
 
 
 class SpeculationPolicy:
     """Chooses each step's verified draft from the measured cost curve and per-source acceptance.
 
     Args:
-        curve: the verify cost curve c(n) measured here (:func:`redraft.decoding.costcache.cached_cost_curve`).
+        curve: the verify cost curve c(n) measured here (:func:`redraft.pricing.cache.cached_cost_curve`).
         max_nodes: most draft nodes in one verify forward (the tree budget; also the deepest chain).
         tracker: the acceptance estimates (default: a fresh :class:`AcceptanceTracker` over ``max_nodes`` levels).
         probe_overhead: the share of a plain step an idle source's probes may cost on average (> 0).
@@ -72,7 +73,7 @@ class SpeculationPolicy:
 
     def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
         """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
-        tokens save of the step, :func:`redraft.policy.load.load_costs`): a single stream's cost curve does not depend on
+        tokens save of the step, :func:`redraft.pricing.load.load_costs`): a single stream's cost curve does not depend on
         other sequences, so nothing changes here (:class:`redraft.policy.load.LoadAwarePolicy` reprices).
         Returns self."""
         return self
@@ -223,11 +224,9 @@ class SpeculationPolicy:
         """float64 [max_nodes + 1]: the cost in plain steps of verifying n = 0..max_nodes draft tokens in a forward
         that carries ``fed`` tokens before them: c(n) for fed = 1, else 1 + c(fed - 1 + n) - c(fed - 1) (the draft's
         marginal cost over the forward the pending tokens need anyway, counted against a plain step's 1)."""
-        m = int(fed) - 1
-        if m <= 0:
+        if int(fed) <= 1:
             return self.costs
-        after = self.curve.at(m + np.arange(self.max_nodes + 1))
-        return 1.0 + after - after[0]
+        return marginal_costs(self.curve, fed, self.max_nodes)
 
     def skip(self, source: str) -> None:
         """A step in which ``source`` was not asked to draft because its drafts would not pay (a draft model's own
@@ -286,4 +285,4 @@ class SpeculationPolicy:
         """Idle steps before a probe along ``path``: its cost should nothing be accepted, c(d) - 1, over
         ``probe_overhead``. The worst case, not the expected cost: an idle source's estimate never falls below its
         prior's share (a few percent), so the expected cost would undercount what a useless source's probes cost."""
-        return math.ceil(max(0.0, float(self.costs[len(path)]) - 1.0) / self.probe_overhead)
+        return math.ceil(probe_cost(self.costs, len(path)) / self.probe_overhead)

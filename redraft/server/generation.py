@@ -106,7 +106,7 @@ class Generator:
         config: how requests draft (:class:`~redraft.compose.SpeculationConfig`; default: the policy, n-gram
             drafts, exact mode, as ``redraft run``). Its ``corpus`` path is ignored: ``corpora`` are the corpora.
         on_learned: called with the tenant after its corpus grew (metrics).
-        curve: the policy's :class:`~redraft.policy.CostCurve`; None = this model's cached curve, measured at
+        curve: the policy's :class:`~redraft.pricing.CostCurve`; None = this model's cached curve, measured at
             construction when missing (a few seconds on a CPU, once per model, dtype, thread count and machine).
         prefix_cache: a :class:`~redraft.server.prefix_cache.PrefixCache` (each request starts from its tenant's
             longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.

@@ -3,9 +3,10 @@ Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python docs/bench/ceiling/costfit/cache
 import sys, json, time, torch
 torch.set_num_threads(1)
 from redraft.io.loading import load_model
-from redraft.decoding.costcache import curve_key, curve_path, default_directory, save_curve
-from redraft.decoding.costmeasure import measure_cost_fit
-m = load_model().model
+from redraft.pricing.cache import curve_key, curve_path, default_directory, save_curve
+from redraft.pricing.measure import measure_cost_fit
+from redraft.decoding.target import HFTarget
+m = HFTarget(load_model().model)
 key = curve_key(m)
 t0 = time.time()
 fit = measure_cost_fit(m, key["sizes"], prefix=key["prefix"], repeats=key["repeats"])

@@ -3,8 +3,9 @@ Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python docs/bench/ceiling/costfit/fit.p
 import sys, json, time, torch
 torch.set_num_threads(1)
 from redraft.io.loading import load_model
-from redraft.decoding.costmeasure import measure_cost_fit
-m = load_model().model
+from redraft.pricing.measure import measure_cost_fit
+from redraft.decoding.target import HFTarget
+m = HFTarget(load_model().model)
 t0=time.time()
 fit = measure_cost_fit(m)
 d = fit.to_dict(); d["seconds"] = time.time()-t0

@@ -1,11 +1,12 @@
-"""Raw forward times per size (redraft.decoding.costmeasure.time_forwards), median ratios to the 1-token size.
+"""Raw forward times per size (redraft.pricing.measure.time_forwards), median ratios to the 1-token size.
 Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python docs/bench/ceiling/costfit/time_sizes.py REPEATS OUT.json"""
 import sys, json, statistics, time, torch
 torch.set_num_threads(1)
 from redraft.io.loading import load_model
-from redraft.decoding.costmeasure import time_forwards
+from redraft.pricing.measure import time_forwards
 import numpy as np
-m = load_model().model
+from redraft.decoding.target import HFTarget
+m = HFTarget(load_model().model)
 sizes=[1,2,3,4,5,9,17,33,49,65,129,257,513]
 rng=np.random.default_rng(0)
 pre=rng.integers(0,49152,128).tolist()

@@ -7,7 +7,7 @@ from redraft.io.loading import load_model, cache_dir
 from redraft.cli.common import questions_or_exit, open_corpus_or_exit
 from redraft.compose import SpeculationConfig, build_engine, build_policy
 from redraft.io.prompts import encode_prompt
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
 from redraft.bench.modeltime import model_time
 
 curve_file, nreplay = sys.argv[1], int(sys.argv[2])

@@ -7,7 +7,7 @@ from redraft.cli.common import questions_or_exit
 from redraft.compose import SpeculationConfig, build_engine, build_policy, plain_engine
 from redraft.corpus import Corpus
 from redraft.io.prompts import encode_prompt
-from redraft.policy import CostCurve
+from redraft.pricing import CostCurve
 from redraft.bench.modeltime import model_time
 d = json.load(open(sys.argv[1])); ngen = int(sys.argv[2]); qids = [int(x) for x in sys.argv[3].split(",")]
 curve = CostCurve(tuple(d["sizes"]), tuple(d.get("fitted") or d["costs"]))

@@ -2,7 +2,7 @@
 measurements' spread allows them.
 
 Input: for each measured draft size n, repeated samples of the ratio T(1 + n) / T(1), each forward of 1 + n tokens
-timed between two 1-token reference forwards (:func:`redraft.decoding.costmeasure.time_forwards`), so a change of
+timed between two 1-token reference forwards (:func:`redraft.pricing.measure.time_forwards`), so a change of
 the machine's load between one size and the next cancels out of its ratio. On a shared machine single forwards
 vary by 2x; a size timed during a burst of another job's work used to come out far above its neighbours (a 129-token
 forward priced at 2.2 times a 65-token one, where the same sizes timed during the runs gave 1.7 and on a quiet
@@ -18,9 +18,10 @@ The fit, per size (sizes ascending, n = 0 fixed at c(0) = 1):
    (the engine could always verify it in two), so c(n) <= min over a + b = n - 1 of c(a) + c(b), the right side
    taken from the fitted curve below n (linear between sizes); c(n) is lowered to that bound, but not below its q25.
 
-The result is a :class:`~redraft.policy.costcurve.CostCurve`; the pieces are returned by :func:`fit_costs` for
+The result is a :class:`~redraft.pricing.curve.CostCurve`; the pieces are returned by :func:`fit_costs` for
 reports. Ours (the constraints are the physical ones above; the median and interquartile bounds are the usual
-robust statistics). numpy only.
+robust statistics). Beside it, :func:`fit_step_curve`: a batched runtime's step (vLLM's) as a robust line through
+noisy step times. numpy only.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from redraft.policy.costcurve import CostCurve
+from redraft.pricing.curve import CostCurve
 
 
 @dataclass(frozen=True)
@@ -121,3 +122,18 @@ def bound_subadditive(sizes: Sequence[int], fit: np.ndarray, low: np.ndarray) ->
         below = CostCurve(tuple(sizes[:i]), tuple(float(c) for c in fit[:i]))
         bound = float(np.min(below.at(a) + below.at(n - 1 - a)))
         fit[i] = min(fit[i], max(low[i], bound))
+
+
+def fit_step_curve(rows, seconds) -> dict:
+    """The line C(T) = a + b T through (rows, seconds), a >= 0 and b >= 0, as a cost curve: {"sizes": [T - 1],
+    "costs": [C(T) / C(1)], "fit": {"a_seconds", "b_seconds_per_row"}, "seconds"}; a flat curve when nothing
+    positive was measured. Theil-Sen (the median of the pairwise slopes, then the median intercept): one step slowed
+    by another job on the machine moves it little, where least squares follows it."""
+    x, y = np.asarray(rows, dtype=float), np.asarray(seconds, dtype=float)
+    i, j = np.triu_indices(len(x), k=1)
+    b = max(0.0, float(np.median((y[j] - y[i]) / (x[j] - x[i])))) if len(x) > 1 else 0.0
+    a = max(0.0, float(np.median(y - b * x)))
+    if a + b <= 0:
+        a, b = 1.0, 0.0
+    return {"sizes": [int(t) - 1 for t in rows], "costs": [float((a + b * t) / (a + b)) for t in rows],
+            "fit": {"a_seconds": a, "b_seconds_per_row": b}, "seconds": [float(v) for v in seconds]}

@@ -6,21 +6,26 @@ Every timed forward sits between two 1-token reference forwards (a plain step), 
 mean: on a shared machine another job's burst of work slows a forward by up to 2x, and a ratio of two forwards timed
 seconds apart (each size's median over the 1-token forward's median, as it was measured before) carried that burst
 into one size of the curve. Each repeat visits the sizes in a fresh random order, so a burst lands on sizes at random
-rather than on neighbours. The cost curve is fitted from the ratios by :func:`redraft.policy.costfit.fit_costs`
+rather than on neighbours. The cost curve is fitted from the ratios by :func:`redraft.pricing.fit.fit_costs`
 (median per size, then non-decreasing and sub-additive where the samples' spread allows).
+
+The target is duck-typed (``forward``, ``crop``, ``reset``, ``max_length``, ``vocab_size``, ``chain_only``,
+``runtime``; the :class:`~redraft.decoding.target.Target` protocol), so pricing sits below the decode step: a
+caller holding a bare transformers model wraps it first (``HFTarget(model)``), and the tree verifier's mask and
+positions come in as a function (``tree_inputs``) rather than from :mod:`redraft.decoding.verify`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
-from redraft.policy.costcurve import CostCurve
-from redraft.policy.costfit import CostFit, fit_costs
+from redraft.pricing.curve import CostCurve
+from redraft.pricing.fit import CostFit, fit_costs
 
 
 def fit_prefix(target, prefix_ids: Sequence[int], max_s: int) -> list[int]:
@@ -29,19 +34,20 @@ def fit_prefix(target, prefix_ids: Sequence[int], max_s: int) -> list[int]:
     return [int(t) for t in prefix_ids][:max(1, limit - max_s)]
 
 
-def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], repeats: int = COST_REPEATS,
-                  tree_mask: bool = False, seed: int = 0, progress: bool = False,
-                  desc: str = "cost") -> dict[str, dict[int, list[float]]]:
+def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], repeats: int = COST_REPEATS,
+                  tree_inputs: Callable[[Sequence[int], int], tuple] | None = None, seed: int = 0,
+                  progress: bool = False, desc: str = "cost") -> dict[str, dict[int, list[float]]]:
     """Seconds per forward of S tokens for each S in ``sizes``, after ``prefix_ids`` is cached.
 
     Args:
-        model: a transformers causal LM or a :class:`~redraft.decoding.target.Target` (its KV cache is reset).
+        target: a :class:`~redraft.decoding.target.Target` (duck-typed; its KV cache is reset).
         sizes: forward sizes S >= 1 in tokens (root + S - 1 draft tokens).
         prefix_ids: token ids cached before every timed forward (at least one; cut so prefix + max S fits the
             model's context).
         repeats: timings per size.
-        tree_mask: also time each S with the explicit 4D tree mask and position ids the tree verifier uses (not on
-            a ``chain_only`` target).
+        tree_inputs: ``tree_inputs(draft ids after the root, prefix length) -> (position ids, 4D mask)``, the tree
+            verifier's inputs for a chain draft: each S is also timed with them (not on a ``chain_only`` target);
+            None: chain forwards only.
         seed: the random draft ids' seed.
     Returns:
         {"chain": {S: [seconds] * repeats}, ["tree mask": {...}], "reference": {S: [seconds] * repeats}}:
@@ -53,16 +59,11 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     import torch
     from tqdm import tqdm
 
-    from redraft.decoding.target import HFTarget, Target
-    from redraft.decoding.verify import tree_attention_mask, tree_positions
-    from redraft.tree import TokenTree
-
     sizes = [int(s) for s in sizes]
     if not sizes or min(sizes) < 1 or repeats < 1 or len(prefix_ids) == 0:
         raise ValueError(f"time_forwards needs sizes >= 1, repeats >= 1 and a prefix; got sizes {sizes}, "
                          f"repeats {repeats}, prefix of {len(prefix_ids)} ids")
-    target = model if isinstance(model, Target) else HFTarget(model)
-    tree_mask = tree_mask and not target.chain_only
+    tree_mask = tree_inputs is not None and not target.chain_only
     max_s = max(sizes)
     prefix = fit_prefix(target, prefix_ids, max_s)
     n_prefix = len(prefix)
@@ -70,11 +71,9 @@ def time_forwards(model, sizes: Sequence[int], *, prefix_ids: Sequence[int], rep
     variants = ["chain"] + (["tree mask"] if tree_mask else [])
 
     def inputs(variant: str, s: int):
-        if variant == "chain":
+        if variant == "chain" or tree_inputs is None:
             return None, None
-        tree = TokenTree()
-        tree.add_chain(draft[1:s], "bench")
-        return tree_positions(tree, n_prefix, 1), tree_attention_mask(tree, n_prefix, 1, target.dtype)
+        return tree_inputs(draft[1:s], n_prefix)
 
     prepared = {(v, s): inputs(v, s) for v in variants for s in sizes}
     # llama.cpp's first forward after one of another size runs slower (its thread pool and caches settle): timed
@@ -126,32 +125,29 @@ def ratios(samples: dict[str, dict[int, list[float]]], variant: str = "chain") -
     return {s: [t / r for t, r in zip(ts, ref[s], strict=True)] for s, ts in samples[variant].items()}
 
 
-def measure_cost_curve(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
+def measure_cost_curve(target, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
                        repeats: int = COST_REPEATS, seed: int = 0, progress: bool = False) -> CostCurve:
     """Measure c(n) at ``sizes`` draft tokens (chain verify forwards, median of ``repeats``).
 
     Args:
-        model: a transformers causal LM or a :class:`~redraft.decoding.target.Target` (either runtime).
+        target: a :class:`~redraft.decoding.target.Target` (duck-typed, either runtime).
         sizes: draft token counts n (0 is added when missing); a forward of 1 + n tokens is timed for each. Sizes
             whose forward does not fit the model's context are left out (:class:`CostCurve` extends its last
             segment past them).
         prefix: random ids cached before each timed forward (cut so the largest forward fits the context).
     Returns:
-        :class:`CostCurve` with c(0) = 1, fitted by :func:`redraft.policy.costfit.fit_costs` (median ratio per
+        :class:`CostCurve` with c(0) = 1, fitted by :func:`redraft.pricing.fit.fit_costs` (median ratio per
         size, non-decreasing and sub-additive where the samples' spread allows). Takes roughly
         repeats x (sum(c(n)) + len(sizes)) x t(1) seconds (~40 s for the defaults on the 2-core development CPU,
         one thread, quiet machine).
     """
-    return measure_cost_fit(model, sizes, prefix=prefix, repeats=repeats, seed=seed, progress=progress).curve
+    return measure_cost_fit(target, sizes, prefix=prefix, repeats=repeats, seed=seed, progress=progress).curve
 
 
-def measure_cost_fit(model, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
+def measure_cost_fit(target, sizes: Sequence[int] = COST_SIZES, *, prefix: int = COST_PREFIX,
                      repeats: int = COST_REPEATS, seed: int = 0, progress: bool = False) -> CostFit:
-    """As :func:`measure_cost_curve`, returning the whole :class:`~redraft.policy.costfit.CostFit` (the medians and
+    """As :func:`measure_cost_curve`, returning the whole :class:`~redraft.pricing.fit.CostFit` (the medians and
     interquartile ranges beside the fitted curve)."""
-    from redraft.decoding.target import HFTarget, Target
-
-    target = model if isinstance(model, Target) else HFTarget(model)
     ns = sorted(set(int(n) for n in sizes) | {0})
     if target.max_length:  # a forward of 1 + n tokens after at least one cached id must fit the context
         ns = [n for n in ns if n + 2 <= target.max_length]

@@ -1,6 +1,6 @@
 """The measured cost curve, cached on disk per model, dtype, thread count and machine (the default policy is built on
-it by :func:`redraft.compose.build_policy`). The policy package itself only takes a
-:class:`~redraft.policy.costcurve.CostCurve`; measuring one runs target forwards, so it lives here, beside the target.
+it by :func:`redraft.compose.build_policy`); the policy itself only takes a :class:`~redraft.pricing.curve.CostCurve`.
+Also the reader of a curve file given by hand (:func:`read_curve`: vLLM's step curve, REDRAFT_COST_CURVE).
 
 A curve measured on one machine says nothing about another (a GPU verifies 64 tokens for about the price of one;
 a 2-core CPU does not), nor about the same machine with another thread count or dtype. The cache key holds all of
@@ -22,16 +22,15 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from redraft.decoding.costmeasure import measure_cost_curve
-from redraft.decoding.packing import base_attention
 from redraft.defaults import COST_PREFIX, COST_REPEATS, COST_SIZES
+from redraft.io.atomic import write_json
+from redraft.io.loading import base_attention, cache_dir
+from redraft.pricing.curve import CostCurve
+from redraft.pricing.measure import measure_cost_curve
 
 LLAMA_COST_MAX = 128  # the largest draft size timed for a llama.cpp target
-from redraft.io.atomic import write_json
-from redraft.io.loading import cache_dir
-from redraft.policy.costcurve import CostCurve
 
-# /2: ratios to the 1-token forwards around each sample, sizes in random order, the robust fit (costfit); curves of /1
+# /2: ratios to the 1-token forwards around each sample, sizes in random order, the robust fit (pricing.fit); curves of /1
 # (median times over the median 1-token time, sizes swept in order) are measured again
 SCHEMA = "redraft-cost-curve/2"
 
@@ -103,6 +102,21 @@ def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> di
             "sizes": sorted(set(int(s) for s in sizes) | {0}), "prefix": int(prefix), "repeats": int(repeats)}
 
 
+def curve_from_json(data) -> CostCurve:
+    """The curve in a parsed JSON object: a curve ``{"sizes": [...], "costs": [...]}`` or a cache file's
+    ``{"key": ..., "curve": {...}}``. Raises ValueError naming the bad field."""
+    if isinstance(data, dict) and isinstance(data.get("curve"), dict):
+        data = data["curve"]
+    return CostCurve.from_dict(data)
+
+
+def read_curve(path: str | os.PathLike) -> CostCurve:
+    """:func:`curve_from_json` of the JSON file at ``path``. Raises OSError (unreadable) or ValueError (not JSON,
+    not a valid curve)."""
+    with open(path, encoding="utf-8") as f:
+        return curve_from_json(json.load(f))
+
+
 def curve_path(key: dict, directory: str | os.PathLike) -> Path:
     """``directory/cost-curves/<hash of key>.json``."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -155,7 +169,9 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
     """The cost curve for ``model`` here: from the cache when present and valid, else measured and cached.
 
     Args:
-        model: a transformers causal LM or an HFTarget (its KV cache is reset when measuring).
+        model: a :class:`~redraft.decoding.target.Target` (an HFTarget or a LlamaCppTarget; its KV cache is reset
+            when measuring), or a bare transformers model when ``measure`` takes one (the default needs a target:
+            :func:`redraft.decoding.target.as_target`).
         directory: cache root (default: redraft's cache directory, ``$REDRAFT_CACHE`` or ``~/.cache/redraft``).
         sizes, prefix, repeats: measurement settings (part of the key).
         refresh: measure again even when a cached curve exists.
