@@ -140,6 +140,9 @@ class LlamaCppMethod(Method):
             draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
         self.name, self.description = name, description
         self.exact_expected = exact_expected  # True beside redraft's llama.cpp target: the same build and settings
+        # llama-cpp-python's Llama keeps an [n_ctx, vocab] score array and fails (ValueError) on a forward past it;
+        # prompt lookup evaluates its draft past the answer's end, so it needs that many positions of room
+        self.n_ctx, self.room = n_ctx, 1 + (2 * prompt_lookup if prompt_lookup else 0)
         self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
                          draft_model=draft, verbose=False, seed=0)
         self.eos = set(int(e) for e in eos_token_ids) | {int(self.llm.token_eos())}
@@ -157,6 +160,7 @@ class LlamaCppMethod(Method):
         self.forwards = 0
         out: list[int] = []
         stop = "length"
+        ngen = min(ngen, self.n_ctx - len(prompt_ids) - self.room)  # the context's end, as the target stops there
         t0 = time.perf_counter()
         if ngen > 0:
             for tok in self.llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0, temp=0.0,
