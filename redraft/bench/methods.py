@@ -140,11 +140,12 @@ class LlamaCppMethod(Method):
             draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
         self.name, self.description = name, description
         self.exact_expected = exact_expected  # True beside redraft's llama.cpp target: the same build and settings
-        # llama-cpp-python's Llama keeps an [n_ctx, vocab] score array and fails (ValueError) on a forward past it;
-        # prompt lookup evaluates its draft past the answer's end, so it needs that many positions of room
+        # llama-cpp-python's Llama keeps a score array of n_batch rows unless logits_all is passed, yet with a draft
+        # model it writes every row there: a prompt past n_batch tokens raised ValueError; logits_all sizes it
+        # [n_ctx, vocab], and prompt lookup evaluates its draft past the answer's end, so it needs that much room
         self.n_ctx, self.room = n_ctx, 1 + (2 * prompt_lookup if prompt_lookup else 0)
         self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
-                         draft_model=draft, verbose=False, seed=0)
+                         draft_model=draft, logits_all=draft is not None, verbose=False, seed=0)
         self.eos = set(int(e) for e in eos_token_ids) | {int(self.llm.token_eos())}
         self.forwards = 0
         inner_eval = self.llm.eval
