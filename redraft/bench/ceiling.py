@@ -27,11 +27,11 @@ class CeilingTimer:
     """
 
     def __init__(self, model, repeats: int = 2) -> None:
-        from redraft.decoding.target import HFTarget, Target  # torch-bound
+        from redraft.decoding.target import as_target  # torch-bound
 
         if repeats < 1:
             raise ValueError(f"CeilingTimer: repeats must be >= 1, got {repeats}")
-        self.target = model if isinstance(model, Target) else HFTarget(model)
+        self.target = as_target(model)
         self.repeats = repeats
 
     def __call__(self, prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> float | None:

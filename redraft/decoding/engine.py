@@ -25,7 +25,7 @@ from redraft.decoding.sequence import Steps, drive
 from redraft.decoding.settling import ExactMode
 from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import HFTarget, PrefixKV, Target
+from redraft.decoding.target import PrefixKV, as_target
 from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH, check_depth
 from redraft.drafters.base import Drafter
 from redraft.policy.speculation import SpeculationPolicy
@@ -121,7 +121,7 @@ class Engine:
                  max_depth: int = MAX_DRAFT_DEPTH, tree_budget: int = 64, merge: bool = False,
                  exact: bool = True, exact_margin: float | None = None,
                  generation_config=True, policy: SpeculationPolicy | None = None) -> None:
-        self.target = model if isinstance(model, Target) else HFTarget(model)
+        self.target = as_target(model)
         self.drafters = list(drafters)
         self.eos = set(int(e) for e in eos_token_ids)
         # a cap, clamped (not refused) into the depth rule's range: 1..48, or 1..512 under a policy
