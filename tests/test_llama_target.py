@@ -8,8 +8,10 @@ installed (``make llama``); the bad-input tests that need no llama.cpp run every
 from __future__ import annotations
 
 import pytest
+import torch
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, load_target, plain_engine
+from redraft.compose.runtime import torch_threads
 from redraft.io.loading import ModelLoadError, default_model_path
 
 N_CTX, THREADS = 2048, 1
@@ -207,3 +209,22 @@ def test_missing_extra_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_llama)
     with pytest.raises(ModelLoadError, match="make llama"):
         load_target(None, runtime="llama.cpp")
+
+
+@needs_llama
+def test_loading_on_llama_cpp_leaves_torch_one_thread(loaded):
+    # torch's spinning OpenMP workers would take cores from llama.cpp's threads between forwards
+    assert torch.get_num_threads() == 1
+    with torch_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1
+
+
+def test_torch_threads_restores_the_count_and_refuses_zero():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError), torch_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+        raise RuntimeError("the block failed")
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="n=0"), torch_threads(0):
+        pass

@@ -25,6 +25,7 @@ the hf methods need the transformers model and are skipped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -76,15 +77,19 @@ class Method:
 
 
 class EngineMethod(Method):
-    """A redraft :class:`~redraft.decoding.engine.Engine` configuration (reused across prompts: drafters reset per prompt)."""
+    """A redraft :class:`~redraft.decoding.engine.Engine` configuration (reused across prompts: drafters reset per
+    prompt). ``threads``: torch intra-op threads while it generates (None: as the process has them)."""
 
-    def __init__(self, name: str, engine, description: str = "") -> None:
-        self.name, self.engine, self.description = name, engine, description
+    def __init__(self, name: str, engine, description: str = "", threads: int | None = None) -> None:
+        self.name, self.engine, self.description, self.threads = name, engine, description, threads
 
     def generate(self, prompt_ids, ngen):
-        t0 = time.perf_counter()
-        res = self.engine.generate(list(prompt_ids), ngen)
-        dt = time.perf_counter() - t0
+        from redraft.compose.runtime import torch_threads
+
+        with torch_threads(self.threads) if self.threads else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            res = self.engine.generate(list(prompt_ids), ngen)
+            dt = time.perf_counter() - t0
         # per-forward draft depths give acceptance by draft position (see the report); plain drafts nothing
         depths = list(res.draft_depth_per_forward) if self.engine.drafters else None
         return RunRecord(list(res.output_ids), dt, res.forwards, list(res.accepted_per_forward),
@@ -182,18 +187,21 @@ class LlamaCppMethod(Method):
             pass
 
 
-def _transformers_policy(gguf: str, eos: Sequence[int], corpus) -> Method:
+def _transformers_policy(gguf: str, eos: Sequence[int], corpus, threads: int) -> Method:
     """The policy method on the transformers target of ``gguf`` (dequantised to fp32 once), for a run whose redraft
-    methods are on llama.cpp: its ids are the fp32 model's, so they differ from llama.cpp's as expected."""
+    methods are on llama.cpp: its ids are the fp32 model's, so they differ from llama.cpp's as expected. It runs
+    (and measures its cost curve) on ``threads`` torch threads, the llama.cpp target's count."""
     from redraft.compose import SpeculationConfig, build_engine, build_policy
+    from redraft.compose.runtime import torch_threads
     from redraft.io.loading import load_model
 
-    loaded = load_model(gguf, quiet=True)
-    spec = SpeculationConfig()
-    policy = build_policy(loaded.model, max_nodes=spec.policy_nodes)
+    with torch_threads(threads):
+        loaded = load_model(gguf, quiet=True)
+        spec = SpeculationConfig()
+        policy = build_policy(loaded.model, max_nodes=spec.policy_nodes)
     method = EngineMethod("policy-transformers", build_engine(loaded.model, spec, eos_token_ids=eos, corpus=corpus,
                                                               policy=policy),
-                          "redraft policy on the transformers target (fp32) of the same GGUF")
+                          "redraft policy on the transformers target (fp32) of the same GGUF", threads=threads)
     method.exact_expected = False
     return method
 
@@ -316,7 +324,7 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
             if runtime == "transformers" or not cfg.gguf:
                 skipped[name] = "only beside --runtime llama.cpp (the policy method is on transformers already)"
                 continue
-            out.append(_transformers_policy(cfg.gguf, eos, corpus))
+            out.append(_transformers_policy(cfg.gguf, eos, corpus, getattr(model, "n_threads", 1)))
             continue
         if name.startswith("llama.cpp"):
             ok, why = llama_cpp_available()

@@ -8,7 +8,9 @@ engine, the policy's cost curve, exact mode) takes its ``model`` either way.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from redraft.io.loading import (
     LoadedModel,
@@ -34,6 +36,12 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
         dtype: transformers weight dtype (llama.cpp runs the file's own quantization and refuses another dtype).
         n_ctx: llama.cpp context length in tokens (default LLAMA_N_CTX); threads: llama.cpp CPU threads (default
             ``torch.get_num_threads()``, the thread count transformers would use).
+
+    On llama.cpp, torch is left one intra-op thread (``torch.set_num_threads(1)``, process-wide): torch then only
+    post-processes a step's logits, and its OpenMP workers, which spin after each parallel op on a [rows, vocab]
+    verify result, take cores from llama.cpp's threads in the next forward (its single-token steps after a verify
+    ran ~1.3x slower on 2 cores, docs/llama-cpp.md). Load a transformers model in the same process under
+    :func:`torch_threads` to give it its threads back.
     Raises:
         ModelLoadError: an unknown runtime, a dtype llama.cpp cannot honour, a path that is not a GGUF file for
             llama.cpp, the ``llama`` extra missing, or a file llama.cpp cannot load (each names what was expected).
@@ -54,6 +62,7 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
         target = LlamaCppTarget(path, n_ctx=n_ctx or LLAMA_N_CTX, n_threads=threads or torch.get_num_threads())
     except LlamaCppError as e:
         raise ModelLoadError(str(e)) from e
+    torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
     tok_dir = gguf_tokenizer_dir(path, quiet=quiet)
@@ -64,3 +73,19 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
                              f"{target.vocab_size}")
     name = "default" if spec is None or str(spec) in ("", "default") else str(spec)
     return LoadedModel(model=target, tokenizer=tok, name=name, path=path, runtime="llama.cpp")
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads, then restore the count (a transformers model beside a
+    llama.cpp target, which leaves torch one thread: :func:`load_target`). Raises ValueError: n < 1."""
+    import torch
+
+    if n < 1:
+        raise ValueError(f"torch_threads: n={n}, expected >= 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
