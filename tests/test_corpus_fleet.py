@@ -172,3 +172,47 @@ def test_corpus_compact_records_the_directorys_tokenizer_in_the_base(tmp_path):
     compact_corpus(str(tmp_path))
     s = corpus_stats(str(tmp_path))
     assert (s["vocab_size"], s["fingerprint"]) == (VOCAB, "fp-1") and s["n_spans"] == 1
+
+
+def rdj_bytes(d) -> int:
+    return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".rdj"))
+
+
+def test_a_live_writers_journal_rotates_and_its_folded_segments_are_removed(tmp_path):
+    a, b = writer(tmp_path), writer(tmp_path)
+    written, sizes = [], []
+    for round_ in range(6):
+        for i in range(20):
+            written.append(span(100 * round_ + i))
+            (a, b)[i % 2].append(written[-1])
+        b.follow(), a.follow()
+        assert held(a) == held(b) == sorted(written)  # each sees every span once, across rotations
+        (a, b)[round_ % 2].compact()
+        a.follow(), b.follow()
+        sizes.append(rdj_bytes(tmp_path))
+        assert held(a) == held(b) == sorted(written)
+    # one round's records are ~20 * 110 bytes: what is on disk stays at most two rounds' worth, never all six
+    one_round = sum(len(encode_record(s)) for s in written[:20])
+    assert max(sizes[1:]) <= 2 * one_round < sum(len(encode_record(s)) for s in written)
+    assert a.journal.endswith(".rdj") and a.journal != str(tmp_path / f"journal-{a.writer}.rdj")  # it rotated
+    names = [n for n in os.listdir(tmp_path) if n.endswith(".rdj")]
+    assert len(names) <= 4, names  # per writer: the segment in use and at most one folded one
+    a.close(), b.close()
+    corpus, problems = read_directory(tmp_path)
+    assert sorted(s.tolist() for s in corpus.span_list()) == sorted(written) and not problems
+
+
+def test_a_writer_that_dies_right_after_rotating_loses_nothing(tmp_path):
+    a = writer(tmp_path)
+    for i in range(10):
+        a.append(span(i))
+    a.compact()  # folds its journal: it rotates to a new segment
+    a.append(span(50))
+    a._journal._f.close()  # dies: its flock goes with it, no clean close  # noqa: SLF001
+    b = writer(tmp_path)
+    assert held(b) == sorted([*(span(i) for i in range(10)), span(50)])
+    b.compact()  # folds and removes the dead writer's segments
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(f"journal-{a.writer}")]
+    assert held(b) == sorted([*(span(i) for i in range(10)), span(50)])
+    b.close()
+    assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == held(b)

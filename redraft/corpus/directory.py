@@ -7,8 +7,9 @@ here, so either drafts from what the other learned:
     D/<tenant>/          one tenant's OnlineCorpus (:mod:`redraft.corpus.online`):
         generation-G.json    the current generation G: {"generation", "base", "folded": {journal: bytes}}
         base-G.bin           the binary corpus compacted at generation G (absent while empty)
-        journal-W.rdj        writer W's checksummed records (:mod:`redraft.corpus.journal`), one per process
-        journal-W.json       who W is: {"writer", "host", "pid", "started", "fingerprint", "vocab_size"}
+        journal-W.rdj        writer W's checksummed records (:mod:`redraft.corpus.journal`), one per process;
+        journal-W.N.rdj      its Nth segment, begun once a generation folded all of the one before
+        journal-W.json       who W is: {"writer", "host", "pid", "started", "segment", "fingerprint", "vocab_size"}
         compact.lock         held by the one writer compacting now (:mod:`redraft.corpus.lease`)
 
 A tenant's spans are the base's followed by each journal's records past the bytes its generation folded into the

@@ -12,6 +12,11 @@ that delay. Compaction folds the base and every journal into the next generation
 the one holding the compaction lock (:mod:`redraft.corpus.lease`) runs it, reading the files rather than its own
 memory, so nothing another writer stored is lost or stored twice. Its generation file is the commit point; a crash
 at any moment leaves the previous generation whole, and a record cut short by a crash is never read.
+
+A live writer's journal does not grow for the life of the process: once a generation has folded all of it into the
+base, the writer appends to a new segment (``journal-W.N.rdj``) and closes the old one. The old segment is then a
+wholly folded journal whose writer is gone, which the next compaction removes (as it removes a dead writer's).
+So the files hold at most what the last two compactions have not both folded.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ class OnlineCorpus:
         self._corpus = Corpus([], vocab_size=vocab_size, fingerprint=fingerprint)
         self._gen, self._base_tokens, self._journal_tokens = 0, 0, 0
         self._journal: JournalWriter | None = None
-        self._own = f"journal-{self.writer}.rdj"
+        self._segment = 0  # this writer's journal segment (0: journal-W.rdj, N: journal-W.N.rdj)
+        self._own = self._segment_name()
         self._offsets: dict[str, int] = {}  # other writers' journals: bytes read so far
         self._refused: set[str] = set()  # journals of another tokenizer (warned once)
         self._pending: list[np.ndarray] | None = None  # in memory: spans appended while a compaction runs
@@ -271,6 +277,9 @@ class OnlineCorpus:
     def _identity_name(self) -> str:
         return self._own[:-len(".rdj")] + ".json"
 
+    def _segment_name(self) -> str:
+        return f"journal-{self.writer}.rdj" if self._segment == 0 else f"journal-{self.writer}.{self._segment}.rdj"
+
     def _note(self, lines: list[str]) -> None:
         for line in lines:
             if line not in self.problems:
@@ -282,14 +291,38 @@ class OnlineCorpus:
         assert self.directory is not None  # called only with a directory
         try:
             os.makedirs(self.directory, exist_ok=True)
-            with atomic_path(self._path(self._identity_name())) as tmp, open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"writer": self.writer, "host": host_name(), "pid": os.getpid(), "started": time.time(),
-                           "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}, f)
-            self._journal = JournalWriter(self._path(self._own), sync=self.sync, owned=True)
+            self._journal = self._start_segment()
         except OSError as e:
             raise CorpusError(f"{self.directory}: cannot write a journal there ({e.strerror or e}); a corpus "
                               f"directory must be writable by every server and proposer that learns into it") from e
         self._reload(current_generation(self.directory))
+
+    def _start_segment(self) -> JournalWriter:
+        """Write the identity file of journal segment ``self._own`` and open it for appending. Raises OSError."""
+        with atomic_path(self._path(self._identity_name())) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"writer": self.writer, "host": host_name(), "pid": os.getpid(), "started": time.time(),
+                       "segment": self._segment, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}, f)
+        return JournalWriter(self._path(self._own), sync=self.sync, owned=True)
+
+    def _rotate(self, gen: Generation) -> None:
+        """When ``gen`` folded all of this writer's non-empty journal, append to a new segment from now on and close
+        the old one (the next compaction removes it: wholly folded, its writer gone). The caller holds ``_lock``,
+        so no append runs meanwhile. A new segment that cannot be written leaves the old one in use, warned."""
+        journal = self._journal
+        if journal is None or journal.size == 0 or gen.folded.get(self._own) != journal.size:
+            return
+        old = self._own
+        self._segment += 1
+        self._own = self._segment_name()
+        try:
+            self._journal = self._start_segment()
+        except OSError as e:
+            self._segment -= 1
+            self._own = old
+            self._note([f"{self._path(old)}: cannot start a new journal segment ({e.strerror or e}); "
+                        f"appending to this one"])
+            return
+        journal.close()
 
     def _reload(self, gen: Generation) -> None:
         """Make generation ``gen`` (or a newer one, when ``gen``'s files were removed meanwhile) the snapshot: its
@@ -315,6 +348,7 @@ class OnlineCorpus:
                 self._gen, self._base_tokens = gen.number, base.n_tokens
                 self._journal_tokens = sum(len(s) for s in spans)
                 self._offsets = {t.name: t.end for t in tails}
+                self._rotate(gen)
 
     def _follow_loop(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -359,7 +393,10 @@ class OnlineCorpus:
                     self._refused.add(name)
                     self._note([why])
                     continue
-            tail = read_tail(path, offset, vocab_size=self.vocab_size)
+            try:
+                tail = read_tail(path, offset, vocab_size=self.vocab_size)
+            except FileNotFoundError:  # removed by a compaction once wholly folded: the next generation holds it
+                continue
             self._note(tail.problems)
             if tail.spans:
                 with self._lock:
