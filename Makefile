@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: demo demo-llama test test-fast install lint clean vllm-check fuzz-server lm-eval-concurrent llama
+.PHONY: demo demo-llama test test-fast install lint clean vllm-check vllm-fleet-check fuzz-server lm-eval-concurrent llama
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -93,6 +93,13 @@ llama: $(STAMP)
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
 	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL" $(VLLM_CHECK_ARGS)
+
+# A redraft server and a vLLM engine with the redraft proposer learning into one corpus directory, each replaying
+# the other's answers (the server runs in .venv, vLLM in its own environment).
+vllm-fleet-check: $(STAMP) $(VLLM_STAMP)
+	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_fleet_check --model "$$MODEL" \
+		--server-python $(abspath $(BIN))/python $(VLLM_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -208,7 +208,7 @@ def test_a_writer_that_dies_right_after_rotating_loses_nothing(tmp_path):
         a.append(span(i))
     a.compact()  # folds its journal: it rotates to a new segment
     a.append(span(50))
-    a._journal._f.close()  # dies: its flock goes with it, no clean close  # noqa: SLF001
+    a._journal._file._f.close()  # dies: its flock goes with it, no clean close
     b = writer(tmp_path)
     assert held(b) == sorted([*(span(i) for i in range(10)), span(50)])
     b.compact()  # folds and removes the dead writer's segments

@@ -22,11 +22,13 @@ def metric_value(text: str, name: str, **labels) -> float:
 
 
 class ServerProcess:
-    """``python -m redraft serve`` on a free loopback port, its stderr in ``log``."""
+    """``python -m redraft serve`` on a free loopback port, its stderr in ``log``; ``python``: the interpreter (default
+    this one's; another environment's, e.g. redraft's own beside the vLLM environment)."""
 
-    def __init__(self, model: str | None, log: Path, *extra: str, threads: int | None = None) -> None:
+    def __init__(self, model: str | None, log: Path, *extra: str, threads: int | None = None,
+                 python: str | None = None) -> None:
         self.log, self.base = log, None
-        cmd = [sys.executable, "-m", "redraft"] + (["--threads", str(threads)] if threads else []) + ["serve"]
+        cmd = [python or sys.executable, "-m", "redraft"] + (["--threads", str(threads)] if threads else []) + ["serve"]
         cmd += (["--model", model] if model else []) + ["--port", "0", *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "a"),
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -13,15 +13,11 @@ the one holding the compaction lock (:mod:`redraft.corpus.lease`) runs it, readi
 memory, so nothing another writer stored is lost or stored twice. Its generation file is the commit point; a crash
 at any moment leaves the previous generation whole, and a record cut short by a crash is never read.
 
-A live writer's journal does not grow for the life of the process: once a generation has folded all of it into the
-base, the writer appends to a new segment (``journal-W.N.rdj``) and closes the old one. The old segment is then a
-wholly folded journal whose writer is gone, which the next compaction removes (as it removes a dead writer's).
-So the files hold at most what the last two compactions have not both folded.
+A live writer's journal moves to a new segment once a generation folded all of it (:mod:`redraft.corpus.segments`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -30,14 +26,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from redraft.io.atomic import atomic_path
-
 from .compaction import fold
 from .corpus import CONTEXT_N, Corpus, check_ids
 from .directory import Generation, check_identity, current_generation, journal_files, read_generation
 from .errors import CorpusError
-from .journal import JournalWriter, read_tail
-from .lease import host_name, writer_id
+from .journal import read_tail
+from .lease import writer_id
+from .segments import WriterJournal
 
 COMPACT_MIN_TOKENS = 1 << 16  # journal tokens before a compaction is worth its rebuild
 EVICT_TO = 0.75  # eviction keeps the newest spans up to this share of the cap, so it runs once per cap/4 tokens
@@ -99,9 +94,8 @@ class OnlineCorpus:
         self._disk = threading.RLock()  # one reload or follow pass at a time
         self._corpus = Corpus([], vocab_size=vocab_size, fingerprint=fingerprint)
         self._gen, self._base_tokens, self._journal_tokens = 0, 0, 0
-        self._journal: JournalWriter | None = None
-        self._segment = 0  # this writer's journal segment (0: journal-W.rdj, N: journal-W.N.rdj)
-        self._own = self._segment_name()
+        self._journal: WriterJournal | None = None
+        self._own = f"journal-{self.writer}.rdj"  # the journal segment this writer appends to
         self._offsets: dict[str, int] = {}  # other writers' journals: bytes read so far
         self._refused: set[str] = set()  # journals of another tokenizer (warned once)
         self._pending: list[np.ndarray] | None = None  # in memory: spans appended while a compaction runs
@@ -250,15 +244,8 @@ class OnlineCorpus:
             worker.join()
         with self._lock:
             if self._journal is not None:
-                empty = self._journal.size == 0
                 self._journal.close()
                 self._journal = None
-                if empty:
-                    for path in (self._path(self._own), self._path(self._identity_name())):
-                        try:
-                            os.unlink(path)
-                        except OSError:
-                            pass
 
     # ---- internals ----------------------------------------------------------------------------------------------
     def _over_cap(self) -> bool:
@@ -274,12 +261,6 @@ class OnlineCorpus:
         assert self.directory is not None  # files exist only with a directory
         return os.path.join(self.directory, name)
 
-    def _identity_name(self) -> str:
-        return self._own[:-len(".rdj")] + ".json"
-
-    def _segment_name(self) -> str:
-        return f"journal-{self.writer}.rdj" if self._segment == 0 else f"journal-{self.writer}.{self._segment}.rdj"
-
     def _note(self, lines: list[str]) -> None:
         for line in lines:
             if line not in self.problems:
@@ -291,38 +272,22 @@ class OnlineCorpus:
         assert self.directory is not None  # called only with a directory
         try:
             os.makedirs(self.directory, exist_ok=True)
-            self._journal = self._start_segment()
+            self._journal = WriterJournal(self.directory, self.writer, sync=self.sync,
+                                          identity={"fingerprint": self.fingerprint, "vocab_size": self.vocab_size})
         except OSError as e:
             raise CorpusError(f"{self.directory}: cannot write a journal there ({e.strerror or e}); a corpus "
                               f"directory must be writable by every server and proposer that learns into it") from e
         self._reload(current_generation(self.directory))
 
-    def _start_segment(self) -> JournalWriter:
-        """Write the identity file of journal segment ``self._own`` and open it for appending. Raises OSError."""
-        with atomic_path(self._path(self._identity_name())) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"writer": self.writer, "host": host_name(), "pid": os.getpid(), "started": time.time(),
-                       "segment": self._segment, "fingerprint": self.fingerprint, "vocab_size": self.vocab_size}, f)
-        return JournalWriter(self._path(self._own), sync=self.sync, owned=True)
-
     def _rotate(self, gen: Generation) -> None:
-        """When ``gen`` folded all of this writer's non-empty journal, append to a new segment from now on and close
-        the old one (the next compaction removes it: wholly folded, its writer gone). The caller holds ``_lock``,
-        so no append runs meanwhile. A new segment that cannot be written leaves the old one in use, warned."""
-        journal = self._journal
-        if journal is None or journal.size == 0 or gen.folded.get(self._own) != journal.size:
-            return
-        old = self._own
-        self._segment += 1
-        self._own = self._segment_name()
+        """A new journal segment once ``gen`` folded all of this one (the caller holds ``_lock``: no append runs)."""
+        assert self._journal is not None
         try:
-            self._journal = self._start_segment()
+            self._journal.rotate(gen.folded)
         except OSError as e:
-            self._segment -= 1
-            self._own = old
-            self._note([f"{self._path(old)}: cannot start a new journal segment ({e.strerror or e}); "
+            self._note([f"{self._journal.path}: cannot start a new journal segment ({e.strerror or e}); "
                         f"appending to this one"])
-            return
-        journal.close()
+        self._own = self._journal.name
 
     def _reload(self, gen: Generation) -> None:
         """Make generation ``gen`` (or a newer one, when ``gen``'s files were removed meanwhile) the snapshot: its
@@ -348,7 +313,8 @@ class OnlineCorpus:
                 self._gen, self._base_tokens = gen.number, base.n_tokens
                 self._journal_tokens = sum(len(s) for s in spans)
                 self._offsets = {t.name: t.end for t in tails}
-                self._rotate(gen)
+                if self._journal is not None:
+                    self._rotate(gen)
 
     def _follow_loop(self, every: float) -> None:
         while not self._stop.wait(every):

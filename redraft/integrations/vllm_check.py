@@ -138,7 +138,7 @@ def run_pass(llm, prompts: list[list[int]], args) -> dict:
     from vllm import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=args.ngen, ignore_eos=False)
-    before = _spec_counters(llm)
+    before = spec_counters(llm)
     outputs, t0 = [], time.perf_counter()
     if args.batch:
         res = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
@@ -148,7 +148,7 @@ def run_pass(llm, prompts: list[list[int]], args) -> dict:
             res = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)
             outputs.append(list(res[0].outputs[0].token_ids))
     seconds = time.perf_counter() - t0
-    after = _spec_counters(llm)
+    after = spec_counters(llm)
     spec_stats = {k: after.get(k, 0) - before.get(k, 0) for k in SPEC_COUNTERS}
     return {"prompts": prompts, "outputs": outputs, "seconds": seconds,
             "tokens": sum(len(o) for o in outputs), "spec": spec_stats}
@@ -176,7 +176,8 @@ def merge_processes(runs: list[dict]) -> dict:
     return merged
 
 
-def _spec_counters(llm) -> dict:
+def spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters of ``llm`` so far ({name: value} for SPEC_COUNTERS that it reports)."""
     totals: dict = {}
     for m in llm.get_metrics():
         for name in SPEC_COUNTERS:
