@@ -492,3 +492,21 @@ def test_depth_cap_drafts_adaptively_as_the_engine_does(tmp_path, k_max):
         assert drafts[0] == (want.tokens if want is not None else [])
         lengths.append(len(drafts[0]))
     assert max(lengths) == (k_max or 2)
+
+
+def test_a_length_cut_replay_carrying_ids_past_the_cut_is_not_stored_again():
+    from redraft.corpus.online import OnlineCorpus
+    from redraft.integrations.vllm_proposer import SpanLearner
+
+    rng = np.random.default_rng(3)
+    answer = rng.integers(10, VOCAB, 60).tolist()  # another writer's answer, cut by max_tokens
+    beyond = rng.integers(10, VOCAB, K + 2).tolist()  # ids vLLM's last step accepted past the cut
+    oc = OnlineCorpus(None, vocab_size=VOCAB)
+    oc.learn(answer)
+    learner = SpanLearner(oc, overshoot=K + 1)
+    learner.learn([np.array(answer + beyond[:K + 1])], [False])  # the same answer replayed: up to K + 1 ids past it
+    assert oc.n_spans == 1 and learner.spans == 0
+    learner.learn([np.array(answer + beyond[:K + 1])], [True])  # ended in EOS: no overshoot, a longer answer
+    assert oc.n_spans == 2 and learner.spans == 1
+    learner.learn([np.array(answer[:30] + beyond)], [False])  # not held up to its last K + 1 ids: a new answer
+    assert oc.n_spans == 3

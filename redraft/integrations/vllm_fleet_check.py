@@ -11,12 +11,17 @@ environment (``--server-python``), because vLLM pins another transformers. In on
 3. a checker reads every journal and the base of ``D``: each answer is stored once (learn-once across writers),
    none is missing.
 
+vLLM does not tell a proposer a request's ``max_tokens``: an answer vLLM cut there (not at EOS) is learned only
+once it has left vLLM's batch for 64 steps, or at shutdown. So on an idle engine the server cannot replay such an
+answer yet, and it stores its own copy. The check reports those answers apart ("cut by length"), and they do not
+fail it.
+
 It reports, per direction, the first answers' and the replays' generation seconds, forwards (the server's count)
 or vLLM's draft acceptance, and whether each replay's text equals the other replica's answer. The two runtimes
 compute in fp32 in their own ways, so a near tie can still split them: that counts as "differs", not as a loss.
 
-Exit status: 0 every span stored exactly once and every replay drafted from the other's answer; 1 otherwise; 2 vLLM
-or the server could not run.
+Exit status: 0 every answer stored exactly once and every replay drafted from the other's answer (answers vLLM cut
+by length excepted, see above); 1 otherwise; 2 vLLM or the server could not run.
 """
 
 from __future__ import annotations
@@ -121,7 +126,8 @@ def run(args) -> int:
 
 def report(rows, stored: list[int], args) -> int:
     """Print the per-direction table; the exit status (see the module doc)."""
-    ok = all(n == 1 for n in stored)
+    late = [name == "vLLM -> server" and f["tokens"] >= args.ngen for name, f, _ in rows]  # cut by length on vLLM
+    ok = all(n == 1 for n, excused in zip(stored, late, strict=True) if not excused)
     for direction in ("server -> vLLM", "vLLM -> server"):
         mine = [(f, g) for name, f, g in rows if name == direction]
         first_s = statistics.median(f["seconds"] / max(1, f["tokens"]) for f, _ in mine)
@@ -138,9 +144,13 @@ def report(rows, stored: list[int], args) -> int:
                 acc, drafts = sp.get("spec_decode_num_accepted_tokens", 0), sp.get("spec_decode_num_drafts", 0)
                 detail = f"vLLM drafts {drafts}, accepted {acc} of {g['tokens']} tokens"
                 drafted = acc >= g["tokens"] / 2
-            ok = ok and drafted
-            print(f"  {f['seconds']:.3f} s -> {g['seconds']:.3f} s; {detail}")
-    print(f"answers stored once: {sum(1 for n in stored if n == 1)}/{len(stored)} (counts {stored})")
+            cut = f["tokens"] >= args.ngen
+            excused = cut and direction == "vLLM -> server"
+            ok = ok and (drafted or excused)
+            print(f"  {f['seconds']:.3f} s -> {g['seconds']:.3f} s; {detail}"
+                  f"{'; first answer cut by length' if cut else ''}{' (learned late, see --help)' if excused else ''}")
+    print(f"answers stored once: {sum(1 for n in stored if n == 1)}/{len(stored)} (counts {stored}; "
+          f"vLLM's answers cut by length: {sum(late)})")
     return 0 if ok else 1
 
 

@@ -248,16 +248,27 @@ class SpanLearner:
     once and, on the writing rank, appended to its journal. A span the corpus already holds is not stored again
     (:meth:`OnlineCorpus.learn`, the server's rule). A write error is logged (once) and the span is not kept;
     generation goes on.
+
+    ``overshoot``: ids a span that did not end in EOS may carry past the request's output. vLLM's last step of a
+    request cut by ``max_tokens`` can accept up to K draft ids plus the bonus id beyond the cut; vLLM drops them
+    from the output, but the proposer (which is not told ``max_tokens``) sees them. Such a span whose first
+    ``len - overshoot`` ids the corpus already holds is the same answer another writer stored (a replay): it is not
+    stored again.
     """
 
-    def __init__(self, corpus: OnlineCorpus) -> None:
+    def __init__(self, corpus: OnlineCorpus, overshoot: int = 0) -> None:
         self.corpus = corpus
+        self.overshoot = overshoot
         self.spans = 0
         self.warned = False
 
-    def learn(self, spans: Sequence[np.ndarray]) -> None:
-        """Learn spans (int [n] each, prompt + output)."""
-        for span in spans:
+    def learn(self, spans: Sequence[np.ndarray], cut: Sequence[bool] | None = None) -> None:
+        """Learn spans (int [n] each, prompt + output); ``cut[i]``: span i ended in EOS (no overshoot)."""
+        for i, span in enumerate(spans):
+            eos_cut = cut is not None and cut[i]
+            if not eos_cut and self.overshoot and len(span) > self.overshoot and \
+                    self.corpus.corpus.holds(span[:-self.overshoot]):
+                continue
             try:
                 self.spans += self.corpus.learn(span)
             except (OSError, CorpusError) as e:
@@ -298,7 +309,7 @@ class RedraftProposer:
             fingerprint = _tokenizer_fingerprint(getattr(mc, "tokenizer", None))
         self.corpus = open_corpora(s, self.vocab_size, fingerprint if binary else None)
         self.learned = open_learned(s, self.vocab_size, fingerprint, write=_first_tensor_parallel_rank())
-        self.learner = SpanLearner(self.learned) if self.learned is not None else None
+        self.learner = SpanLearner(self.learned, overshoot=s.k + 1) if self.learned is not None else None
         try:
             self.curve = load_step_curve(s.cost_curve, s.k)
         except ValueError as e:
@@ -400,23 +411,23 @@ class RedraftProposer:
             _learn_all(self.tracker, self.learner, self.eos)
 
 
-def finished_span(r: TrackedRequest, eos: frozenset[int]) -> np.ndarray | None:
+def finished_span(r: TrackedRequest, eos: frozenset[int]) -> tuple[np.ndarray, bool] | None:
     """A tracked request's prompt + output (int32 [n]), cut after its first EOS id in the output (vLLM may have
-    accepted draft ids past it; it drops them from the request's output too). None when it has no output yet or was
-    learned already."""
+    accepted draft ids past it; it drops them from the request's output too), and whether it was cut there. None
+    when it has no output yet or was learned already."""
     if r.n <= r.n_prompt or (r.data is not None and r.data.learned):
         return None
     tokens = r.tokens
     if eos:
         hits = np.flatnonzero(np.isin(tokens[r.n_prompt:], list(eos)))
         if len(hits):
-            tokens = tokens[:r.n_prompt + int(hits[0]) + 1]
-    return tokens.copy()
+            return tokens[:r.n_prompt + int(hits[0]) + 1].copy(), True
+    return tokens.copy(), False
 
 
 def _learn(learner: SpanLearner, requests: Sequence[TrackedRequest], eos: frozenset[int]) -> None:
-    spans = [finished_span(r, eos) for r in requests]
-    learner.learn([s for s in spans if s is not None])
+    found = [f for f in (finished_span(r, eos) for r in requests) if f is not None]
+    learner.learn([span for span, _ in found], [cut for _, cut in found])
 
 
 def _learn_all(tracker: RequestTracker, learner: SpanLearner, eos: frozenset[int]) -> None:
