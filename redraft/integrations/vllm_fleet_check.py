@@ -148,7 +148,7 @@ def report(rows, stored: list[int], args) -> int:
             excused = cut and direction == "vLLM -> server"
             ok = ok and (drafted or excused)
             print(f"  {f['seconds']:.3f} s -> {g['seconds']:.3f} s; {detail}"
-                  f"{'; first answer cut by length' if cut else ''}{' (learned late, see --help)' if excused else ''}")
+                  f"{'; first answer cut by length' if cut else ''}{' (learned late: vLLM does not pass max_tokens to a proposer)' if excused else ''}")
     print(f"answers stored once: {sum(1 for n in stored if n == 1)}/{len(stored)} (counts {stored}; "
           f"vLLM's answers cut by length: {sum(late)})")
     return 0 if ok else 1
