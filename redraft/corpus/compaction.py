@@ -20,6 +20,7 @@ from redraft.io.atomic import fsync_dir, is_temporary_name
 from .corpus import Corpus
 from .directory import (
     GENERATION_FILE,
+    JOURNAL_FILE,
     MANIFEST_FILE,
     Generation,
     base_name,
@@ -80,7 +81,8 @@ def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[
     """After generation ``number`` committed: older generation files and bases, single-writer journals of older
     generations, journals wholly folded whose writer is gone (one in ``damaged``, whose valid records were folded
     around skipped bytes, is kept aside as ``NAME.damaged``), and temporary files older than a lease (a crashed
-    writer's). A journal in ``keep`` but not in ``folded`` (refused: another tokenizer's) stays."""
+    writer's), as are identity files ``journal-W.json`` left without their journal (a writer killed while starting
+a segment). A journal in ``keep`` but not in ``folded`` (refused: another tokenizer's) stays."""
     now = time.time()
     for name in os.listdir(d):
         path = os.path.join(d, name)
@@ -93,7 +95,8 @@ def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[
             elif single:
                 stale = int(single.group(2)) < number and name not in keep
             else:
-                stale = (is_temporary_name(name) or name.endswith(".tmp")) and now - os.path.getmtime(path) > LEASE_SECONDS
+                left = is_temporary_name(name) or name.endswith(".tmp") or _orphan_identity(d, name)
+                stale = left and now - os.path.getmtime(path) > LEASE_SECONDS
             if not stale:
                 continue
             if name in damaged:
@@ -105,6 +108,14 @@ def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[
         except OSError:
             pass
     fsync_dir(d)
+
+
+def _orphan_identity(d: str, name: str) -> bool:
+    """Whether ``name`` is a journal's identity file whose journal is not there."""
+    if not (name.startswith("journal-") and name.endswith(".json")):
+        return False
+    journal = name[:-len(".json")] + ".rdj"
+    return JOURNAL_FILE.match(journal) is not None and not os.path.exists(os.path.join(d, journal))
 
 
 __all__ = ["fold", "remove_folded"]
