@@ -318,3 +318,58 @@ def test_an_identity_file_left_without_its_segment_is_removed(tmp_path):
     assert orphan.name not in names and fresh.name in names
     assert f"journal-{a.writer}.json" in names  # a live segment's identity stays
     a.close()
+
+
+def test_a_record_finished_while_a_compaction_reads_its_journal_is_kept(tmp_path, monkeypatch):
+    """A writer mid-append when a compaction reads its journal, then closing it (a rotation, a clean close) before
+    the compaction decides whether its writer is gone: the half-read record is not folded away as a dead writer's
+    torn tail; the next compaction folds it whole."""
+    from redraft.corpus import compaction
+
+    a = writer(tmp_path)
+    for i in range(3):
+        a.append(span(400 + i))
+    rec = encode_record(span(403))
+    f = a._journal._file._f
+    f.write(rec[:7])  # an append under way: half a record on disk
+    real = compaction.read_generation
+
+    def read_then_finish(*args, **kw):
+        got = real(*args, **kw)
+        f.write(rec[7:])  # the append completes, then the writer closes this segment
+        f.close()
+        return got
+
+    monkeypatch.setattr(compaction, "read_generation", read_then_finish)
+    fold_now(tmp_path)
+    monkeypatch.setattr(compaction, "read_generation", real)
+    b = writer(tmp_path)
+    want = sorted(span(400 + i) for i in range(4))
+    assert held(b) == want
+    b.compact()
+    assert held(b) == want and not [n for n in os.listdir(tmp_path) if n.endswith(".damaged")]
+    b.close()
+    assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == want
+
+
+def test_a_new_owned_journal_appears_already_locked(tmp_path, monkeypatch):
+    """A compaction that lists the directory while a writer starts a segment never finds it unlocked (it would
+    remove it as a dead writer's empty journal)."""
+    from redraft.corpus import journal
+    from redraft.corpus.journal import JournalWriter, has_live_writer
+
+    path = tmp_path / "journal-w.1.rdj"
+    real_link, seen = os.link, []
+
+    def link(src, dst):
+        seen.append(has_live_writer(src))
+        real_link(src, dst)
+
+    monkeypatch.setattr(journal.os, "link", link)
+    w = JournalWriter(path, owned=True)
+    assert seen == [True] and has_live_writer(path) and os.listdir(tmp_path) == [path.name]
+    with pytest.raises(BlockingIOError):
+        JournalWriter(path, owned=True)
+    w.append([1, 2, 3])
+    w.close()
+    assert not has_live_writer(path) and len(journal.read_journal(path).spans) == 1

@@ -54,13 +54,14 @@ def fold(d: str, writer: str, evict: Evict, *, vocab_size: int | None = None, fi
         return None
     try:
         gen = current_generation(d)
+        gone = gone_writers(d, gen)  # before reading: a record half-written when read may be finished meanwhile
         base, tails, problems = read_generation(d, gen, vocab_size=vocab_size, fingerprint=fingerprint)
         warn(problems)
         folded, damaged = {}, set()
         for t in tails:  # a writer that is gone will never finish a torn record: fold it away with the rest
-            gone = not has_live_writer(os.path.join(d, t.name))
-            folded[t.name] = t.end + (t.torn if gone else 0)
-            if t.skipped or (gone and t.torn):
+            gone_now = t.name in gone
+            folded[t.name] = t.end + (t.torn if gone_now else 0)
+            if t.skipped or (gone_now and t.torn):
                 damaged.add(t.name)
         spans, evicted = evict(base.span_list() + [s for t in tails for s in t.spans])
         nxt = Corpus.from_spans(spans, vocab_size=vocab_size, fingerprint=fingerprint)
@@ -74,6 +75,12 @@ def fold(d: str, writer: str, evict: Evict, *, vocab_size: int | None = None, fi
     finally:
         lock.release()
     return evicted
+
+
+def gone_writers(d: str, gen: Generation) -> set[str]:
+    """The journals of generation ``gen`` that no live writer holds (checked now: nobody appends to them any more,
+    so what they hold when read next is all they will ever hold). A journal made later is not among them."""
+    return {n for n in journal_files(d, gen) if not has_live_writer(os.path.join(d, n))}
 
 
 def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[str] = (),
@@ -118,4 +125,4 @@ def _orphan_identity(d: str, name: str) -> bool:
     return JOURNAL_FILE.match(journal) is not None and not os.path.exists(os.path.join(d, journal))
 
 
-__all__ = ["fold", "remove_folded"]
+__all__ = ["fold", "gone_writers", "remove_folded"]
