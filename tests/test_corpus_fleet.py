@@ -216,3 +216,160 @@ def test_a_writer_that_dies_right_after_rotating_loses_nothing(tmp_path):
     assert held(b) == sorted([*(span(i) for i in range(10)), span(50)])
     b.close()
     assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == held(b)
+
+
+def fold_now(d, writer_name: str = "compactor") -> None:
+    """One compaction of ``d`` by a process that is not one of the test's writers (no reload of any of them)."""
+    from redraft.corpus.compaction import fold
+
+    assert fold(os.fspath(d), writer_name, lambda spans: (spans, 0), vocab_size=VOCAB) == 0
+
+
+def test_a_busy_writer_rotates_though_it_appends_while_every_compaction_runs(tmp_path):
+    """Each compaction folds most of a live writer's segment but not the spans appended after it read the file:
+    the writer still starts a new segment, the closed one's unfolded tail is folded (and the file removed) by the
+    next compaction, so the journals stay bounded while nothing is lost or repeated."""
+    a = writer(tmp_path)
+    written, sizes = [], []
+    for round_ in range(8):
+        for i in range(20):
+            written.append(span(1000 + 100 * round_ + i))
+            a.append(written[-1])
+        fold_now(tmp_path)
+        for i in range(3):  # appended after the compaction read the journal: not folded by it
+            written.append(span(1090 + 100 * round_ + i))
+            a.append(written[-1])
+        a.follow()  # reads the new generation: rotates, the three late spans stay in the closed segment's tail
+        assert held(a) == sorted(written)
+        sizes.append(rdj_bytes(tmp_path))
+    one_round = sum(len(encode_record(s)) for s in written[:23])
+    assert max(sizes) <= 2 * one_round < sum(len(encode_record(s)) for s in written)
+    assert len([n for n in os.listdir(tmp_path) if n.endswith(".rdj")]) <= 2
+    a.close()
+    corpus, problems = read_directory(tmp_path)
+    assert sorted(s.tolist() for s in corpus.span_list()) == sorted(written) and not problems
+
+
+def test_a_reader_following_across_rotations_sees_every_span_once(tmp_path):
+    """A process that only reads follows a writer's segments by name and offset through rotations (with and
+    without an unfolded tail in the closed segment) and compactions; whenever it reads, it holds exactly the
+    spans written so far, each once, in no matter which order it met the files."""
+    a, reader = writer(tmp_path), writer(tmp_path)
+    written = []
+    for round_ in range(6):
+        for i in range(10):
+            written.append(span(3000 + 100 * round_ + i))
+            a.append(written[-1])
+            if i == 4:
+                reader.follow()  # a partial read of the segment about to be folded
+                assert held(reader) == sorted(written)
+        if round_ % 2:
+            a.compact()  # folds all of a's segment: it rotates with nothing left in the old one
+        else:
+            fold_now(tmp_path)
+            written.append(span(3090 + 100 * round_))
+            a.append(written[-1])  # after the fold: left in the tail of the segment a closes at its next read
+            a.follow()
+        written.append(span(3095 + 100 * round_))
+        a.append(written[-1])  # into the new segment
+        reader.follow()
+        assert held(reader) == held(a) == sorted(written)
+    assert reader.stats()["journal_bytes"] == 0  # the reader stored nothing
+    reader.close(), a.close()
+    assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == sorted(written)
+
+
+def test_a_writer_that_dies_right_after_rotating_with_an_unfolded_tail_loses_nothing(tmp_path):
+    a = writer(tmp_path)
+    first = [span(i) for i in range(200, 210)]
+    for s in first:
+        a.append(s)
+    fold_now(tmp_path)
+    late = span(250)
+    a.append(late)  # not folded yet
+    a.follow()  # rotates: the closed segment keeps the late span past its folded bytes
+    assert a.journal != str(tmp_path / f"journal-{a.writer}.rdj")
+    newest = span(251)
+    a.append(newest)
+    a._journal._file._f.close()  # dies (kill -9): no clean close, its flock goes with it
+    b = writer(tmp_path)
+    assert held(b) == sorted([*first, late, newest])
+    b.compact()  # folds both of a's segments and removes them with their identity files
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(f"journal-{a.writer}")]
+    assert held(b) == sorted([*first, late, newest])
+    b.close()
+    corpus, problems = read_directory(tmp_path)
+    assert sorted(s.tolist() for s in corpus.span_list()) == sorted([*first, late, newest]) and not problems
+
+
+def test_an_identity_file_left_without_its_segment_is_removed(tmp_path):
+    """A writer killed between writing a segment's identity file and creating the segment leaves the identity file
+    alone; a compaction removes it once it is older than a lease."""
+    a = writer(tmp_path)
+    a.append(span(1))
+    orphan = tmp_path / "journal-gone.1.2.json"
+    orphan.write_text('{"writer": "gone.1", "segment": 2}')
+    fresh = tmp_path / "journal-starting.1.json"  # a writer starting now: its segment comes next
+    fresh.write_text('{"writer": "starting.1", "segment": 0}')
+    old = time.time() - 3600
+    os.utime(orphan, (old, old))
+    a.compact()
+    names = os.listdir(tmp_path)
+    assert orphan.name not in names and fresh.name in names
+    assert f"journal-{a.writer}.json" in names  # a live segment's identity stays
+    a.close()
+
+
+def test_a_record_finished_while_a_compaction_reads_its_journal_is_kept(tmp_path, monkeypatch):
+    """A writer mid-append when a compaction reads its journal, then closing it (a rotation, a clean close) before
+    the compaction decides whether its writer is gone: the half-read record is not folded away as a dead writer's
+    torn tail; the next compaction folds it whole."""
+    from redraft.corpus import compaction
+
+    a = writer(tmp_path)
+    for i in range(3):
+        a.append(span(400 + i))
+    rec = encode_record(span(403))
+    f = a._journal._file._f
+    f.write(rec[:7])  # an append under way: half a record on disk
+    real = compaction.read_generation
+
+    def read_then_finish(*args, **kw):
+        got = real(*args, **kw)
+        f.write(rec[7:])  # the append completes, then the writer closes this segment
+        f.close()
+        return got
+
+    monkeypatch.setattr(compaction, "read_generation", read_then_finish)
+    fold_now(tmp_path)
+    monkeypatch.setattr(compaction, "read_generation", real)
+    b = writer(tmp_path)
+    want = sorted(span(400 + i) for i in range(4))
+    assert held(b) == want
+    b.compact()
+    assert held(b) == want and not [n for n in os.listdir(tmp_path) if n.endswith(".damaged")]
+    b.close()
+    assert sorted(s.tolist() for s in read_directory(tmp_path)[0].span_list()) == want
+
+
+def test_a_new_owned_journal_appears_already_locked(tmp_path, monkeypatch):
+    """A compaction that lists the directory while a writer starts a segment never finds it unlocked (it would
+    remove it as a dead writer's empty journal)."""
+    from redraft.corpus import journal
+    from redraft.corpus.journal import JournalWriter, has_live_writer
+
+    path = tmp_path / "journal-w.1.rdj"
+    real_link, seen = os.link, []
+
+    def link(src, dst):
+        seen.append(has_live_writer(src))
+        real_link(src, dst)
+
+    monkeypatch.setattr(journal.os, "link", link)
+    w = JournalWriter(path, owned=True)
+    assert seen == [True] and has_live_writer(path) and os.listdir(tmp_path) == [path.name]
+    with pytest.raises(BlockingIOError):
+        JournalWriter(path, owned=True)
+    w.append([1, 2, 3])
+    w.close()
+    assert not has_live_writer(path) and len(journal.read_journal(path).spans) == 1

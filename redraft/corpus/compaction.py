@@ -20,6 +20,7 @@ from redraft.io.atomic import fsync_dir, is_temporary_name
 from .corpus import Corpus
 from .directory import (
     GENERATION_FILE,
+    JOURNAL_FILE,
     MANIFEST_FILE,
     Generation,
     base_name,
@@ -53,13 +54,14 @@ def fold(d: str, writer: str, evict: Evict, *, vocab_size: int | None = None, fi
         return None
     try:
         gen = current_generation(d)
+        gone = gone_writers(d, gen)  # before reading: a record half-written when read may be finished meanwhile
         base, tails, problems = read_generation(d, gen, vocab_size=vocab_size, fingerprint=fingerprint)
         warn(problems)
         folded, damaged = {}, set()
         for t in tails:  # a writer that is gone will never finish a torn record: fold it away with the rest
-            gone = not has_live_writer(os.path.join(d, t.name))
-            folded[t.name] = t.end + (t.torn if gone else 0)
-            if t.skipped or (gone and t.torn):
+            gone_now = t.name in gone
+            folded[t.name] = t.end + (t.torn if gone_now else 0)
+            if t.skipped or (gone_now and t.torn):
                 damaged.add(t.name)
         spans, evicted = evict(base.span_list() + [s for t in tails for s in t.spans])
         nxt = Corpus.from_spans(spans, vocab_size=vocab_size, fingerprint=fingerprint)
@@ -75,12 +77,19 @@ def fold(d: str, writer: str, evict: Evict, *, vocab_size: int | None = None, fi
     return evicted
 
 
+def gone_writers(d: str, gen: Generation) -> set[str]:
+    """The journals of generation ``gen`` that no live writer holds (checked now: nobody appends to them any more,
+    so what they hold when read next is all they will ever hold). A journal made later is not among them."""
+    return {n for n in journal_files(d, gen) if not has_live_writer(os.path.join(d, n))}
+
+
 def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[str] = (),
                   damaged: Collection[str] = ()) -> None:
     """After generation ``number`` committed: older generation files and bases, single-writer journals of older
     generations, journals wholly folded whose writer is gone (one in ``damaged``, whose valid records were folded
     around skipped bytes, is kept aside as ``NAME.damaged``), and temporary files older than a lease (a crashed
-    writer's). A journal in ``keep`` but not in ``folded`` (refused: another tokenizer's) stays."""
+    writer's), as are identity files ``journal-W.json`` left without their journal (a writer killed while starting
+a segment). A journal in ``keep`` but not in ``folded`` (refused: another tokenizer's) stays."""
     now = time.time()
     for name in os.listdir(d):
         path = os.path.join(d, name)
@@ -93,7 +102,8 @@ def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[
             elif single:
                 stale = int(single.group(2)) < number and name not in keep
             else:
-                stale = (is_temporary_name(name) or name.endswith(".tmp")) and now - os.path.getmtime(path) > LEASE_SECONDS
+                left = is_temporary_name(name) or name.endswith(".tmp") or _orphan_identity(d, name)
+                stale = left and now - os.path.getmtime(path) > LEASE_SECONDS
             if not stale:
                 continue
             if name in damaged:
@@ -107,4 +117,12 @@ def remove_folded(d: str, number: int, folded: dict[str, int], keep: Collection[
     fsync_dir(d)
 
 
-__all__ = ["fold", "remove_folded"]
+def _orphan_identity(d: str, name: str) -> bool:
+    """Whether ``name`` is a journal's identity file whose journal is not there."""
+    if not (name.startswith("journal-") and name.endswith(".json")):
+        return False
+    journal = name[:-len(".json")] + ".rdj"
+    return JOURNAL_FILE.match(journal) is not None and not os.path.exists(os.path.join(d, journal))
+
+
+__all__ = ["fold", "gone_writers", "remove_folded"]

@@ -8,14 +8,18 @@ here, so either drafts from what the other learned:
         generation-G.json    the current generation G: {"generation", "base", "folded": {journal: bytes}}
         base-G.bin           the binary corpus compacted at generation G (absent while empty)
         journal-W.rdj        writer W's checksummed records (:mod:`redraft.corpus.journal`), one per process;
-        journal-W.N.rdj      its Nth segment, begun once a generation folded all of the one before
-        journal-W.json       who W is: {"writer", "host", "pid", "started", "segment", "fingerprint", "vocab_size"}
+        journal-W.N.rdj      its Nth segment, begun once a generation folded at least half of the one before
+        journal-W[.N].json   who wrote that segment: {"writer", "host", "pid", "started", "segment", "fingerprint",
+                             "vocab_size"}
         compact.lock         held by the one writer compacting now (:mod:`redraft.corpus.lease`)
 
 A tenant's spans are the base's followed by each journal's records past the bytes its generation folded into the
 base. Any number of processes write one tenant directory, each to its own journal; each reads the others' journals
 as they grow. The generation file is the commit point of a compaction: written (atomically) after its base, and
 only then are the previous generation's files and the fully folded journals of writers that are gone removed.
+A live writer's folded segment counts as gone once it rotated: it closes it (its records past the fold are still
+read from it by name and byte offset, like any journal's) and the next compaction folds the rest and removes it, so
+a live writer keeps at most two segments (:mod:`redraft.corpus.segments`).
 A directory of the single-writer layout (``base-G.bin`` + ``journal-G.rdj``, no generation file) reads as
 generation G with that journal unfolded; its first compaction moves it to this layout.
 
@@ -148,10 +152,11 @@ def write_generation(d: str, gen: Generation) -> None:
 
 
 def journal_files(d: str, gen: Generation) -> list[str]:
-    """The journal file names whose records count in generation ``gen``, in name order: every writer's, and a
-    single-writer directory's ``journal-G.rdj`` while it is not folded away."""
+    """The journal file names whose records count in generation ``gen``, oldest segment of each writer first
+    (:func:`journal_order`): every writer's, and a single-writer directory's ``journal-G.rdj`` while it is not
+    folded away."""
     out = []
-    for n in sorted(_listdir(d)):
+    for n in sorted(_listdir(d), key=journal_order):
         m = JOURNAL_FILE.match(n)
         if not m:
             continue
@@ -160,6 +165,13 @@ def journal_files(d: str, gen: Generation) -> list[str]:
             continue  # a single-writer directory's leftover of an older or unfinished generation
         out.append(n)
     return out
+
+
+def journal_order(name: str) -> tuple:
+    """Sort key of journal file names: by their dot-separated parts, numbers compared as numbers, so a writer's
+    ``journal-W.rdj`` comes before its ``journal-W.2.rdj``, which comes before ``journal-W.10.rdj``."""
+    stem = name[:-len(".rdj")] if name.endswith(".rdj") else name
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in stem.split("."))
 
 
 def journal_identity(d: str, journal: str) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from redraft.io.atomic import atomic_path, fsync_dir
+from redraft.io.atomic import atomic_path, fsync_dir, temporary_name
 
 MAGIC = b"RDJ\x01"
 _HEAD = struct.Struct("<4sII")  # magic, n ids, crc32
@@ -169,6 +169,8 @@ class JournalWriter:
             crash of the process loses nothing, a power cut may lose the last seconds).
         owned: hold an exclusive ``flock`` on the file while it is open, so other processes can tell the writer
             is alive (:func:`has_live_writer`; the kernel releases it when the process dies, ``kill -9`` included).
+            A new owned journal is made under a temporary name, locked, then linked to ``path``, so no process ever
+            sees it without its writer's lock (a compaction would take it for a dead writer's, empty journal).
     Raises:
         OSError: the file cannot be opened; BlockingIOError when ``owned`` and another writer holds it.
     """
@@ -177,13 +179,11 @@ class JournalWriter:
         self.path = os.fspath(path)
         self.sync = sync
         created = not os.path.exists(self.path)
-        self._f = open(self.path, "ab", buffering=0)
-        if owned:
-            try:
-                fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                self._f.close()
-                raise
+        self._f = _open_locked_new(self.path) if owned and created else None
+        if self._f is None:
+            self._f = open(self.path, "ab", buffering=0)
+            if owned:
+                _lock_or_close(self._f)
         self.size = self._f.seek(0, os.SEEK_END)
         if created:
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
@@ -209,6 +209,34 @@ class JournalWriter:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+
+
+def _lock_or_close(f) -> None:
+    """Take ``f``'s exclusive ``flock`` without waiting; on failure close ``f`` and raise (BlockingIOError: held)."""
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise
+
+
+def _open_locked_new(path: str):
+    """A new journal at ``path``, already locked when it appears there (None: ``path`` appeared meanwhile, open it
+    as an existing one). Raises OSError."""
+    tmp = os.fspath(temporary_name(path))
+    f = open(tmp, "xb", buffering=0)
+    try:
+        _lock_or_close(f)
+        os.link(tmp, path)
+    except FileExistsError:
+        f.close()
+        return None
+    except OSError:
+        f.close()
+        raise
+    finally:
+        os.unlink(tmp)
+    return f
 
 
 def has_live_writer(path) -> bool:

@@ -13,7 +13,8 @@ the one holding the compaction lock (:mod:`redraft.corpus.lease`) runs it, readi
 memory, so nothing another writer stored is lost or stored twice. Its generation file is the commit point; a crash
 at any moment leaves the previous generation whole, and a record cut short by a crash is never read.
 
-A live writer's journal moves to a new segment once a generation folded all of it (:mod:`redraft.corpus.segments`).
+A live writer's journal moves to a new segment once a generation folded most of it; the closed segment is
+followed like another writer's journal until a compaction folds the rest and removes it (:mod:`redraft.corpus.segments`).
 """
 
 from __future__ import annotations
@@ -279,14 +280,20 @@ class OnlineCorpus:
                               f"directory must be writable by every server and proposer that learns into it") from e
         self._reload(current_generation(self.directory))
 
-    def _rotate(self, gen: Generation) -> None:
-        """A new journal segment once ``gen`` folded all of this one (the caller holds ``_lock``: no append runs)."""
+    def _rotate(self, gen: Generation, end: int) -> None:
+        """A new journal segment once ``gen`` folded enough of this one, which holds ``end`` bytes (the caller holds
+        ``_lock``: no append runs). The closed segment is followed from ``end`` on, as another writer's journal: its
+        records past the fold are in the snapshot already, read as this writer's own."""
         assert self._journal is not None
+        old = self._journal.name
         try:
-            self._journal.rotate(gen.folded)
+            closed = self._journal.rotate(gen.folded)
         except OSError as e:
             self._note([f"{self._journal.path}: cannot start a new journal segment ({e.strerror or e}); "
                         f"appending to this one"])
+            closed = None
+        if closed is not None:
+            self._offsets[old] = end
         self._own = self._journal.name
 
     def _reload(self, gen: Generation) -> None:
@@ -314,7 +321,7 @@ class OnlineCorpus:
                 self._journal_tokens = sum(len(s) for s in spans)
                 self._offsets = {t.name: t.end for t in tails}
                 if self._journal is not None:
-                    self._rotate(gen)
+                    self._rotate(gen, own.end)
 
     def _follow_loop(self, every: float) -> None:
         while not self._stop.wait(every):

@@ -1,10 +1,17 @@
 """One writer's journal in a shared tenant directory: its identity file and its segments (numpy only).
 
-Writer W appends to ``journal-W.rdj``. Once a generation has folded all of it into the base, it goes on in a new
-segment ``journal-W.N.rdj`` and closes the old one. The old one is then a wholly folded journal whose writer is gone,
-which the next compaction removes (:func:`redraft.corpus.compaction.remove_folded`). So a live writer's journals
-hold at most what the last two compactions have not both folded, instead of everything since the process started.
-Each segment has its ``journal-W[.N].json`` identity (:mod:`redraft.corpus.directory`).
+Writer W appends to ``journal-W.rdj``. Once a generation has folded at least ``ROTATE_SHARE`` of it into the base
+(all of it, unless the writer appended while that compaction ran), it goes on in a new segment ``journal-W.N.rdj``
+and closes the old one. The old one is then a journal whose writer is gone and that nobody appends to: the next
+compaction folds what is left of it and removes it (:func:`redraft.corpus.compaction.remove_folded`). So a live
+writer's journals hold at most what the last two compactions have not both folded, instead of everything since the
+process started. Each segment has its ``journal-W[.N].json`` identity (:mod:`redraft.corpus.directory`).
+
+The writer does not remove its closed segment itself: another process may still be on the generation before (its
+base and the closed segment's records past that generation's folded bytes are its snapshot) and reads the files by
+name and byte offset. A closed segment only stops growing, so a follower reads each of its records once, whichever
+generation it is on; the compaction that folds the rest of it commits its generation before removing the file, so
+a follower that finds it gone reads that generation, which holds all of it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from redraft.io.atomic import atomic_path
 
 from .journal import JournalWriter
 from .lease import host_name
+
+ROTATE_SHARE = 0.5  # a new segment once a generation folded at least this share of the current one
 
 
 class WriterJournal:
@@ -63,11 +72,16 @@ class WriterJournal:
         """One record into the current segment (:meth:`JournalWriter.append`; raises OSError)."""
         self._file.append(span)
 
-    def rotate(self, folded: dict[str, int]) -> str | None:
-        """When a generation's ``folded`` offsets cover all of the current, non-empty segment: start the next one and
-        close this one. Returns the closed segment's path (None: nothing to do). The caller must not append
-        meanwhile. Raises OSError when the next segment cannot be written (the current one stays in use)."""
-        if self._file.size == 0 or folded.get(self.name) != self._file.size:
+    def due(self, folded: dict[str, int], share: float = ROTATE_SHARE) -> bool:
+        """Whether a generation's ``folded`` offsets cover at least ``share`` of the current, non-empty segment."""
+        done = folded.get(self.name, 0)
+        return self._file.size > 0 and done > 0 and done >= share * self._file.size
+
+    def rotate(self, folded: dict[str, int], share: float = ROTATE_SHARE) -> str | None:
+        """When :meth:`due`: start the next segment and close this one (its records past ``folded`` stay for the next
+        compaction). Returns the closed segment's path (None: nothing to do). The caller must not append meanwhile.
+        Raises OSError when the next segment cannot be written (the current one stays in use)."""
+        if not self.due(folded, share):
             return None
         old, old_path = self._file, self.path
         self.segment += 1
@@ -97,4 +111,4 @@ class WriterJournal:
         return JournalWriter(self.path, sync=self.sync, owned=True)
 
 
-__all__ = ["WriterJournal"]
+__all__ = ["ROTATE_SHARE", "WriterJournal"]
