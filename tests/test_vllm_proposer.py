@@ -496,7 +496,7 @@ def test_depth_cap_drafts_adaptively_as_the_engine_does(tmp_path, k_max):
 
 def test_a_length_cut_replay_carrying_ids_past_the_cut_is_not_stored_again():
     from redraft.corpus.online import OnlineCorpus
-    from redraft.integrations.vllm_proposer import SpanLearner
+    from redraft.integrations.learning import SpanLearner
 
     rng = np.random.default_rng(3)
     answer = rng.integers(10, VOCAB, 60).tolist()  # another writer's answer, cut by max_tokens

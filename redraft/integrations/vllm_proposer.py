@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.util import Finalize
 
@@ -81,6 +81,7 @@ from redraft.corpus.online import OnlineCorpus
 from redraft.decoding.planner import DraftPlanner
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, MAX_DRAFT_DEPTH
 from redraft.integrations.draining import CONFIDENT_CHANCE, batch_critical, tied_shares
+from redraft.integrations.learning import SpanLearner, learn_all, learn_requests
 from redraft.integrations.planned import RequestDrafts, load_step_curve
 from redraft.integrations.slots import RequestTracker, TrackedRequest
 from redraft.policy import AcceptanceTracker
@@ -243,41 +244,6 @@ def _load(path: str, var: str, vocab_size, fingerprint, force) -> Corpus:
         raise ProposerConfigError(f"{var}: {e}") from None
 
 
-class SpanLearner:
-    """Finished requests into the learned corpus (:class:`~redraft.corpus.online.OnlineCorpus`): drafted from at
-    once and, on the writing rank, appended to its journal. A span the corpus already holds is not stored again
-    (:meth:`OnlineCorpus.learn`, the server's rule). A write error is logged (once) and the span is not kept;
-    generation goes on.
-
-    ``overshoot``: ids a span that did not end in EOS may carry past the request's output. vLLM's last step of a
-    request cut by ``max_tokens`` can accept up to K draft ids plus the bonus id beyond the cut; vLLM drops them
-    from the output, but the proposer (which is not told ``max_tokens``) sees them. Such a span whose first
-    ``len - overshoot`` ids the corpus already holds is the same answer another writer stored (a replay): it is not
-    stored again.
-    """
-
-    def __init__(self, corpus: OnlineCorpus, overshoot: int = 0) -> None:
-        self.corpus = corpus
-        self.overshoot = overshoot
-        self.spans = 0
-        self.warned = False
-
-    def learn(self, spans: Sequence[np.ndarray], cut: Sequence[bool] | None = None) -> None:
-        """Learn spans (int [n] each, prompt + output); ``cut[i]``: span i ended in EOS (no overshoot)."""
-        for i, span in enumerate(spans):
-            eos_cut = cut is not None and cut[i]
-            if not eos_cut and self.overshoot and len(span) > self.overshoot and \
-                    self.corpus.corpus.holds(span[:-self.overshoot]):
-                continue
-            try:
-                self.spans += self.corpus.learn(span)
-            except (OSError, CorpusError) as e:
-                if not self.warned:
-                    self.warned = True
-                    log.warning("redraft: cannot learn into %s (%s); spans are not kept until it works again",
-                                self.corpus.directory, e)
-
-
 class RedraftProposer:
     """vLLM ``custom_class`` proposer drafting from redraft corpora and the live context.
 
@@ -329,7 +295,7 @@ class RedraftProposer:
             # Learn what is still tracked when vLLM shuts down. vLLM's workers are multiprocessing children that
             # may leave through os._exit (fork), which skips atexit; multiprocessing's own exit hook still runs
             # its Finalize objects (and registers itself with atexit in a main process).
-            Finalize(self, _learn_all, args=(self.tracker, self.learner, self.eos), exitpriority=10)
+            Finalize(self, learn_all, args=(self.tracker, self.learner, self.eos), exitpriority=10)
 
     def load_model(self, *args, **kwargs) -> None:
         """Nothing to load (vLLM's CPU and GPU runners call this on every drafter)."""
@@ -363,7 +329,7 @@ class RedraftProposer:
             p, a = r.data.settle(sampled)
             if self.learner is not None and not self.eos.isdisjoint(sampled):
                 # finished (unless it ignores EOS): learn it now, vLLM may kill this process before it leaves
-                _learn(self.learner, [r], self.eos)
+                learn_requests(self.learner, [r], self.eos)
                 r.data.learned = True
             self.totals["proposed"] += p
             self.totals["accepted"] += a
@@ -388,7 +354,7 @@ class RedraftProposer:
             drafts[i] = draft
         gone = self.tracker.expired()
         if gone and self.learner is not None:
-            _learn(self.learner, gone, self.eos)
+            learn_requests(self.learner, gone, self.eos)
         return drafts
 
     def _new_request(self) -> RequestDrafts:
@@ -408,30 +374,7 @@ class RedraftProposer:
         """Learn every request still tracked (at shutdown; finished requests are otherwise learned once they
         leave vLLM's batch and stay out for the tracker's park window)."""
         if self.learner is not None:
-            _learn_all(self.tracker, self.learner, self.eos)
-
-
-def finished_span(r: TrackedRequest, eos: frozenset[int]) -> tuple[np.ndarray, bool] | None:
-    """A tracked request's prompt + output (int32 [n]), cut after its first EOS id in the output (vLLM may have
-    accepted draft ids past it; it drops them from the request's output too), and whether it was cut there. None
-    when it has no output yet or was learned already."""
-    if r.n <= r.n_prompt or (r.data is not None and r.data.learned):
-        return None
-    tokens = r.tokens
-    if eos:
-        hits = np.flatnonzero(np.isin(tokens[r.n_prompt:], list(eos)))
-        if len(hits):
-            return tokens[:r.n_prompt + int(hits[0]) + 1].copy(), True
-    return tokens.copy(), False
-
-
-def _learn(learner: SpanLearner, requests: Sequence[TrackedRequest], eos: frozenset[int]) -> None:
-    found = [f for f in (finished_span(r, eos) for r in requests) if f is not None]
-    learner.learn([span for span, _ in found], [cut for _, cut in found])
-
-
-def _learn_all(tracker: RequestTracker, learner: SpanLearner, eos: frozenset[int]) -> None:
-    _learn(learner, tracker.drain(), eos)
+            learn_all(self.tracker, self.learner, self.eos)
 
 
 def _tokenizer_fingerprint(tokenizer_path) -> str | None:
