@@ -123,12 +123,17 @@ def prompts_of(base: str, questions: list[str]) -> list[list[int]]:
 
 
 def replay_across(fleet: Fleet, prompt: list[int], max_tokens: int, within: float = 2.0) -> dict:
-    """Replica 0 answers ``prompt``; replica 1 is asked it every 0.1 s until it replays it (forwards <= 2)."""
+    """Replica 0 answers ``prompt``; replica 1 is asked it one follow interval later, then every 0.1 s until it
+    replays it (forwards <= 2). Asked sooner, replica 1 starts decoding before it has read the answer, picks it up
+    at its next follow and finishes in two forwards (a draft-free one, then the verify of the rest)."""
     import httpx
+
+    from redraft.corpus.online import FOLLOW_SECONDS
 
     with httpx.Client() as c:
         first = complete(c, fleet.bases[0], prompt, max_tokens)
         done = time.monotonic()
+        time.sleep(FOLLOW_SECONDS + 0.05)
         while True:
             again = complete(c, fleet.bases[1], prompt, max_tokens)
             if again["redraft"]["forwards"] <= 2 or time.monotonic() - done > within:
