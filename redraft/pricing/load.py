@@ -34,10 +34,8 @@ C(B) / B: c_B above), 0 for the requests ahead of the slowest of a draining batc
 chance that every other one of them advances too, the product of their first draft tokens' acceptance (1 for a lone
 slowest request; :func:`redraft.integrations.draining.tied_shares`). Ten novel requests tied at the start of a batch
 each hold a chance draft now and then, so their product is near 0 and none drafts on its own; ten replays, each
-with a draft the policy trusts, get nearly the whole of F each, since each one's draft is what the others' need. Measured
-with vLLM's CPU build (ten novel requests at once, SmolLM2-135M): C(T) = 23.4 + 1.55 T ms, so a request ahead of the
-slowest values an accepted token at 1.55 ms instead of 3.9 ms and drafts only what is nearly certain; the n-gram and
-corpus drafts that c_B kept there added 13% rows for one step saved in 127.
+with a draft the policy trusts, get nearly the whole of F each, since each one's draft is what the others' need.
+Measurements: docs/measurements.md#redraft-pricing-load
 
 numpy only; the policy prices a request's draft with it (:class:`~redraft.policy.load.LoadAwarePolicy`, per request
 by the vLLM proposer, :mod:`redraft.integrations.planned`, which passes B and the share s, and per sequence in the
