@@ -56,9 +56,8 @@ SUFFIX_MAX_N = 8
 SUFFIX_CONTEXT_N = 4096
 
 # What one GliDe draft costs before its own time is measured, in plain target steps (the gamma draft-model steps,
-# each with a full-vocabulary head; docs/glide.md). Under
-# the policy a draft-model source is asked to draft only while its drafts pay for this cost as well as their verify
-# cost (redraft/policy/gate.py).
+# each with a full-vocabulary head; docs/glide.md). Under the policy a draft-model source is asked to draft only
+# while its drafts pay for this cost as well as their verify cost (redraft/policy/gate.py).
 GLIDE_DRAFT_COST = 0.5
 
 # GliDe draft depth along the greedy spine (the paper's gamma).
