@@ -1,8 +1,8 @@
 """Speculation policy constants: the one place every module reads its draft depths and guard settings from, and
 the one rule that checks a draft depth (:func:`check_depth`).
 
-Figures are from measurements on the 2-core development CPU (see docs/benchmarks.md); the cost-aware policy
-(redraft.policy, settings at the end) replaces the fixed guard thresholds with the measured cost curve.
+The measurements behind the values: docs/measurements.md#redraft-defaults (and docs/benchmarks.md); the cost-aware policy (redraft.policy,
+settings at the end) replaces the fixed guard thresholds with the measured cost curve.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 CORPUS_K_DEFAULT = 8
 MAX_DRAFT_DEPTH = 48
 # Under the cost-aware policy a draft may go deeper than Colibri's cap wherever the measured cost curve says it pays:
-# a replay cannot beat one forward over prompt + answer, and on a CPU a 128-token forward costs ~4 plain steps, a
-# 512-token one ~15, so answers of a few hundred tokens replay in one or two forwards. Fixed depths (--k) keep 1..48.
+# a replay cannot beat one forward over prompt + answer, and on a CPU a wide forward costs a few plain steps, so
+# answers of a few hundred tokens replay in one or two forwards. Fixed depths (--k) keep 1..48.
 # Only a corpus match reaching past the policy's suffix length (a replay's: the whole context matches) drafts past
 # MAX_DRAFT_DEPTH; a chance match of a few ids stays within it, so novel text weighs no longer candidates than before.
 POLICY_MAX_DEPTH = 512
@@ -26,10 +26,9 @@ CORPUS_MINACC = 0.5
 CORPUS_WINDOW = 24
 CORPUS_PAUSE = 256
 
-# The n-gram source pays at a much lower acceptance than the corpus guard's 50%: a 9-token verify forward costs
-# ~1.5 single-token forwards on this CPU (redraft bench cost), so one accepted token in eight already breaks even.
-# Measured on 7 novel + copy questions (ngen 96, side by side): 20% / 64 tokens gave 1.17 tokens/forward and
-# 1.04x against 1.10 and 1.03x with 50% / 256, identical outputs.
+# The n-gram source pays at a much lower acceptance than the corpus guard's 50%: a short verify forward costs
+# little more than a single-token forward on a CPU (redraft bench cost), so a few accepted tokens in a draft
+# already break even (docs/measurements.md#redraft-defaults).
 NGRAM_MINACC = 0.2
 NGRAM_PAUSE = 64
 # Grammar drafts (tokens a grammar forces): a forced token is almost always accepted, but llguidance spells forced
@@ -41,7 +40,8 @@ GRAMMAR_PAUSE = 64
 # Tool-call text conventions `redraft serve --tool-call-parser` knows (redraft/server/toolcalls.py), default first.
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
-# A GliDe draft pays from ~26% acceptance per draft level here (docs/glide.md): its guard is capped at 25%.
+# A GliDe draft pays from a far lower acceptance per draft level than the corpus guard's (docs/glide.md,
+# docs/measurements.md#redraft-defaults): its guard is capped just under its break-even.
 GLIDE_MINACC = 0.25
 
 # Token trees: most draft nodes in one verify forward.
@@ -56,19 +56,16 @@ SUFFIX_MAX_N = 8
 SUFFIX_CONTEXT_N = 4096
 
 # What one GliDe draft costs before its own time is measured, in plain target steps (the gamma draft-model steps,
-# each with a full-vocabulary head: ~20-45 ms against a ~65 ms plain step on the 2-core CPU, docs/glide.md). Under
-# the policy a draft-model source is asked to draft only while its drafts pay for this cost as well as their verify
-# cost (redraft/policy/gate.py).
+# each with a full-vocabulary head; docs/glide.md). Under the policy a draft-model source is asked to draft only
+# while its drafts pay for this cost as well as their verify cost (redraft/policy/gate.py).
 GLIDE_DRAFT_COST = 0.5
 
 # GliDe draft depth along the greedy spine (the paper's gamma).
 GLIDE_GAMMA = 4
 
 # Exact mode (redraft.decoding.exactness): a row computed with drafts (a verify row, or one token on a cache verify forwards
-# wrote) differs from plain decoding's row by at most this fraction of the row's largest |logit|, per weight dtype.
-# Measured on the default model (8 Spec-Bench questions x 32 tokens, prompts of 40-779 tokens; chains K=1..16,
-# trees, single tokens after drafts): largest 2.5e-6, 5.1e-3 and 4.4e-2 (about 20, 5 and 6 machine epsilons); the
-# bounds are 1.5x that (`redraft oracle --noise` checks them; docs/benchmarks.md, "Exact mode per dtype").
+# wrote) differs from plain decoding's row by at most this fraction of the row's largest |logit|, per weight dtype:
+# 1.5x the largest measured (`redraft oracle --noise` checks them; docs/measurements.md#redraft-defaults).
 EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2,
                    # llama.cpp: a build with llamafile's sgemm (docs/llama-cpp.md), and one whose rows equal plain
                    # decoding's bit for bit (probed at load: redraft.decoding.llamacpp)
@@ -79,10 +76,8 @@ EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2,
 # that replay.
 # Rows that no logits processor reshapes (a repetition penalty, biases, a grammar: see sampling.py) are judged by a
 # bound on the change of the gap between plain decoding's choice and its closest rivals instead: SAFETY x this fraction
-# of the row's largest |logit| (redraft.decoding.exactness.gap_noise). Measured on the default model (13 Spec-Bench
-# questions x 64 tokens, prompts of 40-769 tokens; chains K=4..48, trees, draft-free rows; 8 rivals per row): largest
-# 1.92e-6; the bound is 1.5x that (docs/benchmarks.md, "Near-ties judged by gap changes"). Dtypes not listed use
-# 2 x EXACT_ROW_NOISE.
+# of the row's largest |logit| (redraft.decoding.exactness.gap_noise): 1.5x the largest measured (docs/measurements.md#redraft-defaults).
+# Dtypes not listed use 2 x EXACT_ROW_NOISE.
 EXACT_GAP_NOISE = {"float32": 2.9e-6, "llama.cpp": 4e-2, "llama.cpp batch-invariant": 0.0}
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
@@ -96,8 +91,8 @@ EXACT_PAY_PAUSE = 128
 # Draft sizes at which the verify cost curve is measured (every size to 4, where a CPU's curve is least regular,
 # then doubling up to the policy's depth cap; linear in between), the cached prefix before each timed forward, and
 # timings per size (each against the 1-token forwards around it; median, then the fit of redraft.pricing.fit).
-# Measuring takes ~repeats x (sum of c(n) + 13) plain steps: ~40 s on the 2-core development CPU with one thread on
-# a quiet machine, once per model, dtype, thread count and machine (cached). Five repeats, not three: the median and the
+# Measuring takes ~repeats x (sum of c(n) + 13) plain steps (docs/measurements.md#redraft-defaults), once per model, dtype, thread count and
+# machine (cached). Five repeats, not three: the median and the
 # interquartile range the fit stays within need more than three samples to set aside one taken during another job's
 # burst of work. Sizes that do not fit a model's context are left out (the curve extends its last segment).
 COST_SIZES = (0, 1, 2, 3, 4, 8, 16, 32, 48, 64, 128, 256, 512)

@@ -387,9 +387,9 @@ def engine_from_args(args, loaded, corpus, k: int | None = None, minacc: float |
                      config: SpeculationConfig | None = None):
     """The Engine a run-style command asked for, built by :func:`redraft.compose.build_engine` from
     ``config`` (default :func:`config_from_args`: ``k`` and ``minacc`` are read from ``args`` and the
-    environment there; the parameters remain for callers that pass them). Under the policy a GliDe drafter drafts only while its drafts pay for their
-    verify cost and its own ~20-45 ms (:class:`redraft.policy.gate.PolicyGate`, applied by ``build_engine``); it keeps
-    its guard.
+    environment there; the parameters remain for callers that pass them). Under the policy a GliDe drafter drafts
+    only while its drafts pay for their verify cost and its own draft-model steps
+    (:class:`redraft.policy.gate.PolicyGate`, applied by ``build_engine``; Measurements: docs/measurements.md#redraft-cli-common); it keeps its guard.
 
     Raises:
         SystemExit: a GliDe checkpoint that is unreadable or for another target (:func:`glide_drafter_from_args`).

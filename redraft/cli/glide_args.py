@@ -59,7 +59,7 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
 
     ``minacc`` (a fraction) adds the acceptance guard the lookup drafters use, capped at :data:`GLIDE_MINACC`:
     the drafter pauses while its acceptance (accepted tokens per draft level) stays below it, so a draft that
-    does not pay stops costing its ~20-45 ms per step.
+    does not pay stops costing its draft-model steps (Measurements: docs/measurements.md#redraft-cli-glide_args).
 
     Raises:
         SystemExit: --draft glide without --draft-model when no draft is shipped (or the shipped one is for another
@@ -81,8 +81,8 @@ def glide_drafter_from_args(args, loaded, minacc: float | None = None):
 
     bins = (args.cape_bins or CapeBins()) if args.cape else None
     gamma = args.gamma if args.gamma is not None else GLIDE_GAMMA
-    # capped at 25%: a 4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the
-    # corpus's 50% would switch off a draft that still pays
+    # capped at GLIDE_MINACC: a draft chain breaks even far below the corpus's 50%, which would switch off a draft
+    # that still pays (docs/measurements.md#redraft-cli-glide_args)
     try:
         return glide_drafter(path, loaded.model, gamma=gamma, cape=bins, head_vocab=args.draft_vocab or None,
                              minacc=min(minacc, GLIDE_MINACC) if minacc is not None else None)

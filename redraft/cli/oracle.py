@@ -1,7 +1,8 @@
 """``redraft oracle``: measure how often drafting changes the output, and where, per weight dtype.
 
-Rows computed with drafts differ from plain decoding's rows by rounding (~3e-6 of the largest |logit| in float32,
-~5e-3 in float16, ~4e-2 in bfloat16: redraft.decoding.exactness), so a near-tie between the top two tokens could flip. The
+Rows computed with drafts differ from plain decoding's rows by rounding (a fraction of the largest |logit| that
+grows with the dtype's machine epsilon: redraft.decoding.exactness, defaults.EXACT_ROW_NOISE; Measurements: docs/measurements.md#redraft-cli-oracle), so a near-tie
+between the top two tokens could flip. The
 oracle runs N prompts with plain decoding (recording each token's top-2 gap), freezes those answers so every draft
 is right (the hardest case for verification: the deepest rows), and replays them with each draft configuration
 (corpus chains at each K, n-gram drafts alone, a token tree), printing identical answers, ``Matching tokens: a/b``,

@@ -117,8 +117,8 @@ def glide_drafter(path, model, *, gamma: int = GLIDE_GAMMA, cape=None, head_voca
 
 def glide_from_config(config: SpeculationConfig, model):
     """The GliDe drafter ``config.glide`` asks for (None without one), guarded at min(minacc, GLIDE_MINACC): a
-    4-token chain breaks even at ~26% acceptance on the 2-core CPU (docs/glide.md), so the corpus's 50% would
-    switch off a draft that still pays.
+    draft chain breaks even below the corpus's 50% acceptance, which would switch off a draft that still pays
+    (Measurements: docs/measurements.md#redraft-compose-build).
 
     Raises:
         FileNotFoundError: no checkpoint path and no draft shipped with this install.

@@ -39,8 +39,8 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
 
     On llama.cpp, torch is left one intra-op thread (``torch.set_num_threads(1)``, process-wide): torch then only
     post-processes a step's logits, and its OpenMP workers, which spin after each parallel op on a [rows, vocab]
-    verify result, take cores from llama.cpp's threads in the next forward (its single-token steps after a verify
-    ran ~1.3x slower on 2 cores, docs/llama-cpp.md). Load a transformers model in the same process under
+    verify result, take cores from llama.cpp's threads in the next forward (Measurements: docs/measurements.md#redraft-compose-runtime). Load a transformers model in
+    the same process under
     :func:`torch_threads` to give it its threads back.
     Raises:
         ModelLoadError: an unknown runtime, a dtype llama.cpp cannot honour, a path that is not a GGUF file for

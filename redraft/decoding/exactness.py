@@ -4,23 +4,22 @@ Plain greedy decoding feeds the prompt in one forward, then one token per forwar
 same positions several rows at a time, and every later forward reads KV entries that such wider forwards wrote.
 Kernels round differently by shape (on the CPU a one-row matrix product takes another path than a two-row one;
 attention blocks by query count), so the rows differ. One rounding flip early in the network decorrelates every
-later rounding, so the difference scales with the dtype's precision and the size of the logits:
-:func:`measure_row_noise` measured at most ~2.5e-6 of the row's largest |logit| in float32, ~5e-3 in float16 and
-~4.4e-2 in bfloat16 on the default model (docs/benchmarks.md, "Exact mode per dtype"; the bounds used are 1.5x
-that). A row's choice can only differ from plain decoding's where the row moved the gap between plain decoding's
-choice and a rival by more than the row's own top-2 gap, and the logits of the closest rivals move largely together:
-:func:`measure_gap_noise` measured those gaps' changes at most ~1.9e-6 of the row's largest |logit| in float32
-(docs/benchmarks.md, "Near-ties judged by gap changes"; the bound used, :func:`gap_noise`, is 1.5x that), where two
-logits each moving by the row-noise bound would allow twice 2.5e-6. A row's choice is trusted only when its top-2 gap
+later rounding, so the difference scales with the dtype's precision and the size of the logits, as a fraction of
+the row's largest |logit|: :func:`measure_row_noise` measures it per dtype, and ``defaults.EXACT_ROW_NOISE`` holds
+1.5x the largest measured (:func:`row_noise`). A row's choice can only differ from plain decoding's where the row
+moved the gap between plain decoding's choice and a rival by more than the row's own top-2 gap, and the logits of
+the closest rivals move largely together, so those gaps' changes (:func:`measure_gap_noise`) stay below twice the
+row-noise bound; ``defaults.EXACT_GAP_NOISE`` holds 1.5x the largest measured (:func:`gap_noise`). A row's choice
+is trusted only when its top-2 gap
 exceeds that bound times a safety factor (:func:`near_tie_threshold`; dtypes without a measured gap bound, and rows
 reshaped by logits processors, use twice the row-noise bound); closer rows are recomputed exactly the way plain
 decoding computes them (:class:`redraft.decoding.settling.ExactMode`).
 
 One token fed alone on a cache that verify forwards wrote (exact mode's draft-free recompute) runs plain decoding's
 own forward shape; only the cached entries differ. :func:`measure_settle_noise` measures those rows apart at every
-position: in float32 they differ from plain decoding's about as much as verify rows do (docs/benchmarks.md, "One
-early near-tie"), and their gaps move about as much too, so they are judged against the same bound (with
-``defaults.EXACT_SETTLE_SAFETY``).
+position; they are judged against the same bound as verify rows (with ``defaults.EXACT_SETTLE_SAFETY``).
+
+Measurements: docs/measurements.md#redraft-decoding-exactness
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 a buffer instead of concatenating a new tensor.
 
 transformers' ``DynamicLayer`` appends with ``torch.cat``: every forward copies the layer's whole cache, so a
-decode step at L cached tokens moves 2 x layers x L x kv heads x head dim values for one new row. For SmolLM2-135M
-at 300 tokens that is ~14 MB a step for one sequence and ~220 MB for sixteen sequences decoding together (measured:
-a 16-sequence packed decode step 161 ms with concatenation, 143 ms with room to grow). :class:`GrowingLayer` keeps
+decode step at L cached tokens moves 2 x layers x L x kv heads x head dim values for one new row
+(Measurements: docs/measurements.md#redraft-decoding-kvcache). :class:`GrowingLayer` keeps
 each layer's keys and values in a buffer [1, H_kv, capacity, D] with ``keys``/``values`` the views of its first L
 positions; an append that fits writes into the buffer, one that does not moves to a buffer with room for a quarter
 more (amortised O(1) copies per token, as a growing array: CPython's list over-allocation). Everything that reads or

@@ -138,8 +138,9 @@ class HFTarget(Target):
         for i, (k, v) in enumerate(prefix.kv):
             self.cache.update(k[:, :, :0], v[:, :, :0], i)  # creates layer i (its dtype and device) empty
             layer = self.cache.layers[i]
-            # shared, not copied (a copy of every layer cost ~10 ms a request at 1,000 tokens): the first forward
-            # moves them into a buffer of the layer's own (redraft.decoding.kvcache), never writing into them
+            # shared, not copied (copying every layer would cost each request time; docs/measurements.md): the
+            # first forward moves them into a buffer of the layer's own (redraft.decoding.kvcache), never writing
+            # into them
             layer.keys, layer.values = k, v
         self.length = prefix.length
 

@@ -49,8 +49,7 @@ class CorpusDrafter:
             continuations as a token tree (needs tree verification, i.e. ``Engine(merge=True)`` or a tree budget).
         k_max: adaptive depth: while drafts are accepted whole, the next one is twice as deep, up to k_max
             (1..48); any rejection goes back to k; a match of n > max_n context ids drafts up to min(n, k_max)
-            ids at once. None = always k (Colibri's behaviour). Replays are where
-            deep drafts pay: one forward of 33 tokens costs ~3 of one token here but confirms up to 33.
+            ids at once. None = always k (Colibri's behaviour). Replays are where deep drafts pay (Measurements: docs/measurements.md#redraft-drafters-frozen_corpus).
         name: the source's name (its statistics key, unique per engine); two corpora in one engine need two names.
         deep: under the cost-aware policy, how deep a draft may go when the match reaches past max_n context ids
             or covers the whole live context when that is shorter (a replay's match does: the whole context agrees

@@ -114,9 +114,9 @@ class CrossAttention(nn.Module):
     With ``cfg.cross_gate`` (ours; docs/glide.md) the output goes through an RMSNorm whose per-channel gain starts at
     zero, so its size is a learned parameter in the residual stream's units (Flamingo's zero-initialised tanh gate,
     Alayrac et al. 2022, per channel). Why: without it, a draft trained from a zero o_proj ends with a
-    cross-attention output ~20x the residual stream it is added to (measured, docs/glide.md): Adam moves every
-    o_proj weight by ~lr per step whatever the scale of its input, and the target's last-layer values are >10x
-    the draft's embeddings, so the branch swamps the token embedding it should refine.
+    cross-attention output far larger than the residual stream it is added to: Adam moves every o_proj weight by
+    ~lr per step whatever the scale of its input, and the target's last-layer values are much larger than the
+    draft's embeddings, so the branch swamps the token embedding it should refine (Measurements: docs/measurements.md#redraft-glide-network).
     """
 
     def __init__(self, cfg: GlideConfig) -> None:

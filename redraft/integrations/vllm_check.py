@@ -8,8 +8,8 @@ questions of the file, not in the corpus). Prints tokens/s both ways per set, vL
 (drafts, draft tokens, accepted tokens, mean acceptance length = 1 + accepted / drafts) and whether the output ids
 are identical. Each engine runs in its own process (a fresh vLLM engine); ``--processes P`` starts each engine P
 times, alternating (plain, proposer, plain, ...), and compares the medians over processes: on a shared CPU a fresh
-process's steps run up to ~10% faster or slower than another's for the whole of its life, which rounds within one
-process do not average out.
+process's steps can run faster or slower than another's for the whole of its life, which rounds within one
+process do not average out (Measurements: docs/measurements.md#redraft-integrations-vllm_check).
 
 The proposer drafts under the cost-aware policy with the cost curve of vLLM's step measured by the plain engine
 after its passes (:func:`measure_step_curve`: decode steps over 1..64 rows fitted as a line, REDRAFT_COST_CURVE for the proposer),

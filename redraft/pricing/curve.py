@@ -2,9 +2,9 @@
 
 A verify forward with n draft tokens runs 1 + n tokens (the root plus the draft), so c(0) = 1 by definition. The
 curve is measured where redraft runs (:mod:`redraft.pricing.measure`) at a grid of n and interpolated linearly in
-between; it is not assumed monotonic (on the 2-core development CPU a 3-draft forward cost less than a 1-draft one),
-so interpolation never smooths across grid points. Beyond the last grid point the last segment's slope (never
-negative) extends it. numpy only.
+between; it is not assumed monotonic (a wider forward can cost less than a narrower one), so interpolation never
+smooths across grid points. Beyond the last grid point the last segment's slope (never negative) extends it. numpy
+only. Measurements: docs/measurements.md#redraft-pricing-curve
 """
 
 from __future__ import annotations

@@ -3,17 +3,16 @@ measurements' spread allows them.
 
 Input: for each measured draft size n, repeated samples of the ratio T(1 + n) / T(1), each forward of 1 + n tokens
 timed between two 1-token reference forwards (:func:`redraft.pricing.measure.time_forwards`), so a change of
-the machine's load between one size and the next cancels out of its ratio. On a shared machine single forwards
-vary by 2x; a size timed during a burst of another job's work used to come out far above its neighbours (a 129-token
-forward priced at 2.2 times a 65-token one, where the same sizes timed during the runs gave 1.7 and on a quiet
-machine 1.7), and the policy then verified 512 tokens as eight 64-token forwards.
+the machine's load between one size and the next cancels out of its ratio: on a shared machine a size timed during
+a burst of another job's work would otherwise come out far above its neighbours, and the policy would split its
+verifies to avoid it (Measurements: docs/measurements.md#redraft-pricing-fit).
 
 The fit, per size (sizes ascending, n = 0 fixed at c(0) = 1):
 
 1. the median of its samples; the samples' interquartile range [q25, q75] is how far the fit may move it;
 2. **non-decreasing within noise**: where a wider forward's median is below a narrower one's, both move toward
-   their mean, each not past its own interquartile range (a dip that every sample shows, like 3 draft tokens
-   costing less than 1 on the 2-core CPU, stays: the measurements do not allow removing it);
+   their mean, each not past its own interquartile range (a dip that every sample shows stays: the measurements
+   do not allow removing it);
 3. **sub-additive within noise**: one forward of S tokens cannot cost more than two forwards of S1 + S2 = S tokens
    (the engine could always verify it in two), so c(n) <= min over a + b = n - 1 of c(a) + c(b), the right side
    taken from the fitted curve below n (linear between sizes); c(n) is lowered to that bound, but not below its q25.

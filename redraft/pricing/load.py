@@ -4,40 +4,26 @@ A batched runtime (vLLM's continuous batching, a server batching its requests) r
 scheduled request's rows: each request's current token plus its draft tokens. Let C(T) be the time of a step over
 T rows, in units of a one-row step; a :class:`~redraft.pricing.curve.CostCurve` holds it as c(n) = C(1 + n)
 (n draft rows beyond the one root row). When the step already carries B rows (every request's root row, this
-request's own included, plus the drafts already given to other requests), adding this request's n draft rows costs
-C(B + n) - C(B). In a plain batched step each of the B rows costs C(B) / B, its share. Priced in that share, the
-request's draft costs
+request's own included, plus the drafts already given to other requests), this request's n draft rows cost, in
+plain steps of its own,
 
     c_B(n) = 1 + B * max(0, C(B + n) - C(B)) / C(B)
 
-plain steps of its own, and the policy's single-stream rule (keep the draft maximising E(n) / c(n), nothing unless
-that beats 1, :mod:`redraft.policy.select`) applies unchanged with c_B in place of c. For B = 1 it is c itself.
-It drafts exactly when the batch's throughput grows: with the other rows yielding one token each,
-(B - 1 + E(n)) / C(B + n) > B / C(B) is E(n) > c_B(n). When the step is compute-bound (C grows by one unit per row)
-c_B(n) -> 1 + n and no draft whose tokens are not all certain pays; on a flat curve (a GPU far from its compute
-limit) c_B = 1 and drafts pay at any load. A marginal cost below zero (a non-monotonic measured curve) is taken as
-zero. The same idea, verify only what the step's survival probability pays for, is vLLM's adaptive verification on
-GPUs; here the price comes from the measured curve of the host.
+(each of the B rows' share of the step is C(B) / B), and the policy's single-stream rule (:mod:`redraft.policy.select`)
+applies unchanged with c_B in place of c: it drafts exactly when the batch's throughput grows. For B = 1 it is c
+itself. A marginal cost below zero (a non-monotonic measured curve) is taken as zero. The idea, verify only what the
+step pays for, is vLLM's adaptive verification on GPUs; here the price comes from the measured curve of the host.
 
-What an accepted token saves depends on what the batch does with the time. c_B values it at the row's share of the
-step, C(B) / B: right while finished requests are replaced from a queue (throughput), and for the sum of the
-requests' latencies (an accepted token saves this request a step of C(B); n draft rows delay all B requests by
-C(B + n) - C(B)). A batch that is only draining (every request came in together, none waits) is done when its last
-request is: an accepted token of a request that is ahead of the slowest saves only the row it no longer needs,
-C(B) - C(B - 1), and the step's fixed part F = C(B) - B (C(B) - C(B - 1)) is saved only when the m slowest requests
-all advance. With the value v of an accepted token,
+A batch that is only draining (every request came in together, none waits) is done when its last request is, so
+an accepted token is worth less than its row's share. With the step's fixed part F = C(B) - B (C(B) - C(B - 1)),
 
     c(n) = 1 + max(0, C(B + n) - C(B)) / v,   v = (C(B) - F) / B + s F,
 
-where s is the request's share of the fixed part: 1 / B for every request in a replaced or latency-bound batch (v =
-C(B) / B: c_B above), 0 for the requests ahead of the slowest of a draining batch, and for each of the m slowest the
-chance that every other one of them advances too, the product of their first draft tokens' acceptance (1 for a lone
-slowest request; :func:`redraft.integrations.draining.tied_shares`). Ten novel requests tied at the start of a batch
-each hold a chance draft now and then, so their product is near 0 and none drafts on its own; ten replays, each
-with a draft the policy trusts, get nearly the whole of F each, since each one's draft is what the others' need. Measured
-with vLLM's CPU build (ten novel requests at once, SmolLM2-135M): C(T) = 23.4 + 1.55 T ms, so a request ahead of the
-slowest values an accepted token at 1.55 ms instead of 3.9 ms and drafts only what is nearly certain; the n-gram and
-corpus drafts that c_B kept there added 13% rows for one step saved in 127.
+where s is the request's share of the fixed part: 1 / B in a replaced or latency-bound batch (v = C(B) / B: c_B
+above), 0 for the requests ahead of the slowest of a draining batch, and for each of the m slowest the chance that
+every other one of them advances too (:func:`redraft.integrations.draining.tied_shares`). The derivation and its
+cases: docs/vllm.md, "Draft length: the policy at the step's load". Measurements:
+docs/measurements.md#redraft-pricing-load
 
 numpy only; the policy prices a request's draft with it (:class:`~redraft.policy.load.LoadAwarePolicy`, per request
 by the vLLM proposer, :mod:`redraft.integrations.planned`, which passes B and the share s, and per sequence in the

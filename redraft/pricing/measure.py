@@ -3,9 +3,8 @@
 After a prefix is in the KV cache, one forward over S tokens is timed with logits for all S rows (what a verify
 forward over the root plus S - 1 drafted tokens computes), and the cache is cropped back to the prefix after each.
 Every timed forward sits between two 1-token reference forwards (a plain step), and its cost is the ratio to their
-mean: on a shared machine another job's burst of work slows a forward by up to 2x, and a ratio of two forwards timed
-seconds apart (each size's median over the 1-token forward's median, as it was measured before) carried that burst
-into one size of the curve. Each repeat visits the sizes in a fresh random order, so a burst lands on sizes at random
+mean, so another job's burst of work on a shared machine cancels out of the ratio instead of landing in one size
+of the curve (Measurements: docs/measurements.md#redraft-pricing-measure). Each repeat visits the sizes in a fresh random order, so a burst lands on sizes at random
 rather than on neighbours. The cost curve is fitted from the ratios by :func:`redraft.pricing.fit.fit_costs`
 (median per size, then non-decreasing and sub-additive where the samples' spread allows).
 
@@ -138,8 +137,7 @@ def measure_cost_curve(target, sizes: Sequence[int] = COST_SIZES, *, prefix: int
     Returns:
         :class:`CostCurve` with c(0) = 1, fitted by :func:`redraft.pricing.fit.fit_costs` (median ratio per
         size, non-decreasing and sub-additive where the samples' spread allows). Takes roughly
-        repeats x (sum(c(n)) + len(sizes)) x t(1) seconds (~40 s for the defaults on the 2-core development CPU,
-        one thread, quiet machine).
+        repeats x (sum(c(n)) + len(sizes)) x t(1) seconds (Measurements: docs/measurements.md#redraft-pricing-measure).
     """
     return measure_cost_fit(target, sizes, prefix=prefix, repeats=repeats, seed=seed, progress=progress).curve
 

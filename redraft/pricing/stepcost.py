@@ -8,15 +8,14 @@ of a waiting prompt to what is left of it (:func:`rows_within`), so a long promp
 and every step over it costs about what the first one did: running streams wait at most one chunk's forward.
 
 The FLOP count behind :func:`key_weight` undercounts attention on a CPU, whose attention kernels run below the
-matrix products' FLOP rate (measured for SmolLM2-135M, one thread: a chunk of 256 rows after 3,000 cached tokens
-took 5.9 ms a row against 2.9 ms at depth 0, 2.1x where the count's w = 3.3e-4 says 1.9x; w = 4.2e-4 fits, and the
-count's chunk sizes made the deepest steps 8% dearer than the first). :class:`StepCostFit` learns
-the weight from the batcher's own steps: seconds = u R + v K + p (P - 1) over the steps that carried a chunk (R rows,
-K = sum of r (L + r / 2), P participants), w = v / u, within bounds around the count's value; p / u is what each
-participant beyond the first adds in rows (its attention calls and cache appends, measured: a 508-row chunk beside
-4 decoding sequences took 2-4% more than 512 rows alone), which the batcher takes off a chunk's budget. The step's fixed cost (reading
-the weights once, ~40 ms here) is left out of the fit: beside a chunk's ~1.5 s it would only add a third unknown to
-fit from a handful of noisy steps.
+matrix products' FLOP rate, so :class:`StepCostFit` learns the weight from the batcher's own steps:
+seconds = u R + v K + p (P - 1) over the steps that carried a chunk (R rows, K = sum of r (L + r / 2), P
+participants), w = v / u, within ``FIT_BOUNDS`` of the count's value; p / u is what each participant beyond the
+first adds in rows (its attention calls and cache appends), which the batcher takes off a chunk's budget. The step's
+fixed cost (reading the weights once) is left out of the fit: beside a chunk's time it would only add a third
+unknown to fit from a handful of noisy steps.
+
+Measurements: docs/measurements.md#redraft-pricing-stepcost
 """
 
 from __future__ import annotations
