@@ -179,12 +179,13 @@ class JournalWriter:
         self.path = os.fspath(path)
         self.sync = sync
         created = not os.path.exists(self.path)
-        self._f = _open_locked_new(self.path) if owned and created else None
-        if self._f is None:
-            self._f = open(self.path, "ab", buffering=0)
+        f = _open_locked_new(self.path) if owned and created else None
+        if f is None:
+            f = open(self.path, "ab", buffering=0)
             if owned:
-                _lock_or_close(self._f)
-        self.size = self._f.seek(0, os.SEEK_END)
+                _lock_or_close(f)
+        self._f = f
+        self.size = f.seek(0, os.SEEK_END)
         if created:
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
