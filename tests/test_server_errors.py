@@ -179,3 +179,19 @@ def test_server_survives_and_never_answered_500(live):
     metrics = httpx.get(live.base + "/metrics", timeout=10).text
     assert 'status="400"' in metrics
     assert 'status="500"' not in metrics and 'status="422"' not in metrics
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(live, monkeypatch):
+    from redraft.server import tokenize
+
+    longest = tokenize.max_token_chars(live.server.generator.tokenizer)
+    text = "x" * (CONTEXT * longest + 1)  # more characters than CONTEXT tokens can span
+    calls = []
+    monkeypatch.setattr(tokenize, "text_ids", lambda *a, **k: calls.append(a) or [1])
+    for endpoint, body in ((CHAT, {"messages": [{"role": "user", "content": text}]}), (COMPLETIONS, {"prompt": text})):
+        r = httpx.post(live.url + endpoint, json=body, timeout=60)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "context_length_exceeded" and "characters" in err["message"]
+    assert not calls  # refused from its length alone
+    ok = httpx.post(live.url + CHAT, json={"messages": OK_CHAT, "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200

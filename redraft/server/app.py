@@ -152,19 +152,19 @@ class Server:
         """Prompt ids and the token cap, checked against the vocabulary and the context length."""
         self.model_name(req.model)
         tools, fmt = self._structure(req)
-        ids = self._prompt_ids(req, tools)
         ctx = self.generator.context_length
+        tokenize.refuse_overlong(self.generator.tokenizer, req, ctx)
+        ids = self._prompt_ids(req, tools)
         room = ctx - len(ids) if ctx else NO_CONTEXT_LIMIT
         budget = self.generator.budget
+        what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
+        if ctx and room <= 0:
+            raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this model's context is {ctx} tokens "
+                                "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
         if budget is not None and not budget.fits_ever(len(ids) + 1):
-            what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
             raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this server's KV capacity is "
                                 f"{budget.capacity} tokens (prompt + max_tokens must fit, --kv-tokens)", param=what,
                            code="context_length_exceeded")
-        if ctx and room <= 0:
-            what, verb = ("messages", "encode") if req.kind == "chat" else ("prompt", "encodes")
-            raise APIError(400, f"the {what} {verb} to {len(ids)} tokens; this model's context is {ctx} tokens "
-                                "(prompt + max_tokens must fit)", param=what, code="context_length_exceeded")
         max_tokens, field = req.max_tokens, req.max_tokens_param
         if max_tokens is None:
             default = DEFAULT_COMPLETION_TOKENS if req.kind == "completion" else self.options.max_tokens_default

@@ -25,7 +25,39 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from redraft.io.prompts import encode_chat
 
 from .openapi import error_responses, request_body
-from .schemas import APIError, Message, TokenId, check_message_fields, parse_request
+from .schemas import APIError, Message, ParsedRequest, TokenId, check_message_fields, parse_request
+
+_MAX_TOKEN_CHARS: dict[int, int] = {}  # id(tokenizer) -> the longest vocabulary entry in characters
+
+
+def max_token_chars(tokenizer) -> int:
+    """The most characters one token of ``tokenizer``'s vocabulary spans (its longest entry, added tokens included;
+    a byte-level entry has a character per byte, at least as many as the text it decodes to). Cached per tokenizer."""
+    key = id(tokenizer)
+    if key not in _MAX_TOKEN_CHARS:
+        _MAX_TOKEN_CHARS[key] = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    return _MAX_TOKEN_CHARS[key]
+
+
+def refuse_overlong(tokenizer, req: ParsedRequest, context: int | None) -> None:
+    """Refuse a prompt whose text is too long for ``context`` tokens before tokenizing it: at least
+    characters / :func:`max_token_chars` tokens, so it could never fit. Tokenizing megabytes takes seconds, which
+    would hold up every other request. Raises APIError 400 (context_length_exceeded)."""
+    if not context:
+        return
+    if req.kind == "chat":
+        what, verb = "messages", "hold"
+        chars = sum(len(c) if isinstance(c, str) else sum(len(p.get("text") or "") for p in c if isinstance(p, dict))
+                    for c in (m.get("content") or "" for m in req.messages or []))
+    elif isinstance(req.prompt, str):
+        what, verb, chars = "prompt", "holds", len(req.prompt)
+    else:
+        return
+    longest = max_token_chars(tokenizer)
+    if chars > context * longest:
+        raise APIError(400, f"the {what} {verb} {chars} characters; this model's context is {context} tokens and a "
+                            f"token spans at most {longest} characters, so they cannot fit", param=what,
+                       code="context_length_exceeded")
 
 
 def text_ids(tokenizer, text: str, add_special_tokens: bool = True) -> list[int]:
