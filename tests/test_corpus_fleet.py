@@ -373,3 +373,12 @@ def test_a_new_owned_journal_appears_already_locked(tmp_path, monkeypatch):
     w.append([1, 2, 3])
     w.close()
     assert not has_live_writer(path) and len(journal.read_journal(path).spans) == 1
+
+
+def test_a_corpus_directory_that_is_a_file_is_an_error_naming_it(tmp_path):
+    from redraft.corpus.directory import check_meta
+
+    f = tmp_path / "corpus"
+    f.write_text("not a directory")
+    with pytest.raises(CorpusError, match="is a file, not a directory"):
+        check_meta(f, VOCAB, None)

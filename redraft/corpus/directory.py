@@ -53,12 +53,14 @@ def check_meta(directory, vocab_size: int, fingerprint: str | None) -> None:
     """Create ``directory`` and its meta.json, or check that an existing one was made for this tokenizer.
 
     A fingerprint of None (the writer could not read its tokenizer) matches any; the vocabulary size must always
-    agree. Raises CorpusError naming the directory: it cannot be created or read, meta.json is not JSON, or it
+    agree. Raises CorpusError naming the directory: it is a file, cannot be created or read, meta.json is not JSON, or it
     records another tokenizer.
     """
     directory = os.fspath(directory)
     path = os.path.join(directory, META)
     want = {"fingerprint": fingerprint, "vocab_size": vocab_size}
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CorpusError(f"{directory} is a file, not a directory; a corpus directory is expected (created if missing)")
     try:
         os.makedirs(directory, exist_ok=True)
         if not os.path.exists(path):
