@@ -3,6 +3,8 @@ naming the field, never a 422 or a 500, and never a dead server."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from serverkit import CONTEXT, live_server, serve_args, words
@@ -150,6 +152,26 @@ def test_body_over_the_limit_is_413(live):
     finally:
         live.server.max_body = saved
     assert r.status_code == 413 and "64" in r.json()["error"]["message"]
+
+
+def test_large_body_over_the_limit_is_read_then_413(live):
+    """A client still sending a body past the limit gets the 413, not a connection reset (the rest is drained)."""
+    import urllib.error
+    import urllib.request
+
+    saved = live.server.max_body
+    live.server.max_body = 64
+    body = b'{"prompt": "' + b"x" * (4 * 2**20) + b'"}'
+    try:
+        req = urllib.request.Request(live.url + COMPLETIONS, data=body, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        chunked = httpx.post(live.url + COMPLETIONS, content=(body[i:i + 65536] for i in range(0, len(body), 65536)),
+                             timeout=60)
+    finally:
+        live.server.max_body = saved
+    assert e.value.code == 413 and "4194" in json.loads(e.value.read())["error"]["message"]
+    assert chunked.status_code == 413 and "exceeds the limit" in chunked.json()["error"]["message"]
 
 
 def test_unknown_route_and_method_get_error_bodies(live):

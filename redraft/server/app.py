@@ -29,7 +29,7 @@ from redraft.io.prompts import encode_chat, uses_chat_template
 from . import errors, openapi, responses_api, tokenize
 from .access_log import AccessLog
 from .generation import Generator, Outcome, Work
-from .jsonbody import parse_json
+from .jsonbody import read_json_body
 from .logprobs import ChunkLogprobs
 from .metrics import ServerMetrics
 from .options import ServerOptions
@@ -120,15 +120,7 @@ class Server:
         return t
 
     async def body(self, request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
-            raise APIError(413, f"the request body is {declared} bytes; the limit is {self.max_body}")
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > self.max_body:
-                raise APIError(413, f"the request body exceeds the limit of {self.max_body} bytes")
-        return parse_json(bytes(raw))
+        return await read_json_body(request.stream(), request.headers.get("content-length"), self.max_body)
 
     def model_name(self, requested: str | None) -> str:
         """The id to answer with: the requested one when it is served (404 otherwise), else the main one."""
