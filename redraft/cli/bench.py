@@ -301,7 +301,10 @@ the tables and JSON)."""
 
 def register(sub) -> None:
     """Add ``bench`` with its ``run``, ``cost``, ``corpus`` and ``serve`` sub-commands to the top-level sub-parsers."""
-    bp = sub.add_parser("bench", help="benchmarks (see 'redraft bench -h')")
+    bp = sub.add_parser("bench", help="benchmarks (see 'redraft bench -h')",
+                        description="Benchmarks, each measured side by side in one run: methods x workloads "
+                                    "(run), the verify cost curve (cost), the corpus index (corpus) and the HTTP "
+                                    "server (serve). Each writes its raw figures as JSON; see docs/benchmarks.md.")
     bsub = bp.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.required = True
 

@@ -70,7 +70,9 @@ def check_meta(directory, vocab_size: int, fingerprint: str | None) -> None:
         with open(path, encoding="utf-8") as f:
             have = json.load(f)
     except OSError as e:
-        raise CorpusError(f"{directory}: cannot use it as a corpus directory ({e.strerror or e})") from e
+        where = f" on {e.filename}" if e.filename else ""
+        raise CorpusError(f"{directory}: cannot use it as a corpus directory ({e.strerror or e}{where}; a writable "
+                          "directory is expected, created if missing)") from e
     except json.JSONDecodeError as e:
         raise CorpusError(f"{directory}: {META} is not valid JSON ({e})") from e
     ok = isinstance(have, dict) and have.get("vocab_size") == vocab_size and (

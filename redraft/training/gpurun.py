@@ -82,7 +82,7 @@ def sizes_for(budget_s: float, *, tiny: bool = False) -> RunSizes:
         ValueError: a full run's budget leaves no time for data and training (under 300 s).
     """
     if tiny:
-        return RunSizes(data_s=20.0, train_s=4.0, min_steps=4, max_steps=8, calibrate_steps=2, self_questions=2,
+        return RunSizes(data_s=4.0, train_s=4.0, min_steps=4, max_steps=8, calibrate_steps=2, self_questions=2,
                         samples=1, max_new_tokens=16, gen_batch=8, gen_tokens=1024, batch_tokens=256, max_batch=8,
                         train_vocab=4096, lr=4e-3, warmup=20, questions=2, ngen=12)
     left = budget_s - sum(FIXED_S.values())
