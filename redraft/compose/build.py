@@ -4,7 +4,7 @@ This is the one place where redraft constructs an :class:`~redraft.decoding.engi
 (:class:`~redraft.drafters.frozen_corpus.CorpusDrafter`, :class:`~redraft.drafters.ngram.NgramDrafter`,
 :class:`~redraft.drafters.glide.GlideDrafter`) or a :class:`~redraft.policy.SpeculationPolicy`: every front end
 (``redraft run``/``freeze``/``demo``/``oracle``, the bench methods, the server, GliDe evaluation, the vLLM proposer and
-the Python API) builds through it, so a default changes in one place (tests/test_composition.py checks this).
+the Python API) builds through it, so a default changes in one place (tests/compose/test_composition.py checks this).
 
 Torch is imported only by the functions that need it (the engine, a GliDe draft, measuring a cost curve):
 :func:`build_drafters` stays numpy-only for the vLLM proposer.

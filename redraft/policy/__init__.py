@@ -26,8 +26,8 @@ The rule
     (1..4 tokens, the length the curve makes cheapest, never extended) once the probe's cost should nothing be
     accepted, spread over the idle steps, is under ``probe_overhead`` (3%) of a plain step, so a useless source
     costs at most that; a probe that pays is followed by another at once and the estimates decay with every
-    outcome, so a source that turned useful drafts again a probe interval later (tests/test_policy.py and
-    tests/test_engine_policy.py bound both on synthetic curves). The engine learns per source and power-of-two
+    outcome, so a source that turned useful drafts again a probe interval later (tests/policy/test_policy.py and
+    tests/decoding/test_engine_policy.py bound both on synthetic curves). The engine learns per source and power-of-two
     match length (:func:`~redraft.policy.apply.policy_key`).
 
 What it replaces

@@ -7,7 +7,7 @@ returns them as the verify tree; after the verify forward :func:`observe_outcome
 proposed and got accepted, counting only what the output reached. All of it is O(nodes) per step, numpy only.
 
 Cutting is lossless by construction: the verify tree is a subtree of the candidates closed under ancestors, and
-verification keeps exactly the drafted tokens the target would have produced (tests/test_engine_policy.py checks
+verification keeps exactly the drafted tokens the target would have produced (tests/decoding/test_engine_policy.py checks
 every depth the policy can choose against plain greedy).
 """
 
