@@ -120,6 +120,9 @@ class Scheduler:
 
     SERVICE_DECAY = 0.8  # weight of the previous mean in the running mean of service times (Retry-After)
     IDLE_WAIT_S = 0.25  # an idle loop also wakes this often to drop waiting jobs whose client left
+    # A long prompt arriving at an idle server waits this long for company before its whole prefill runs alone:
+    # requests sent together (a burst of clients) then share chunked steps instead of all waiting behind it.
+    ARRIVAL_WAIT_S = 0.05
 
     def __init__(self, runner: Callable[[Job, Callable[[str], None]], Steps[Any]], *, max_queue: int = 256,
                  max_running: int = 1, budget: KVBudget | None = None,
@@ -278,12 +281,10 @@ class Scheduler:
         """Admit, step, deliver: until :meth:`stop`."""
         running: list[tuple[Job, Sequence]] = []
         while True:
-            for job in self._admit(self.max_running - len(running)):
-                if job.cancel.is_set():
-                    job.post("aborted")
-                    self._finished(job)
-                    continue
-                running.append((job, Sequence(self.runner(job, lambda text, j=job: self._emit(j, text))).start()))
+            idle = not running
+            self._start(running, self._admit(self.max_running - len(running)))
+            if idle and self._lone_long_prefill(running) and self._await_arrival(self.ARRIVAL_WAIT_S):
+                self._start(running, self._admit(self.max_running - len(running)))
             stopping = self._stopping
             for job, seq in running:
                 if stopping or job.cancel.is_set():
@@ -300,6 +301,31 @@ class Scheduler:
             running = still
             if stopping and not running:
                 return
+
+    def _start(self, running: list[tuple[Job, Sequence]], jobs: list[Job]) -> None:
+        """Start each admitted job's sequence (up to its first forward) into ``running``; a cancelled one ends."""
+        for job in jobs:
+            if job.cancel.is_set():
+                job.post("aborted")
+                self._finished(job)
+                continue
+            running.append((job, Sequence(self.runner(job, lambda text, j=job: self._emit(j, text))).start()))
+
+    def _lone_long_prefill(self, running: list[tuple[Job, Sequence]]) -> bool:
+        """Whether the only running sequence asks for a forward the batcher would chunk beside others (more rows
+        than ``max_batch_tokens``): alone it runs whole, and requests arriving meanwhile wait for all of it."""
+        if self.batcher is None or len(running) != 1:
+            return False
+        call = running[0][1].call
+        return call is not None and len(call.ids) > self.batcher.max_batch_tokens
+
+    def _await_arrival(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a job to queue; whether one did."""
+        deadline = time.perf_counter() + seconds
+        with self._cond:
+            while not self._turns and not self._stopping and (left := deadline - time.perf_counter()) > 0:
+                self._cond.wait(left)
+            return bool(self._turns)
 
     def _step(self, live: list[Sequence]) -> None:
         """One forward per running job: packed into one by the batcher, or each alone."""

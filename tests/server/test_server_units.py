@@ -78,6 +78,46 @@ def test_round_robin_across_tenants_fifo_within(loop):
     assert events[1] == [("delta", "a1!"), ("done", "a1")]
 
 
+class Prefill:  # a stand-in for a forward call of ``n`` rows
+    def __init__(self, n):
+        self.ids = [0] * n
+
+
+class RecordingBatcher:  # packs nothing: records which sequences each step carried, then advances them all
+    max_batch_tokens = 8
+
+    def __init__(self):
+        self.steps = []
+
+    def step(self, live):
+        self.steps.append(len(live))
+        threading.Event().wait(0.01)
+        for seq in live:
+            seq.advance(None)
+
+
+@pytest.mark.parametrize("wait", [0.5, 0.0])
+def test_a_long_prompt_on_an_idle_server_waits_briefly_for_company(loop, wait):
+    """A burst's first request with a prompt longer than one chunk does not run its whole prefill alone while the
+    rest of the burst queues behind it: the loop waits (ARRIVAL_WAIT_S) for a second request, so they share steps."""
+    def runner(job, emit):
+        yield Prefill(job.payload)
+        yield Prefill(1)
+        return job.payload
+
+    batcher = RecordingBatcher()
+    s = Scheduler(runner, max_running=4, batcher=batcher)
+    s.ARRIVAL_WAIT_S = wait
+    s.start()
+    first, second = make_job(loop, "a", 20), make_job(loop, "a", 5)
+    s.submit(first)
+    threading.Event().wait(0.1)  # within the wait; without it the first request has run alone by then
+    s.submit(second)
+    assert [e[-1] for e in (drain(loop, first), drain(loop, second))] == [("done", 20), ("done", 5)]
+    s.stop()
+    assert (batcher.steps[0] == 2) == (wait > 0), batcher.steps
+
+
 def test_cancelled_failed_and_overflowing_jobs(loop):
     calls = []
 
