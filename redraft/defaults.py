@@ -82,7 +82,7 @@ EXACT_GAP_NOISE = {"float32": 2.9e-6, "llama.cpp": 4e-2, "llama.cpp batch-invari
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
 # While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact
-# mode stops drafting for that many emitted tokens, at most EXACT_PAY_PAUSE (redraft.decoding.settling): in bfloat16
+# mode stops drafting for that many emitted tokens, at most EXACT_PAY_PAUSE (redraft.decoding.exact_mode): in bfloat16
 # nearly every row is a near-tie, and the pauses grow with each one.
 EXACT_PAY_PAUSE = 128
 

@@ -3,7 +3,7 @@
 Every step asks the drafters for a proposal (:class:`~redraft.decoding.step.Draft`), runs ONE verify forward over the
 uncommitted tokens plus every drafted token (:func:`~redraft.decoding.step.verify_step`), accepts the longest drafted
 path that equals the target's choices, emits the accepted tokens plus the bonus token and drops the rejected tokens'
-KV entries. Exact mode's near-tie handling is :class:`~redraft.decoding.settling.ExactMode`. Plain greedy decoding is the same loop with no
+KV entries. Exact mode's near-tie handling is :class:`~redraft.decoding.exact_mode.ExactMode`. Plain greedy decoding is the same loop with no
 drafters (one token per forward), so the baseline and the speculative runs share every line of model code.
 """
 
@@ -22,7 +22,7 @@ from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.sequence import Steps, drive
-from redraft.decoding.settling import ExactMode
+from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import PrefixKV, as_target
@@ -101,7 +101,7 @@ class Engine:
             True = all proposals are merged into one token tree, in priority order, within the budget.
         exact: trust a row computed otherwise than plain decoding computes it only when its top-2 gap clears the
             near-tie threshold; recompute the others the way plain decoding does
-            (:class:`redraft.decoding.settling.ExactMode`).
+            (:class:`redraft.decoding.exact_mode.ExactMode`).
         exact_margin: None = the near-tie threshold follows the model's dtype and each row's logit size
             (:func:`redraft.decoding.exactness.near_tie_threshold`, EXACT_SAFETY for verify rows, EXACT_SETTLE_SAFETY for
             draft-free rows on a cache drafting wrote); a number = that fixed threshold in logit units for every row.
@@ -164,7 +164,7 @@ class Engine:
         (:class:`redraft.decoding.batching.StepBatcher`). Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
         forward a step. ``on_tokens`` gets each step's new ids (streaming); ``sampling``: greedy (default) or seeded
         (:mod:`redraft.decoding.sampling`); ``stop``: stop strings (the output ends with the token completing one);
-        ``exact``: settle near-tie rows as plain decoding computes them (:class:`redraft.decoding.settling.ExactMode`;
+        ``exact``: settle near-tie rows as plain decoding computes them (:class:`redraft.decoding.exact_mode.ExactMode`;
         default the engine's); ``record_margins``: each token's top-2 gap in ``result.margins``; ``prefix``: KV entries
         of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's; exact mode judges rows on
         them like verify rows); ``logprobs`` (0..20): raw log-probabilities per token (:mod:`redraft.decoding.logprobs`);

@@ -13,7 +13,7 @@ row-noise bound; ``defaults.EXACT_GAP_NOISE`` holds 1.5x the largest measured (:
 is trusted only when its top-2 gap
 exceeds that bound times a safety factor (:func:`near_tie_threshold`; dtypes without a measured gap bound, and rows
 reshaped by logits processors, use twice the row-noise bound); closer rows are recomputed exactly the way plain
-decoding computes them (:class:`redraft.decoding.settling.ExactMode`).
+decoding computes them (:class:`redraft.decoding.exact_mode.ExactMode`).
 
 One token fed alone on a cache that verify forwards wrote (exact mode's draft-free recompute) runs plain decoding's
 own forward shape; only the cached entries differ. :func:`measure_settle_noise` measures those rows apart at every

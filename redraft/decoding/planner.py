@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from redraft.policy.apply import Candidates, cut, observe_outcomes
+from redraft.policy.candidates import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
 from redraft.tree import TokenTree
 

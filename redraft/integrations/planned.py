@@ -4,7 +4,7 @@ policy at the step's load, settled against the ids vLLM sampled.
 
 The engine's policy rule (:mod:`redraft.policy`): each draft source's proposal is a candidate, and the policy keeps
 the leading tokens whose expected accepted tokens pay for their verify cost, from acceptance learned online per
-source and match length (:func:`redraft.policy.apply.policy_key`) and the source's own priors. In vLLM the verify
+source and match length (:func:`redraft.policy.candidates.policy_key`) and the source's own priors. In vLLM the verify
 cost of a request's draft depends on what the step already carries for other requests, so the cost table is the
 load rule's c_B (:mod:`redraft.pricing.load`), B given per request by the proposer. The sources are tried in
 priority order (corpus, then n-gram) and the first one whose proposal the policy keeps any of drafts, as in the

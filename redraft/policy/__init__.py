@@ -28,7 +28,7 @@ The rule
     costs at most that; a probe that pays is followed by another at once and the estimates decay with every
     outcome, so a source that turned useful drafts again a probe interval later (tests/policy/test_policy.py and
     tests/decoding/test_engine_policy.py bound both on synthetic curves). The engine learns per source and power-of-two
-    match length (:func:`~redraft.policy.apply.policy_key`).
+    match length (:func:`~redraft.policy.candidates.policy_key`).
 
 What it replaces
     Colibri's acceptance guard (COLI_CORPUS_MINACC: pause a source for 256 tokens when acceptance over its last
@@ -42,13 +42,13 @@ What it replaces
 How the engine calls it (one SpeculationPolicy per Engine; it keeps learning across generations), per verify
 forward, in :meth:`redraft.decoding.engine.Engine.generate`:
 
-1. each drafter's proposal (a :class:`~redraft.tree.TokenTree`) goes into an :class:`~redraft.policy.apply.Candidates`,
-   which keeps per node its policy key (source and match length, :func:`~redraft.policy.apply.policy_key`) and its
-   prior (:func:`~redraft.policy.apply.proposal_priors`: corpus continuation counts, match length);
-2. :func:`~redraft.policy.apply.cut` asks :meth:`SpeculationPolicy.plan` which nodes to verify (within the step's
+1. each drafter's proposal (a :class:`~redraft.tree.TokenTree`) goes into an :class:`~redraft.policy.candidates.Candidates`,
+   which keeps per node its policy key (source and match length, :func:`~redraft.policy.candidates.policy_key`) and its
+   prior (:func:`~redraft.policy.candidates.proposal_priors`: corpus continuation counts, match length);
+2. :func:`~redraft.policy.candidates.cut` asks :meth:`SpeculationPolicy.plan` which nodes to verify (within the step's
    token and depth limits) and returns them as the verify tree; in priority mode the sources are tried in order and
    the first proposal the policy keeps any of is verified;
-3. after the verify forward :func:`~redraft.policy.apply.observe_outcomes` feeds :meth:`SpeculationPolicy.observe`
+3. after the verify forward :func:`~redraft.policy.candidates.observe_outcomes` feeds :meth:`SpeculationPolicy.observe`
    what each source proposed and got accepted, counting only what the output reached.
 
 The policy is built with a curve: ``SpeculationPolicy(curve, max_nodes=...)``; the default one for a model on this

@@ -26,7 +26,7 @@ from redraft.decoding.engine import Engine
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, own_mask, packed_forward
 from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.sequence import Sequence, forward
-from redraft.decoding.settling import ExactMode
+from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions

@@ -119,7 +119,7 @@ def test_a_whole_context_match_counts_as_the_longest_match_the_lookup_reads():
     SUFFIX_MAX_N ids on it is credited as a match of context_n ids (its prior and its learning key), so a replay's
     first draft is trusted to its end; a shorter whole context, or a match inside a longer context, keeps its n."""
     from redraft.defaults import SUFFIX_CONTEXT_N, SUFFIX_MAX_N
-    from redraft.policy.apply import policy_key
+    from redraft.policy.candidates import policy_key
 
     span = list(range(1, VOCAB))
     drafter = CorpusDrafter(Corpus.from_spans([span], vocab_size=VOCAB), k=MAX_DRAFT_DEPTH, max_n=64,

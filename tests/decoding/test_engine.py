@@ -545,7 +545,7 @@ def test_exact_mode_some_rows_near_ties(tiny_llama, references, margin, monkeypa
     Exact mode's payoff pause is off here (it would stop drafting where most rows are near-ties); a settling row
     still under the margin on a cache drafting wrote is recomputed after replaying the cache, so every draft-free
     forward is a settling one (but the last token's, with no room left for a draft)."""
-    monkeypatch.setattr("redraft.decoding.settling.EXACT_PAY_PAUSE", 0)
+    monkeypatch.setattr("redraft.decoding.exact_mode.EXACT_PAY_PAUSE", 0)
     want = references["llama-eager"]
     _, logits = hf_greedy(tiny_llama, PROMPT, N, scores=True)
     tied = [i for i, gap in enumerate(top2_gap(logits).tolist()) if gap < margin]

@@ -284,7 +284,7 @@ def test_subtree_renumbers_and_carries_sources_and_counts():
 
 
 def test_candidates_keep_each_sources_priors_on_its_own_nodes():
-    from redraft.policy.apply import Candidates, proposal_priors
+    from redraft.policy.candidates import Candidates, proposal_priors
 
     corpus = TokenTree.from_parents([5, 6, 7], [-1, 0, 0], "corpus", counts=[4, 3, 1], match_length=2)
     ngram = TokenTree.chain([5, 9, 9], "ngram")
@@ -300,7 +300,7 @@ def test_candidates_keep_each_sources_priors_on_its_own_nodes():
 
 
 def test_policy_keys_split_sources_by_power_of_two_match_length():
-    from redraft.policy.apply import policy_key
+    from redraft.policy.candidates import policy_key
 
     assert [policy_key("corpus", n) for n in (0, 1, 2, 3, 4, 7, 8, 63, 64)] == [
         "corpus", "corpus/1", "corpus/2", "corpus/2", "corpus/4", "corpus/4", "corpus/8", "corpus/32", "corpus/64"]

@@ -147,7 +147,7 @@ def test_exact_mode_settles_near_ties(real, plain_outputs, hf_outputs, monkeypat
 
     Exact mode's payoff pause is off here: the margin applies to settling rows too, whose replays at this margin
     would otherwise stop drafting for the rest of the answer."""
-    monkeypatch.setattr("redraft.decoding.settling.EXACT_PAY_PAUSE", 0)
+    monkeypatch.setattr("redraft.decoding.exact_mode.EXACT_PAY_PAUSE", 0)
     loaded, prompts = real
     margin = 0.3
     corpus = _corpus(loaded, [p + o for p, o in zip(prompts, plain_outputs, strict=True)])

@@ -362,7 +362,7 @@ def test_a_short_match_shared_by_several_answers_gives_its_chain_a_low_first_pri
     """Under the policy, a chain after a suffix that three stored spans share, each continuing differently, credits
     its first token with 1 of 3 occurrences (SuffixDecoding's counts); a suffix found once keeps the match-length
     prior alone; without the policy nothing is counted."""
-    from redraft.policy.apply import proposal_priors
+    from redraft.policy.candidates import proposal_priors
     from redraft.policy.priors import succession_priors
 
     shared = [40, 41, 42, 43, 44]

@@ -1,4 +1,4 @@
-"""Exact mode's near-tie object (redraft.decoding.settling.ExactMode): which rows it trusts, what a near-tie costs,
+"""Exact mode's near-tie object (redraft.decoding.exact_mode.ExactMode): which rows it trusts, what a near-tie costs,
 and when drafting pauses. The end-to-end cases (planted ties, replays, every dtype) are in test_exact_dtypes.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from conftest import VOCAB, SequenceDrafter, build_tiny
 from redraft.decoding.engine import Engine
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
-from redraft.decoding.settling import ExactMode
+from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.target import HFTarget
 from redraft.defaults import EXACT_SAFETY, EXACT_SETTLE_SAFETY
