@@ -24,10 +24,11 @@ $(LINT_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,lint]'
 	touch $(LINT_STAMP)
 
-# ruff (pyflakes, import order, bugbear, pyupgrade; 120 columns) over the code and tests, mypy over the torch-free
-# packages (the files listed in pyproject.toml's [tool.mypy]). The same hooks run at commit time: pre-commit install.
+# ruff (pyflakes, import order, bugbear, pyupgrade; 120 columns) over the code, tests and benchmarks, mypy over the
+# torch-free packages (the files listed in pyproject.toml's [tool.mypy]). The same hooks run at commit time:
+# pre-commit install.
 lint: $(LINT_STAMP)
-	$(BIN)/ruff check redraft tests
+	$(BIN)/ruff check redraft tests benchmarks
 	$(BIN)/mypy
 
 demo: $(STAMP)

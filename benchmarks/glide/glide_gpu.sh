@@ -7,7 +7,7 @@
 #
 # Environment: BUDGET_S (default 420: with the model's ~1 min load the run ends within ~8 minutes).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 PY=${PYTHON:-python3}
 case "${1:-}" in
   prepare)

@@ -1,11 +1,17 @@
 """As fit.py, and store the curve in redraft's cost-curve cache (what the CLI and bench then read).
 Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/ceiling/costfit/cache_fit.py OUT.json"""
-import sys, json, time, torch
+import json
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
+from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.pricing.cache import curve_key, curve_path, default_directory, save_curve
 from redraft.pricing.measure import measure_cost_fit
-from redraft.decoding.target import HFTarget
+
 m = HFTarget(load_model().model)
 key = curve_key(m)
 t0 = time.time()

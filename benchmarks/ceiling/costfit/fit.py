@@ -1,10 +1,16 @@
 """The default cost curve measurement with its fit statistics (medians, quartiles, fitted).
 Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/ceiling/costfit/fit.py OUT.json"""
-import sys, json, time, torch
+import json
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
+from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.pricing.measure import measure_cost_fit
-from redraft.decoding.target import HFTarget
+
 m = HFTarget(load_model().model)
 t0=time.time()
 fit = measure_cost_fit(m)

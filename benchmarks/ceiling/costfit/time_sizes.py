@@ -1,11 +1,19 @@
 """Raw forward times per size (redraft.pricing.measure.time_forwards), median ratios to the 1-token size.
 Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/ceiling/costfit/time_sizes.py REPEATS OUT.json"""
-import sys, json, statistics, time, torch
+import json
+import statistics
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
+import numpy as np
+
+from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.pricing.measure import time_forwards
-import numpy as np
-from redraft.decoding.target import HFTarget
+
 m = HFTarget(load_model().model)
 sizes=[1,2,3,4,5,9,17,33,49,65,129,257,513]
 rng=np.random.default_rng(0)

@@ -1,14 +1,19 @@
 """Model-time analysis of the demo: replay 20 frozen questions (policy learns), then 10 other questions; no plain.
 Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/ceiling/modeltime/demo_other.py CURVE.json 20 OUT.json
 (needs the demo's corpus, <cache>/demo/corpus.txt, from `redraft demo`)."""
-import sys, json, math, time, torch
+import json
+import math
+import sys
+
+import torch
+
 torch.set_num_threads(1)
-from redraft.io.loading import load_model, cache_dir
-from redraft.cli.common import questions_or_exit, open_corpus_or_exit
+from redraft.bench.modeltime import model_time
+from redraft.cli.common import open_corpus_or_exit, questions_or_exit
 from redraft.compose import SpeculationConfig, build_engine, build_policy
+from redraft.io.loading import cache_dir, load_model
 from redraft.io.prompts import encode_prompt
 from redraft.pricing import CostCurve
-from redraft.bench.modeltime import model_time
 
 curve_file, nreplay = sys.argv[1], int(sys.argv[2])
 d = json.load(open(curve_file))

@@ -1,14 +1,19 @@
 """Freeze questions at NGEN tokens, replay them twice under the policy; draft depths and model time.
 Usage: PYTHONPATH=$PWD OMP_NUM_THREADS=1 python benchmarks/ceiling/modeltime/replay.py CURVE.json NGEN 81,91"""
-import sys, json, torch
+import json
+import sys
+
+import torch
+
 torch.set_num_threads(1)
-from redraft.io.loading import load_model
+from redraft.bench.modeltime import model_time
 from redraft.cli.common import questions_or_exit
 from redraft.compose import SpeculationConfig, build_engine, build_policy, plain_engine
 from redraft.corpus import Corpus
+from redraft.io.loading import load_model
 from redraft.io.prompts import encode_prompt
 from redraft.pricing import CostCurve
-from redraft.bench.modeltime import model_time
+
 d = json.load(open(sys.argv[1])); ngen = int(sys.argv[2]); qids = [int(x) for x in sys.argv[3].split(",")]
 curve = CostCurve(tuple(d["sizes"]), tuple(d.get("fitted") or d["costs"]))
 loaded = load_model()
