@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.genconfig import LogitsShaping
 from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.sequence import Steps, drive
-from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.target import PrefixKV, as_target

@@ -23,10 +23,10 @@ from redraft.compose.build import batched_policy
 from redraft.corpus import Corpus
 from redraft.decoding.batching import SequenceCancelled, StepBatcher, run_together
 from redraft.decoding.engine import Engine
+from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, own_mask, packed_forward
 from redraft.decoding.sampling import GREEDY, TokenChooser
 from redraft.decoding.sequence import Sequence, forward
-from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions

@@ -8,9 +8,9 @@ import torch
 from conftest import VOCAB, SequenceDrafter, build_tiny
 
 from redraft.decoding.engine import Engine
+from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
-from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.step import Draft, Step
 from redraft.decoding.target import HFTarget
 from redraft.defaults import EXACT_SAFETY, EXACT_SETTLE_SAFETY
