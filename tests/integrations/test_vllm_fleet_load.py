@@ -1,0 +1,36 @@
+"""The mixed-fleet load check's bookkeeping (redraft.integrations.vllm_fleet_load), without vLLM: which completed
+answers a corpus directory holds, which count as lost and which are excused (vLLM's answers cut by length are
+learned late), and questions stored twice."""
+
+from __future__ import annotations
+
+from redraft.corpus.online import OnlineCorpus
+from redraft.integrations.vllm_fleet_load import split_lost, stored_answers
+
+VOCAB = 100
+PROMPTS = [[1, 2, 3], [1, 2, 4], [5]]
+
+
+def decode(ids):
+    return " ".join(map(str, ids))
+
+
+def test_stored_answers_by_question_and_twice(tmp_path):
+    a = OnlineCorpus(tmp_path, vocab_size=VOCAB, follow_seconds=None)
+    b = OnlineCorpus(tmp_path, vocab_size=VOCAB, follow_seconds=None)
+    assert a.learn([1, 2, 3, 9, 9]) and a.learn([5, 7])
+    assert b.learn([5, 8])  # another answer to question 2 from another writer: question 2 stored twice
+    a.close(), b.close()
+    texts, counts, problems = stored_answers(tmp_path, PROMPTS, decode)
+    assert texts == {0: {"9 9"}, 2: {"7", "8"}} and counts == {0: 1, 2: 2} and problems == 0
+
+
+def test_lost_answers_count_unless_vllm_cut_them_by_length():
+    stored = {0: {"9 9"}}
+    answers = [(0, {"text": "9 9", "member": "vllm", "finish": "stop"}),
+               (1, {"text": "6", "member": "server", "finish": "stop"}),
+               (1, {"text": "6", "member": "vllm", "finish": "length"}),
+               (2, {"text": "7", "member": "vllm", "finish": "stop"}),
+               (2, {"text": "7", "member": "server", "finish": "length"})]
+    assert split_lost(answers, stored) == {"lost_completed": 3, "vllm_length_cut_lost": 1}
+    assert split_lost(answers[:1], stored) == {"lost_completed": 0, "vllm_length_cut_lost": 0}
