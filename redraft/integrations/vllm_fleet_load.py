@@ -38,6 +38,9 @@ KILL_DELAY_S = 0.2  # into a batch's generation, when a kill during learning lan
 SETTLE_SECONDS = 2.0  # between phase 1 and its repeats: well over both members' follow interval
 
 
+MARK = "@@redraft "  # the protocol's lines on the child's stdout (anything else there is vLLM's and skipped)
+
+
 class WorkerDied(RuntimeError):
     """The vLLM child process ended (killed) before answering its batch."""
 
@@ -49,8 +52,9 @@ class VllmWorker:
         self.python, self.model, self.corpus_dir, self.log, self.k = python, model, corpus_dir, log, k
         self.starts = 0
         self.proc: subprocess.Popen | None = None
+        self.ready = False  # started and answering (a watcher kills it only then)
 
-    def start(self, timeout: float = 900.0) -> None:
+    def start(self) -> None:
         """Start the child and wait for its ready line. Raises RuntimeError: it ended or did not get ready."""
         from redraft.integrations.vllm_check import CPU_DEFAULTS
 
@@ -59,14 +63,18 @@ class VllmWorker:
         for key, v in CPU_DEFAULTS.items():
             env.setdefault(key, v)
         self.starts += 1
+        self.ready = False
         logf = open(self.log.with_suffix(f".{self.starts}.log"), "w")  # noqa: SIM115 - the child's stderr
         self.proc = subprocess.Popen([self.python, "-m", "redraft.integrations.vllm_fleet_load", "--worker",
                                       "--model", self.model, "--k", str(self.k)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=logf, text=True, env=env)
-        deadline = time.monotonic() + timeout
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line.startswith("{") or "ready" not in json.loads(line) or time.monotonic() > deadline:
+        try:
+            ready = self._read()
+        except WorkerDied:
+            ready = {}
+        if "ready" not in ready:
             raise RuntimeError(f"the vLLM worker did not start (see {logf.name})")
+        self.ready = True
 
     @property
     def pid(self) -> int | None:
@@ -80,13 +88,17 @@ class VllmWorker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise WorkerDied(str(e)) from None
-        out = []
-        for _ in batch:
+        return [self._read() for _ in batch]
+
+    def _read(self) -> dict:
+        """The child's next protocol line; raises WorkerDied at the end of its output."""
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
             line = self.proc.stdout.readline()
             if not line:
                 raise WorkerDied("the vLLM worker ended")
-            out.append(json.loads(line))
-        return out
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
 
     def kill(self) -> None:
         """``kill -9`` the child and reap it."""
@@ -119,7 +131,7 @@ def worker_main(args) -> int:
     spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": args.k}
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, max_num_seqs=BATCH, enforce_eager=True,
               speculative_config=spec, seed=0)
-    print(json.dumps({"ready": os.getpid()}), flush=True)
+    print(MARK + json.dumps({"ready": os.getpid()}), flush=True)
     for line in sys.stdin:
         batch = json.loads(line)
         t0 = time.perf_counter()
@@ -128,8 +140,8 @@ def worker_main(args) -> int:
         seconds = time.perf_counter() - t0
         for r, got in zip(batch, res, strict=True):
             o = got.outputs[0]
-            print(json.dumps({"n": r["n"], "ids": list(o.token_ids), "finish": o.finish_reason, "seconds": seconds}),
-                  flush=True)
+            print(MARK + json.dumps({"n": r["n"], "ids": list(o.token_ids), "finish": o.finish_reason,
+                                     "seconds": seconds}), flush=True)
     del llm  # shutdown: the proposer learns what it still holds
     return 0
 
@@ -267,7 +279,7 @@ def run(args) -> int:
         while not stop.is_set():
             holder = holder_lock.holder() or {}
             pid = holder.get("pid")
-            if pid is not None and pid == worker.pid:
+            if pid is not None and worker.ready and pid == worker.pid:
                 worker.kill()  # the vLLM client restarts it
                 kills["compaction"] = "vllm"
                 return
