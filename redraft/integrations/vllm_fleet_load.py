@@ -210,7 +210,7 @@ def run(args) -> int:
         fleet.stop()
         print(f"vllm-fleet-load: {e}", file=sys.stderr)
         return 2
-    repeats = [i for i in range(len(prompts)) for _ in range(max(0, args.requests // len(prompts) - 1))]
+    repeats = [i % len(prompts) for i in range(args.requests - len(prompts))]
     import random
 
     random.Random(0).shuffle(repeats)
