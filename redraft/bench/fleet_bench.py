@@ -194,7 +194,7 @@ def load(fleet: Fleet, prompts: list[list[int]], cfg: FleetBenchConfig, kills: i
     lat = sorted(b["seconds"] for _, b in done)
     return {"sent": len(order), "completed": len(done), "first_try_failures": retried, "kills": kills,
             "killed_in_compaction": caught.is_set(),
-            "latency_p50": _pct(lat, 50), "latency_p95": _pct(lat, 95), "answers": done}
+            "latency_p50": percentile(lat, 50), "latency_p95": percentile(lat, 95), "answers": done}
 
 
 def _run(fleet: Fleet, jobs: list[tuple[int, int]], prompts: list[list[int]], cfg: FleetBenchConfig,
@@ -251,9 +251,10 @@ def _kill_while_compacting(fleet: Fleet, stop: threading.Event, caught: threadin
         time.sleep(0.001)
 
 
-def check_directory(d: Path, answers: list[tuple[int, dict]], prompts: list[list[int]], decode: Callable) -> dict:
-    """Read every journal and the base of ``d``: completed answers missing from it (by prompt and text), and prompts
-    whose span is stored more than once."""
+def answers_by_prompt(d: Path, prompts: list[list[int]], decode: Callable) -> tuple[dict[int, set[str]], Counter,
+                                                                                   int, int]:
+    """Over every journal and the base of tenant directory ``d``: (prompt index -> decoded stored answers, prompt
+    index -> spans stored, problems read, spans in all). A span's prompt is the one of ``prompts`` it begins with."""
     from redraft.corpus.directory import read_directory
 
     corpus, problems = read_directory(d)
@@ -267,9 +268,16 @@ def check_directory(d: Path, answers: list[tuple[int, dict]], prompts: list[list
             if i is not None and len(prompts[i]) == n:
                 by_prompt[i] += 1
                 texts.setdefault(i, set()).add(decode(ids[n:]))
+    return texts, by_prompt, len(problems), corpus.n_spans
+
+
+def check_directory(d: Path, answers: list[tuple[int, dict]], prompts: list[list[int]], decode: Callable) -> dict:
+    """Read every journal and the base of ``d``: completed answers missing from it (by prompt and text), and prompts
+    whose span is stored more than once."""
+    texts, by_prompt, problems, n_spans = answers_by_prompt(d, prompts, decode)
     lost = sum(1 for i, body in answers if body["choices"][0]["text"] not in texts.get(i, set()))
-    return {"stored_spans": corpus.n_spans, "lost_completed": lost,
-            "stored_twice": sum(1 for c in by_prompt.values() if c > 1), "problems": len(problems)}
+    return {"stored_spans": n_spans, "lost_completed": lost,
+            "stored_twice": sum(1 for c in by_prompt.values() if c > 1), "problems": problems}
 
 
 def seed_base(d: Path, prompts: list[list[int]], tokens: int, span: int = 200) -> None:
@@ -292,7 +300,8 @@ def seed_base(d: Path, prompts: list[list[int]], tokens: int, span: int = 200) -
     fold(str(d), writer_id(), lambda spans: (spans, 0))
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (0.0 when empty)."""
     import numpy as np
 
     return float(np.percentile(values, q)) if values else 0.0

@@ -9,7 +9,7 @@ again (a new writer on the same directory). Requests: every distinct question on
 happen), then repeats after a settle time (phase 2), alternating between the members, ``--requests`` in all. A
 request cut by a kill is sent again to the restarted member.
 
-Then a checker reads every journal and the base (:func:`redraft.bench.fleet_bench.check_directory`): every
+Then a checker reads every journal and the base (:func:`redraft.bench.fleet_bench.answers_by_prompt`): every
 completed answer must be stored and no question's answer stored twice. vLLM does not pass a request's max_tokens to
 a proposer: an answer it cut at max_tokens (not at EOS) is learned once it has left the batch for 64 steps or at
 shutdown, so a kill before that loses it; such answers are counted apart (``vllm_length_cut_lost``) and do not fail
@@ -161,36 +161,11 @@ def split_lost(answers: list[tuple[int, dict]], stored: dict[int, set[str]]) -> 
     return {"lost_completed": lost, "vllm_length_cut_lost": late}
 
 
-def stored_answers(d: Path, prompts: list[list[int]], decode) -> tuple[dict[int, set[str]], dict[int, int], int]:
-    """(question index -> decoded stored answers, question index -> spans stored, problems) over every journal and
-    the base of tenant directory ``d`` (the prompt is the longest known prefix of a span)."""
-    from redraft.corpus.directory import read_directory
-
-    corpus, problems = read_directory(d)
-    index = {tuple(p): i for i, p in enumerate(prompts)}
-    texts: dict[int, set[str]] = {}
-    counts: dict[int, int] = {}
-    for span in corpus.span_list():
-        ids = span.tolist()
-        for n in range(1, len(ids)):
-            i = index.get(tuple(ids[:n]))
-            if i is not None and len(prompts[i]) == n:
-                counts[i] = counts.get(i, 0) + 1
-                texts.setdefault(i, set()).add(decode(ids[n:]))
-    return texts, counts, len(problems)
-
-
-def _pct(values: list[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(values, q)) if values else 0.0
-
-
 def run(args) -> int:
     import httpx
     from transformers import AutoTokenizer
 
-    from redraft.bench.fleet_bench import Fleet, complete
+    from redraft.bench.fleet_bench import Fleet, answers_by_prompt, complete, percentile
     from redraft.corpus.lease import CompactionLock
     from redraft.io.prompts import encode_prompt
 
@@ -310,7 +285,7 @@ def run(args) -> int:
     stop.set()
     worker.stop()
     fleet.stop()
-    texts, counts, problems = stored_answers(d / "default", prompts, decode)
+    texts, counts, problems, _ = answers_by_prompt(d / "default", prompts, decode)
     out = {"requests": len(order), "completed": len(answers), "distinct": len(prompts),
            "kills_during_learning": kills["learning"], "killed_in_compaction": kills["compaction"] or None,
            "vllm_starts": worker.starts, "server_starts": fleet.starts, **split_lost(answers, texts),
@@ -318,7 +293,7 @@ def run(args) -> int:
            "vllm_length_cut": sum(1 for _, a in answers if a["member"] == "vllm" and a["finish"] == "length"),
            "seconds": round(time.perf_counter() - t_start, 1)}
     for m, lat in latencies.items():
-        out[f"{m}_latency_p50"], out[f"{m}_latency_p95"] = round(_pct(lat, 50), 3), round(_pct(lat, 95), 3)
+        out[f"{m}_latency_p50"], out[f"{m}_latency_p95"] = round(percentile(lat, 50), 3), round(percentile(lat, 95), 3)
     print(json.dumps(out, indent=1))
     (work / "result.json").write_text(json.dumps(out, indent=1))
     ok = out["completed"] == out["requests"] and out["lost_completed"] == 0 and out["stored_twice"] == 0 \

@@ -4,8 +4,9 @@ learned late), and questions stored twice."""
 
 from __future__ import annotations
 
+from redraft.bench.fleet_bench import answers_by_prompt
 from redraft.corpus.online import OnlineCorpus
-from redraft.integrations.vllm_fleet_load import split_lost, stored_answers
+from redraft.integrations.vllm_fleet_load import split_lost
 
 VOCAB = 100
 PROMPTS = [[1, 2, 3], [1, 2, 4], [5]]
@@ -21,8 +22,8 @@ def test_stored_answers_by_question_and_twice(tmp_path):
     assert a.learn([1, 2, 3, 9, 9]) and a.learn([5, 7])
     assert b.learn([5, 8])  # another answer to question 2 from another writer: question 2 stored twice
     a.close(), b.close()
-    texts, counts, problems = stored_answers(tmp_path, PROMPTS, decode)
-    assert texts == {0: {"9 9"}, 2: {"7", "8"}} and counts == {0: 1, 2: 2} and problems == 0
+    texts, counts, problems, n_spans = answers_by_prompt(tmp_path, PROMPTS, decode)
+    assert texts == {0: {"9 9"}, 2: {"7", "8"}} and counts == {0: 1, 2: 2} and problems == 0 and n_spans == 3
 
 
 def test_lost_answers_count_unless_vllm_cut_them_by_length():
