@@ -48,6 +48,7 @@ class RunSizes:
         gen_batch, gen_tokens: answers and padded tokens per generation batch.
         batch_tokens, max_batch, train_vocab, lr, warmup: training batch and loss settings (:class:`TrainConfig`).
         questions, ngen: held-out questions measured and tokens per answer.
+        heldout_questions: estimate questions in the held-out set the checkpoints are scored on (None: all).
     """
 
     data_s: float
@@ -67,6 +68,7 @@ class RunSizes:
     warmup: int
     questions: int
     ngen: int
+    heldout_questions: int | None = None
 
 
 # seconds a full run keeps for exporting and measuring (not scaled with the budget)
@@ -76,15 +78,15 @@ FIXED_S = {"export": 10.0, "measure": 120.0}
 def sizes_for(budget_s: float, *, tiny: bool = False) -> RunSizes:
     """Sizes that end within ``budget_s`` seconds: what the fixed steps leave is split 50% data, 25% per draft.
 
-    ``tiny``: CPU sizes for a test (two self-written questions, 16-token answers, up to 8 steps, 2 questions x
-    12 tokens), whatever the budget.
+    ``tiny``: CPU sizes for a test (two self-written questions, 16-token answers, two held-out questions, up to 8
+    steps, 2 questions x 12 tokens), whatever the budget.
     Raises:
         ValueError: a full run's budget leaves no time for data and training (under 300 s).
     """
     if tiny:
         return RunSizes(data_s=4.0, train_s=4.0, min_steps=4, max_steps=8, calibrate_steps=2, self_questions=2,
                         samples=1, max_new_tokens=16, gen_batch=8, gen_tokens=1024, batch_tokens=256, max_batch=8,
-                        train_vocab=4096, lr=4e-3, warmup=20, questions=2, ngen=12)
+                        train_vocab=4096, lr=4e-3, warmup=20, questions=2, ngen=12, heldout_questions=2)
     left = budget_s - sum(FIXED_S.values())
     if left < 100:
         raise ValueError(f"--budget-s {budget_s:g}: a full run needs at least {sum(FIXED_S.values()) + 100:g} s "
@@ -246,7 +248,8 @@ def gpu_run(loaded, out: str, *, budget_s: float, device: str = "cuda", tiny: bo
     records, heldout, rank, info = build_training_data(
         loaded, data_minutes=sizes.data_s / 60, max_new_tokens=sizes.max_new_tokens, data_dir=work_dir / "data",
         progress=progress, samples=sizes.samples, self_questions=sizes.self_questions, topk=0, command=command,
-        log=log, gen_batch=sizes.gen_batch, gen_tokens=sizes.gen_tokens, min_batches=1)
+        log=log, gen_batch=sizes.gen_batch, gen_tokens=sizes.gen_tokens, min_batches=1,
+        heldout_questions=sizes.heldout_questions)
     phase("data", t1)
     _log(f"data: {info['generated_tokens']} target-generated tokens in {len(records)} records", t0, log)
 

@@ -33,11 +33,13 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
                         text_windows: int = 0, data_dir: str | os.PathLike | None = None, progress: bool = True,
                         samples: int = 8, sample_temperature: float = 0.7, sample_max_prompt: int = 384,
                         self_questions: int = 0, topk: int = 8, command: str | None = None, log=None,
-                        gen_batch: int | None = None, gen_tokens: int | None = None, min_batches: int = 0):
+                        gen_batch: int | None = None, gen_tokens: int | None = None, min_batches: int = 0,
+                        heldout_questions: int | None = None):
     """Build/reuse the training records for ``loaded`` (a LoadedModel); the arguments are
     :func:`redraft.training.train.run_training`'s, plus ``gen_batch`` / ``gen_tokens``: the most answers and padded
     tokens per generation batch (None = the CPU sizes, 32-64 answers and 8-16k tokens; a GPU takes far more), and
-    ``min_batches``: batches of self-question and Spec-Bench answers generated even once the budget is spent.
+    ``min_batches``: batches of self-question and Spec-Bench answers generated even once the budget is spent, and
+    ``heldout_questions``: how many of the estimate questions the held-out set answers (None: all of them).
 
     Returns:
         (records, heldout records, vocabulary ranking LongTensor [vocab], JSON-able data description).
@@ -66,14 +68,16 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
         f"{fp}-L{'_'.join(map(str, layers))}-n{max_new_tokens}")
     meta = {"fingerprint": fp, "layers": layers, "max_new_tokens": max_new_tokens}
     train_store = FeatureStore(root / "train", meta)
-    held_store = FeatureStore(root / "heldout", meta)
+    heldout_ids = ESTIMATE_IDS if heldout_questions is None else ESTIMATE_IDS[:heldout_questions]
+    held_store = FeatureStore(root / "heldout" if heldout_questions is None else root / f"heldout-{len(heldout_ids)}",
+                              meta)
     eos = loaded.eos_token_ids
 
     sizes = {} if gen_batch is None else {"max_batch": gen_batch, "max_tokens": gen_tokens or 16384}
     big = sizes or {"max_batch": 64, "max_tokens": 16384}  # the self-question and sampled sets' batches
 
     t0 = time.perf_counter()
-    build_generation_data(model, tok, held_store, layers, question_ids=ESTIMATE_IDS, max_new_tokens=max_new_tokens,
+    build_generation_data(model, tok, held_store, layers, question_ids=heldout_ids, max_new_tokens=max_new_tokens,
                           eos_ids=eos, **sizes)
     self_store = FeatureStore(root / f"self-k{topk}", {**meta, "topk": topk, "source": "self-questions"}) \
         if self_questions else None
@@ -155,7 +159,7 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
             "questions": len(train_store.done_questions),
             "text_windows": n_text + train_store.index["text_windows"], "self_questions": n_self, "topk": topk,
             "sampled_answers": n_sampled, "sample_temperature": sample_temperature if sample_stores else None,
-            "heldout_questions": ESTIMATE_IDS, "generation_seconds": round(gen_seconds, 1), "command": command,
+            "heldout_questions": heldout_ids, "generation_seconds": round(gen_seconds, 1), "command": command,
             "per_store": {st.root.name: {"tokens": st.index["tokens"], "seconds": round(st.index["seconds"], 1),
                                          "cpu_seconds": round(st.index.get("cpu_seconds", 0.0), 3)}
                           for st in [train_store, *sample_stores, *extra_stores]}, "layers": layers}

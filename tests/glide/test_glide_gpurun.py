@@ -190,6 +190,7 @@ def test_tiny_gpu_run_end_to_end(tmp_path):
     g, v = on_disk["train"]["glide"], on_disk["train"]["vanilla"]
     assert g["steps"] == v["steps"] >= on_disk["sizes"]["min_steps"] and g["tokens"] == v["tokens"] > 0
     assert on_disk["data"]["generated_tokens"] > 0 and on_disk["data"]["answer_tokens_goal"] == 2_000_000
+    assert len(on_disk["data"]["heldout_questions"]) == on_disk["sizes"]["heldout_questions"] == 2
     assert set(on_disk["seconds"]) == {"data", "train", "export", "measure", "total"}
     ck = on_disk["checkpoint"]
     assert ck["within_limit"] and 0 < ck["bytes"] <= 10_000_000
