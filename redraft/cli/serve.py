@@ -29,7 +29,7 @@ from redraft.io.loading import DEFAULT_MODEL_FILE, ModelLoadError, resolve_gguf
 DEFAULT_CAP_TOKENS = 1_000_000
 DEFAULT_PREFIX_CACHE_TOKENS = 16_384
 DEFAULT_MAX_RUNNING = 16
-MAX_RUNNING = 256  # one thread each; beyond a few dozen the step is compute-bound anyway
+MAX_RUNNING = 256  # beyond a few dozen the step is compute-bound anyway
 DEFAULT_MAX_BATCH_TOKENS = 512
 DEFAULT_KV_TOKENS = 32_768  # redraft.server.admission.DEFAULT_KV_TOKENS (not imported here: no torch at parse time)
 
@@ -88,8 +88,8 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=positive, default=256, metavar="N",
                    help="most waiting requests; beyond it a request is answered 429 with Retry-After (default 256)")
     p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=None, metavar="N",
-                   help=f"most requests generating at once, 1..{MAX_RUNNING} (one thread each); their forwards are "
-                        f"batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
+                   help=f"most requests generating at once, 1..{MAX_RUNNING}, all advanced by one scheduler loop; "
+                        f"their forwards are batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
                         f"unbatched; the llama.cpp runtime serves one request at a time: 1 only)")
     p.add_argument("--max-batch-tokens", type=positive, default=None, metavar="N",
                    help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
