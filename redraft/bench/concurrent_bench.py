@@ -47,6 +47,7 @@ class ConcurrentBenchConfig:
             the server under test (``--server-args``). baseline_args: the one-at-a-time server's arguments
             (``--max-running 1`` where the server has that option; empty otherwise, and then both servers are alike).
         prompts: the questions (default: Spec-Bench, every category in turn). timeout: most seconds per run.
+        runtime: concurrent: the runtime both servers run (``redraft serve --runtime``), and the plain reference.
         streams, stream_max_tokens, lead_chunks, prompt_tokens, chunk_tokens, chunk_probes, wait: longprompt:
             decoding streams, their max_tokens, chunks each has before the prompt arrives, its length in tokens,
             the chunk size whose forward is timed, how many such prompts are timed (median), and the most seconds
@@ -60,6 +61,7 @@ class ConcurrentBenchConfig:
     server_args: tuple[str, ...] = ()
     baseline_args: tuple[str, ...] = ("--max-running", "1")
     prompts: tuple[str, ...] | None = None
+    runtime: str = "transformers"
     timeout: float = 1800.0
     streams: int = 4
     stream_max_tokens: int = 96
@@ -128,9 +130,10 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         per_level.append([prompts[(at + i) % len(prompts)] for i in range(c)])
         at += c
     servers = {}
+    runtime = ("--runtime", cfg.runtime) if cfg.runtime != "transformers" else ()
     try:
         for name, args in (("baseline", cfg.baseline_args), ("batched", cfg.server_args)):
-            servers[name] = start_server(f"concurrent-{name}", ["--no-learn", *args])
+            servers[name] = start_server(f"concurrent-{name}", ["--no-learn", *runtime, *args])
         levels = []
         for li, (n, qs) in enumerate(zip(cfg.levels, per_level, strict=True)):
             bodies = [chat_body(q, cfg.max_tokens) for q in qs]
@@ -152,7 +155,7 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
     for lv in levels:
         lv.pop("_texts", None)
     checks = [lv[k] for lv in levels for k in ("identical_to_baseline", "identical_to_plain") if lv.get(k)]
-    return {"max_tokens": cfg.max_tokens, "server_args": list(cfg.server_args),
+    return {"max_tokens": cfg.max_tokens, "runtime": cfg.runtime, "server_args": list(cfg.server_args),
             "baseline_args": list(cfg.baseline_args), "levels": levels,
             "all_identical": all(c["identical"] == c["compared"] and c["compared"] > 0 for c in checks)
             and all(lv["batched"]["errors"] == lv["baseline"]["errors"] == 0 for lv in levels)}
@@ -191,19 +194,20 @@ def concurrent_table(res: dict) -> str:
     return "\n".join(rows)
 
 
-def plain_answers(model: str | None, prompts: Sequence[str], max_tokens: int, threads: int | None = None) -> list[str]:
-    """Plain greedy answers of ``model`` (None = the bundled default) to each prompt as one user message, encoded
-    as the server encodes a chat request and decoded as it decodes one (special tokens skipped): the reference the
-    ``concurrent`` phase compares answers with. Distinct prompts are decoded once each (one token per forward)."""
-    from redraft.compose import plain_engine
-    from redraft.io.loading import load_model
+def plain_answers(model: str | None, prompts: Sequence[str], max_tokens: int, threads: int | None = None,
+                  runtime: str = "transformers") -> list[str]:
+    """Plain greedy answers of ``model`` (None = the bundled default) on ``runtime`` to each prompt as one user
+    message, encoded as the server encodes a chat request and decoded as it decodes one (special tokens skipped):
+    the reference the ``concurrent`` phase compares answers with. Distinct prompts are decoded once each (one token
+    per forward)."""
+    from redraft.compose import load_target, plain_engine
     from redraft.io.prompts import encode_prompt
 
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    loaded = load_model(model, quiet=True)
+    loaded = load_target(model, runtime=runtime, quiet=True, threads=threads)
     engine = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids)
     done: dict[str, str] = {}
     for p in prompts:

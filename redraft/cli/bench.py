@@ -200,7 +200,10 @@ def cmd_bench_serve(args) -> int:
         serve_bench.check_phases(phases)
     except ValueError as e:
         raise SystemExit(f"redraft bench serve: error: {e}") from None
-    concurrent = ConcurrentBenchConfig(
+    if args.runtime != "transformers" and phases != ["concurrent"]:
+        raise SystemExit(f"redraft bench serve: error: --runtime {args.runtime}: only the concurrent phase runs on "
+                         "another runtime (--phases concurrent)")
+    concurrent = ConcurrentBenchConfig(runtime=args.runtime,
         levels=tuple(args.concurrency or (1, 4, 16)), max_tokens=args.concurrent_max_tokens, rounds=args.concurrent_rounds,
         min_requests=args.concurrent_min_requests, server_args=tuple(args.server_args), timeout=args.timeout,
         streams=args.probe_streams, stream_max_tokens=args.probe_max_tokens, prompt_tokens=args.probe_prompt_tokens,
@@ -401,6 +404,9 @@ def register(sub) -> None:
     p.add_argument("--server-args", type=server_args, default=[], metavar="'ARGS'",
                    help="concurrent/longprompt: extra 'redraft serve' arguments of the server under test, one "
                         "quoted string, e.g. '--max-running 16 --max-batch-tokens 512' (default: none, its defaults)")
+    p.add_argument("--runtime", choices=("transformers", "llama.cpp"), default="transformers",
+                   help="concurrent: the runtime both servers run (redraft serve --runtime), and the plain greedy "
+                        "reference (default transformers); with llama.cpp give --server-args '--max-running N'")
     p.add_argument("--no-plain-check", action="store_true",
                    help="concurrent: compare answers with the --max-running 1 server's only, not also with plain "
                         "greedy decoding in this process")

@@ -200,11 +200,11 @@ def check_model_or_exit(spec: str | None) -> None:
 
 
 def load_model_or_exit(spec: str | None, *, dtype: str = "float32", quiet: bool = False,
-                       runtime: str = "transformers", n_ctx: int | None = None) -> LoadedModel:
+                       runtime: str = "transformers", n_ctx: int | None = None, sequences: int = 1) -> LoadedModel:
     """:func:`redraft.compose.load_target` (the model on ``runtime``); a :class:`ModelLoadError` becomes
     ``redraft: error: ...`` and exit 1."""
     try:
-        return load_target(spec, dtype=dtype, quiet=quiet, runtime=runtime, n_ctx=n_ctx)
+        return load_target(spec, dtype=dtype, quiet=quiet, runtime=runtime, n_ctx=n_ctx, sequences=sequences)
     except ModelLoadError as e:
         raise SystemExit(f"redraft: error: {e}") from None
 

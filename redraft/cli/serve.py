@@ -90,7 +90,8 @@ def register(sub) -> None:
     p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=None, metavar="N",
                    help=f"most requests generating at once, 1..{MAX_RUNNING}, all advanced by one scheduler loop; "
                         f"their forwards are batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
-                        f"unbatched; the llama.cpp runtime serves one request at a time: 1 only)")
+                        f"unbatched; on llama.cpp the default is 1, whose cache the next request of the same tenant "
+                        f"starts from, and N > 1 runs N sequences of --n-ctx tokens in one llama.cpp context)")
     p.add_argument("--max-batch-tokens", type=positive, default=None, metavar="N",
                    help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
                         f"chunk of a waiting prompt's prefill; a chunk is never under 32 rows, so a step may "
@@ -146,22 +147,15 @@ def model_id_of(loaded, served_name: str | list[str] | None) -> str:
     return os.path.basename(os.path.normpath(str(loaded.name))) or str(loaded.name)
 
 
-LLAMA_ONE_AT_A_TIME = "the llama.cpp runtime serves one request at a time: --max-running 1"
 
 
 def max_running_of(args) -> int:
-    """``--max-running``, or its default for the runtime: 1 for llama.cpp (one sequence), else
-    :data:`DEFAULT_MAX_RUNNING`.
-
-    Raises:
-        SystemExit: ``--max-running`` above 1 with ``--runtime llama.cpp``.
-    """
+    """``--max-running``, or its default for the runtime: 1 for llama.cpp (one sequence, whose cache the next
+    request of the same tenant starts from), else :data:`DEFAULT_MAX_RUNNING`."""
     given = getattr(args, "max_running", None)
-    if getattr(args, "runtime", "transformers") == "llama.cpp":
-        if given is not None and given > 1:
-            raise _fail(f"--max-running {given}: {LLAMA_ONE_AT_A_TIME}")
-        return 1
-    return DEFAULT_MAX_RUNNING if given is None else given
+    if given is not None:
+        return given
+    return 1 if getattr(args, "runtime", "transformers") == "llama.cpp" else DEFAULT_MAX_RUNNING
 
 
 def check_runtime(args) -> None:
@@ -230,9 +224,12 @@ def build_server(args, loaded=None):
                     "at a time, unbatched)")
     if loaded is None:
         loaded = load_model_or_exit(args.model, dtype=args.dtype, runtime=getattr(args, "runtime", "transformers"),
-                                    n_ctx=getattr(args, "n_ctx", None))
+                                    n_ctx=getattr(args, "n_ctx", None), sequences=args.max_running)
     elif loaded.runtime != getattr(args, "runtime", "transformers"):
         raise ValueError(f"build_server: a {loaded.runtime} model for --runtime {getattr(args, 'runtime', None)}")
+    elif loaded.runtime == "llama.cpp" and loaded.model.n_seq_max < args.max_running:
+        raise ValueError(f"build_server: a llama.cpp context of {loaded.model.n_seq_max} sequences for "
+                         f"--max-running {args.max_running}")
     try:
         corpora = TenantCorpora(tenants.names, args.corpus_dir, vocab_size=loaded.vocab_size,
                                 fingerprint=tokenizer_fingerprint(loaded.tokenizer), cap_tokens=args.cap_tokens,
@@ -241,9 +238,10 @@ def build_server(args, loaded=None):
     except CorporaError as e:
         raise _fail(str(e)) from None
     prefix_cache = None
-    if args.prefix_cache_tokens:  # llama.cpp: the tokens its own cache holds (one sequence), no store of entries
-        prefix_cache = (HeldPrefix(loaded.model, args.prefix_cache_tokens) if loaded.runtime != "transformers"
-                        else PrefixCache(args.prefix_cache_tokens))
+    if args.prefix_cache_tokens and loaded.runtime == "transformers":
+        prefix_cache = PrefixCache(args.prefix_cache_tokens)
+    elif args.prefix_cache_tokens and args.max_running == 1:  # llama.cpp: the tokens its one sequence holds
+        prefix_cache = HeldPrefix(loaded.model, args.prefix_cache_tokens)
     budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
                           batcher=step_batcher(args, loaded),
@@ -263,7 +261,7 @@ def kv_capacity(args, loaded) -> int:
     from redraft.server.admission import default_kv_tokens, kv_bytes_per_token
 
     if loaded.runtime != "transformers":
-        context = loaded.model.max_length
+        context = loaded.model.max_length * loaded.model.n_seq_max  # each sequence's context, all sequences
         if args.kv_tokens is None:
             return context
         if args.kv_tokens < context:
@@ -317,9 +315,15 @@ def kv_memory_bytes(device) -> int | None:
 
 def step_batcher(args, loaded):
     """The step batcher the running requests share (``--max-batch-tokens``), or None with ``--max-running 1``
-    (requests one at a time on a plain target, as without batching)."""
+    (requests one at a time on a plain target, as without batching). On llama.cpp each running request is a
+    sequence of the target's context, batched by llama.cpp (:class:`~redraft.decoding.llamacpp_batching.
+    LlamaStepBatcher`)."""
     if args.max_running <= 1:
         return None
+    if loaded.runtime == "llama.cpp":
+        from redraft.decoding.llamacpp_batching import LlamaStepBatcher
+
+        return LlamaStepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens)
     from redraft.decoding.batching import StepBatcher
 
     return StepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS)
@@ -366,7 +370,12 @@ def cmd_serve(args) -> int:
     prefix = min(args.prefix_cache_tokens, capacity)  # the prefix cache keeps what the KV budget leaves
     note = full_context_note(capacity, server.generator.context_length, args.max_running)
     gib = kv_gib(server)
-    if gib is None:  # llama.cpp: one sequence in its own cache
+    if gib is None and args.max_running > 1:  # llama.cpp: a sequence of its context per running request
+        prefix_text = f"{server.generator.runtime}'s own with --max-running 1 only"
+        prefix = 0
+        kv_text = (f"KV {capacity:,} tokens in {server.generator.runtime}'s own cache ({args.max_running} "
+                   f"sequences of --n-ctx {server.generator.context_length:,})")
+    elif gib is None:  # llama.cpp: one sequence in its own cache
         prefix_text = f"{server.generator.runtime}'s own (the previous request's tokens, same tenant)"
         kv_text = f"KV {capacity:,} tokens in {server.generator.runtime}'s own cache (--n-ctx)"
     else:

@@ -26,7 +26,8 @@ LLAMA_N_CTX = 4096  # llama.cpp context tokens by default (the bundled model's t
 
 
 def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transformers", dtype: str = "float32",
-                quiet: bool = False, n_ctx: int | None = None, threads: int | None = None) -> LoadedModel:
+                quiet: bool = False, n_ctx: int | None = None, threads: int | None = None,
+                sequences: int = 1) -> LoadedModel:
     """Load the target model and its tokenizer on ``runtime``.
 
     Args:
@@ -35,7 +36,8 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
             ``llama`` extra must be installed).
         dtype: transformers weight dtype (llama.cpp runs the file's own quantization and refuses another dtype).
         n_ctx: llama.cpp context length in tokens (default LLAMA_N_CTX); threads: llama.cpp CPU threads (default
-            ``torch.get_num_threads()``, the thread count transformers would use).
+            ``torch.get_num_threads()``, the thread count transformers would use); sequences: llama.cpp sequences
+            in its context (``n_seq_max``; each of ``n_ctx`` tokens), one per request a server runs at once.
 
     On llama.cpp, torch is left one intra-op thread (``torch.set_num_threads(1)``, process-wide): torch then only
     post-processes a step's logits, and its OpenMP workers, which spin after each parallel op on a [rows, vocab]
@@ -59,7 +61,8 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
     try:
         import torch
 
-        target = LlamaCppTarget(path, n_ctx=n_ctx or LLAMA_N_CTX, n_threads=threads or torch.get_num_threads())
+        target = LlamaCppTarget(path, n_ctx=n_ctx or LLAMA_N_CTX, n_threads=threads or torch.get_num_threads(),
+                                n_seq_max=sequences)
     except LlamaCppError as e:
         raise ModelLoadError(str(e)) from e
     torch.set_num_threads(1)

@@ -101,7 +101,7 @@ class LlamaCppTarget(Target):
     dtype = torch.float32
 
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512) -> None:
+                 n_batch: int = 512, n_seq_max: int = 1) -> None:
         lib = import_llama_cpp()
         self.path = Path(gguf)
         if not self.path.is_file():
@@ -116,9 +116,17 @@ class LlamaCppTarget(Target):
         threads = int(n_threads or os.cpu_count() or 1)
         self.n_batch = int(min(n_batch, n_ctx))
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch = int(n_ctx), self.n_batch, self.n_batch
+        self.n_seq_max = int(n_seq_max)
+        if self.n_seq_max < 1:
+            raise ValueError(f"n_seq_max must be >= 1, got {n_seq_max}")
+        # several sequences: one KV stream each (kv_unified off), so each sequence's cells lie in position order
+        # from cell 0, as in a context of its own: its attention sums run in plain decoding's order
+        cparams.n_ctx = int(n_ctx) * self.n_seq_max
+        cparams.n_batch = cparams.n_ubatch = self.n_batch
         cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = self.n_seq_max
+        if self.n_seq_max > 1:
+            cparams.kv_unified = False
         cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as llama-cpp-python's Llama sets it
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -128,12 +136,15 @@ class LlamaCppTarget(Target):
         self.cache = self._mem  # never None: the step loop resets a target whose cache is None
         self._vocab = lib.llama_model_get_vocab(self._model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
-        self.max_length = int(lib.llama_n_ctx(self._ctx))
+        self.max_length = int(lib.llama_n_ctx(self._ctx)) // self.n_seq_max  # each sequence's own context
         self.n_threads = threads
         buf = ctypes.create_string_buffer(256)
         lib.llama_model_desc(self._model, buf, 256)
         self.description = buf.value.decode(errors="replace")
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.seq = 0  # this target's sequence id in the context (other ids: :meth:`view`)
+        self._owner: LlamaCppTarget | None = None  # the target that owns the model and context (None: this one)
+        self._on_release = None
         self.length = 0
         self.ids: list[int] = []  # the tokens the KV cache holds, in order
         self.solo_depth = 0
@@ -143,8 +154,11 @@ class LlamaCppTarget(Target):
     # -- the Target interface ---------------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Drop the whole KV cache (start of a new sequence)."""
-        self._lib.llama_memory_clear(self._mem, True)
+        """Drop this sequence's whole KV cache (start of a new sequence)."""
+        if self.n_seq_max == 1:
+            self._lib.llama_memory_clear(self._mem, True)
+        else:
+            self._lib.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
         self.length = 0
         self.ids = []
 
@@ -179,11 +193,11 @@ class LlamaCppTarget(Target):
                 batch.token[j] = int(tok)
                 batch.pos[j] = self.length + j
                 batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
+                batch.seq_id[j][0] = self.seq
                 batch.logits[j] = start + j >= first_out
             rc = lib.llama_decode(self._ctx, batch)
             if rc != 0:
-                self._lib.llama_memory_seq_rm(self._mem, 0, self.length, -1)
+                self._lib.llama_memory_seq_rm(self._mem, self.seq, self.length, -1)
                 raise LlamaCppError(f"llama_decode returned {rc} on {len(chunk)} tokens at position {self.length}")
             self.length += len(chunk)
             self.ids.extend(int(t) for t in chunk)
@@ -196,7 +210,7 @@ class LlamaCppTarget(Target):
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (``llama_memory_seq_rm`` of the rest)."""
         if length < self.length:
-            if not self._lib.llama_memory_seq_rm(self._mem, 0, int(length), -1):
+            if not self._lib.llama_memory_seq_rm(self._mem, self.seq, int(length), -1):
                 raise LlamaCppError(f"llama.cpp could not drop KV positions {length}.. of the sequence")
             self.length = int(length)
             del self.ids[length:]
@@ -253,6 +267,40 @@ class LlamaCppTarget(Target):
         self.reset()
         return bool(torch.equal(batch, single))
 
+    # -- several sequences in one context ----------------------------------------------------------------------
+
+    def view(self, seq: int, on_release=None) -> LlamaCppTarget:
+        """A target on sequence ``seq`` of this context (0 <= seq < ``n_seq_max``): the same model, context and
+        batch, its own tokens. It starts empty; :meth:`release` empties it and calls ``on_release(seq)``. Views are
+        advanced by one thread (a step loop), never concurrently.
+
+        Raises:
+            ValueError: ``seq`` outside 0..n_seq_max - 1.
+        """
+        if not 0 <= seq < self.n_seq_max:
+            raise ValueError(f"view: sequence {seq} outside 0..{self.n_seq_max - 1}")
+        owner = self._owner or self
+        v = object.__new__(LlamaCppTarget)
+        v.__dict__.update({k: val for k, val in owner.__dict__.items() if k not in ("ids", "length", "solo_depth")})
+        v.seq, v._owner, v._on_release, v._released = int(seq), owner, on_release, False
+        v.ids, v.length, v.solo_depth = [], 0, 0
+        v.last_forward_plain, v.carried_rows = True, 1
+        v.reset()
+        return v
+
+    def release(self) -> None:
+        """This sequence ended: drop its KV entries and hand its id back (``on_release`` of :meth:`view`). A view
+        is released once (its id may already serve another request); the context's own target only empties."""
+        if self._owner is None:
+            self.reset()
+            return
+        if self._released:
+            return
+        self.reset()
+        self._released = True
+        if self._on_release is not None:
+            self._on_release(self.seq)
+
     # -- llama.cpp's own facts -------------------------------------------------------------------------------------
 
     def is_eog(self, token: int) -> bool:
@@ -268,9 +316,13 @@ class LlamaCppTarget(Target):
         return self._lib.llama_vocab_get_text(self._vocab, int(token)).decode(errors="replace")
 
     def close(self) -> None:
-        """Free the context, the batch and the model (idempotent)."""
+        """Free the context, the batch and the model (idempotent); a view (:meth:`view`) only releases its
+        sequence."""
         lib = getattr(self, "_lib", None)
         if lib is None:
+            return
+        if getattr(self, "_owner", None) is not None:
+            self.release()
             return
         if getattr(self, "_batch", None) is not None:
             lib.llama_batch_free(self._batch)
@@ -283,5 +335,59 @@ class LlamaCppTarget(Target):
             self._model = None
 
     def __del__(self) -> None:
+        if getattr(self, "_owner", None) is not None:
+            return  # a view: the owner frees the context; its sequence was released when its request ended
         with contextlib.suppress(Exception):
             self.close()
+
+def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> list[torch.Tensor]:
+    """ONE ``llama_decode`` over several sequences' new tokens (llama.cpp's multi-sequence batch), each token under
+    its own sequence id at its sequence's next positions.
+
+    Args:
+        parts: per sequence, (its target, a view of one shared context; the token ids to append, S >= 1; n_logits,
+            the trailing rows that get an output row, 1..S). Distinct sequences; their tokens fit one batch
+            (``n_batch``).
+    Returns:
+        per part, FloatTensor [n_logits, vocab] (float32, CPU).
+    Raises:
+        ValueError: the parts do not share one context, repeat a sequence, overflow the batch or a context, or ask
+            for n_logits outside 1..S.
+        LlamaCppError: ``llama_decode`` failed (every sequence is left as it was).
+    """
+    first = parts[0][0]
+    owner = first._owner or first
+    total = sum(len(ids) for _, ids, _ in parts)
+    if len({t.seq for t, _, _ in parts}) != len(parts) or any((t._owner or t) is not owner for t, _, _ in parts):
+        raise ValueError("decode_together: the parts must be distinct sequences of one context")
+    if total > owner.n_batch:
+        raise ValueError(f"decode_together: {total} tokens exceed the batch of {owner.n_batch}")
+    lib, batch, j = owner._lib, owner._batch, 0
+    for t, ids, n_logits in parts:
+        if not 1 <= n_logits <= len(ids):
+            raise ValueError(f"decode_together: n_logits={n_logits} outside 1..{len(ids)} fed tokens")
+        if t.length + len(ids) > t.max_length:
+            raise ValueError(f"decode_together: {t.length} cached + {len(ids)} new tokens exceed n_ctx={t.max_length}")
+        for i, tok in enumerate(ids):
+            batch.token[j] = int(tok)
+            batch.pos[j] = t.length + i
+            batch.n_seq_id[j] = 1
+            batch.seq_id[j][0] = t.seq
+            batch.logits[j] = i >= len(ids) - n_logits
+            j += 1
+    batch.n_tokens = total
+    rc = lib.llama_decode(owner._ctx, batch)
+    if rc != 0:
+        for t, _, _ in parts:
+            lib.llama_memory_seq_rm(owner._mem, t.seq, t.length, -1)
+        raise LlamaCppError(f"llama_decode returned {rc} on a batch of {total} tokens over {len(parts)} sequences")
+    n_out = sum(n for _, _, n in parts)
+    flat = np.ctypeslib.as_array(lib.llama_get_logits(owner._ctx), shape=(n_out * owner.vocab_size,))
+    rows = torch.from_numpy(flat.copy().reshape(n_out, owner.vocab_size))
+    out, at = [], 0
+    for t, ids, n_logits in parts:
+        out.append(rows[at:at + n_logits])
+        at += n_logits
+        t.length += len(ids)
+        t.ids.extend(int(x) for x in ids)
+    return out

@@ -54,7 +54,7 @@ class PrefixKV:
 
 class Target:
     """The interface every target implements (the engine, exact mode and the step loop use nothing else):
-    ``reset``, ``forward``, ``crop``, ``keep``, ``seed``, ``snapshot``, ``solo`` and ``verified_kv`` as
+    ``reset``, ``forward``, ``crop``, ``keep``, ``seed``, ``snapshot``, ``solo``, ``release`` and ``verified_kv`` as
     :class:`HFTarget` documents them, and the attributes ``length``, ``vocab_size``, ``max_length``, ``dtype``,
     ``numerics`` (the key of the runtime's measured noise in ``defaults.EXACT_ROW_NOISE``/``EXACT_GAP_NOISE``),
     ``chain_only`` (True: the engine verifies chains only), ``last_forward_plain``, ``carried_rows`` and
@@ -65,6 +65,11 @@ class Target:
     last_forward_plain = True
     carried_rows = 1
     solo_depth = 0
+
+    def release(self) -> None:
+        """The sequence ended: free its KV entries at once (a prefix-cache entry keeps its own views)."""
+        self.cache = None
+        self.length = 0
 
     @contextlib.contextmanager
     def solo(self):

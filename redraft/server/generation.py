@@ -101,7 +101,8 @@ class Generator:
     Args:
         loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids). A model that is already a
             :class:`~redraft.decoding.target.Target` (the llama.cpp runtime's) is the one target every request
-            uses: requests must then run one at a time (no ``batcher``; :attr:`one_at_a_time`).
+            uses, one request at a time (:attr:`one_at_a_time`), unless a ``batcher`` gives each request a sequence
+            of its context (:class:`~redraft.decoding.llamacpp_batching.LlamaStepBatcher`).
         corpora: the tenants' learned corpora and the shared corpus.
         config: how requests draft (:class:`~redraft.compose.SpeculationConfig`; default: the policy, n-gram
             drafts, exact mode, as ``redraft run``). Its ``corpus`` path is ignored: ``corpora`` are the corpora.
@@ -121,8 +122,6 @@ class Generator:
     Attributes:
         model, tokenizer, eos: the loaded model's. policies: tenant -> the tenant's policy (what it learned).
         shared: the one target of a runtime that runs one sequence, else None (a target per request).
-    Raises:
-        ValueError: a ``batcher`` for a model that is a shared target.
     """
 
     def __init__(self, loaded, corpora: TenantCorpora, config: SpeculationConfig | None = None,
@@ -132,11 +131,10 @@ class Generator:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.eos = sorted(loaded.eos_token_ids)
-        self.shared: Target | None = loaded.model if isinstance(loaded.model, Target) else None
-        if self.shared is not None and batcher is not None:
-            raise ValueError(f"the {self.shared.runtime} target runs one sequence: no step batcher")
+        runtime_target = loaded.model if isinstance(loaded.model, Target) else None
+        self.shared: Target | None = runtime_target if batcher is None else None
         # vocabulary, context, dtype: never forwards (requests own targets, or share the one target)
-        self.facts = self.shared if self.shared is not None else HFTarget(loaded.model)
+        self.facts = runtime_target if runtime_target is not None else HFTarget(loaded.model)
         self._holder: str | None = None  # the tenant whose tokens the shared target holds
         self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
         self.prefix_cache, self.budget, self.batcher = prefix_cache, budget, batcher
@@ -345,8 +343,6 @@ def close_target(target: Target, shared: bool = False) -> None:
     """Free a request's KV entries at once (a prefix-cache entry keeps its own views). A ``shared`` target (one
     sequence every request runs on, :attr:`Generator.shared`) keeps its cache: the next request of the same tenant
     starts from it, and :meth:`Generator.new_target` empties it for another tenant."""
-    if shared:
-        return
-    target.cache = None
-    target.length = 0
+    if not shared:
+        target.release()
 

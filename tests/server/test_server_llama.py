@@ -61,13 +61,11 @@ def plain_text(loaded, ids: list[int], n: int = N) -> str:
 
 # ---- flags: refused before anything slow -----------------------------------------------------------------------------
 
-def test_llama_refuses_more_than_one_running():
-    from redraft.cli.serve import build_server, max_running_of
+def test_llama_runs_one_request_at_a_time_unless_asked():
+    from redraft.cli.serve import max_running_of
 
-    with pytest.raises(SystemExit, match=r"--max-running 4: the llama.cpp runtime serves one request at a time: "
-                                         r"--max-running 1"):
-        build_server(serve_args("--max-running", "4"))  # no model handed over: the check comes before the load
     assert max_running_of(serve_args()) == 1 == max_running_of(serve_args("--max-running", "1"))
+    assert max_running_of(serve_args("--max-running", "4")) == 4
 
 
 def test_llama_refuses_a_model_directory(tmp_path):
@@ -84,11 +82,11 @@ def test_llama_flag_errors_from_the_command_line(tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "redraft", "serve", "--runtime", "llama.cpp", "--max-running", "4",
-                          "--port", "0"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "redraft", "serve", "--runtime", "llama.cpp", "--dtype", "float16",
+                          "--max-running", "4", "--port", "0"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1] == ("redraft serve: error: --max-running 4: the llama.cpp runtime "
-                                                   "serves one request at a time: --max-running 1")
+    assert out.stderr.strip().splitlines()[-1].startswith("redraft serve: error: --dtype float16: the llama.cpp "
+                                                          "runtime runs the GGUF file's own quantization")
     assert "Traceback" not in out.stderr
 
 
@@ -188,3 +186,33 @@ def test_llama_server_decodes_again_from_its_held_prefix_per_tenant(llama, sessi
         metrics = httpx.get(srv.base + "/metrics", timeout=60).text
         hits = [line for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_hits_total")]
         assert [float(line.split()[-1]) for line in hits] == [len(ids) - 1]
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_llama_server_batches_requests_as_sequences_of_one_context(llama, session_cache):
+    """``--max-running 3``: three requests at once, each a sequence of one llama.cpp context batched into one
+    ``llama_decode`` per step; every answer is plain decoding's (on a context of one sequence)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from redraft.compose import load_target
+
+    prompts = [PROMPT, "Write a haiku about the sea.", "Name three kinds of trees."]
+    want = [plain_text(llama, llama.tokenizer(p)["input_ids"], 32) for p in prompts]
+    three = load_target(None, runtime="llama.cpp", n_ctx=N_CTX, threads=THREADS, quiet=True, sequences=3)
+    with live_server(serve_args("--max-running", "3", "--no-answer-cache"), three) as srv:
+        assert srv.server.scheduler.max_running == 3 and srv.server.generator.prefix_cache is None
+        client, model = srv.client(), srv.server.model_id
+
+        def ask(prompt):
+            return client.completions.create(model=model, prompt=prompt, max_tokens=32, temperature=0)
+
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(ask, prompts * 2))
+        assert [g.choices[0].text for g in got] == want * 2
+        batcher = srv.server.generator.batcher
+        assert batcher.packed_steps > 0  # steps carried several sequences
+        assert sorted(batcher.free) == [0, 1, 2]
+    with pytest.raises(ValueError, match="context of 1 sequences for --max-running 3"):
+        with live_server(serve_args("--max-running", "3"), llama):
+            pass
