@@ -12,19 +12,53 @@ under speculation), the rest with the finishing chunk, so the chunks' entries pu
 
 Every output token is listed, an ending EOS included (vLLM does the same; lm-evaluation-harness' loglikelihood
 requests rely on the one generated token being the last entry). Token text is each id decoded alone (a piece of a
-multi-byte character decodes to U+FFFD); ``bytes`` are that text's UTF-8 bytes. ``text_offset`` is the character
-offset of each token in the text of the tokens before it, decoded together.
+multi-byte character decodes to U+FFFD, as vLLM shows it); ``bytes`` are the token's own bytes (:func:`token_bytes`),
+so a client joins the bytes of consecutive tokens into the characters they split, as OpenAI's field is meant for.
+``text_offset`` is the character offset of each token in the text of the tokens before it, decoded together.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 
 from redraft.decoding.logprobs import TokenLogprob
 
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
 
 def _piece(tokenizer, token: int) -> str:
     return tokenizer.decode([int(token)], skip_special_tokens=False)
+
+
+@functools.cache
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> the byte it stands for (transformers' own table)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def token_bytes(tokenizer, token: int) -> list[int]:
+    """The bytes one token stands for (OpenAI's ``bytes`` field).
+
+    A token whose text decodes alone is that text's UTF-8 bytes. A piece of a multi-byte character (its text alone
+    is U+FFFD) is read from the vocabulary entry instead: a byte-fallback token ``<0xNN>`` (SentencePiece) is that
+    byte, a byte-level BPE token (GPT-2's alphabet) the bytes its characters stand for; any other keeps the UTF-8
+    bytes of its text.
+    """
+    text = _piece(tokenizer, token)
+    if "\ufffd" not in text:
+        return list(text.encode("utf-8"))
+    entry = tokenizer.convert_ids_to_tokens(int(token))
+    if isinstance(entry, str):
+        if m := _BYTE_FALLBACK.fullmatch(entry):
+            return [int(m.group(1), 16)]
+        table = _byte_level_table()
+        if entry and all(c in table for c in entry):
+            return [table[c] for c in entry]
+    return list(text.encode("utf-8"))
 
 
 def _top(tokenizer, e: TokenLogprob) -> dict[str, float]:
@@ -104,8 +138,7 @@ class StreamedCompletionLogprobs:
 def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
     """The chat ``logprobs`` object: ``{"content": [...], "refusal": None}``, one item per output token."""
     def item(token: int, lp: float) -> dict:
-        text = _piece(tokenizer, token)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        return {"token": _piece(tokenizer, token), "logprob": lp, "bytes": token_bytes(tokenizer, token)}
 
     return {"content": [{**item(e.token, e.logprob),
                          "top_logprobs": [item(t, lp) for t, lp in zip(e.top_ids, e.top_logprobs, strict=True)]}

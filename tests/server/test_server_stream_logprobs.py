@@ -110,3 +110,39 @@ def test_streamed_logprobs_of_an_answer_cache_hit_are_the_stored_ones(cached):
     again = client.chat.completions.create(**chat_kw(cached))  # a non-streamed hit: the same entries
     assert again.model_extra["redraft"]["answer_cache_hit"]
     assert_chat_entries(again.choices[0].logprobs.content, whole.choices[0].logprobs.content, exact=True)
+
+
+# ---- the bytes of a token that splits a character (no server) -------------------------------------------------------
+
+def test_token_bytes_join_into_the_characters_tokens_split():
+    """A byte-level BPE tokenizer splits an emoji or a CJK character over tokens that decode alone to U+FFFD: their
+    ``bytes`` are the raw bytes, which join into the text's UTF-8 (OpenAI's field); whole tokens keep their text's."""
+    from grammarkit import bpe_tokenizer
+
+    from redraft.server.logprobs import chat_logprobs, token_bytes
+
+    tok = bpe_tokenizer()
+    text = 'Pizza: "🍕", 中文 and ok'
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert any("\ufffd" in tok.decode([t]) for t in ids)  # some token is a piece of a character
+    assert b"".join(bytes(token_bytes(tok, t)) for t in ids) == text.encode("utf-8")
+    assert all(token_bytes(tok, t) == list(tok.decode([t]).encode()) for t in ids if "\ufffd" not in tok.decode([t]))
+    from redraft.decoding.logprobs import TokenLogprob
+
+    entries = [TokenLogprob(token=t, logprob=-0.5, top_ids=[t], top_logprobs=[-0.5]) for t in ids]
+    content = chat_logprobs(tok, entries)["content"]
+    assert b"".join(bytes(c["bytes"]) for c in content) == text.encode("utf-8")
+    assert all(c["top_logprobs"][0]["bytes"] == c["bytes"] for c in content)
+
+
+def test_token_bytes_of_a_byte_fallback_token():
+    from redraft.server.logprobs import token_bytes
+
+    class Fallback:  # a SentencePiece vocabulary with byte fallback: <0xF0> is one byte
+        def decode(self, ids, skip_special_tokens=False):
+            return "\ufffd" if ids == [7] else "ok"
+
+        def convert_ids_to_tokens(self, token):
+            return "<0xF0>" if token == 7 else "ok"
+
+    assert token_bytes(Fallback(), 7) == [0xF0] and token_bytes(Fallback(), 8) == list(b"ok")
