@@ -4,8 +4,8 @@
 
 - ``{"type": "text"}`` (default): free text.
 - ``{"type": "json_object"}``: the answer is one JSON object.
-- ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}``: the answer is one JSON
-  value valid under ``schema``. redraft always enforces the schema (``strict: false`` is enforced too: a grammar
+- ``{"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?, "description"?}}``: the answer is one JSON
+  value valid under ``schema`` (``name`` is required, as OpenAI requires it; without ``schema``, any JSON value). redraft always enforces the schema (``strict: false`` is enforced too: a grammar
   costs nothing extra and an answer that does not validate helps nobody).
 
 ``tool_choice`` ``required`` or a named function compiles the tool-call format's grammar (one call or, with
@@ -54,7 +54,10 @@ def parse_response_format(value) -> ResponseFormat | None:
         raise APIError(400, "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"}",
                        param="response_format.json_schema")
     check_fields(spec, ("name", "description", "schema", "strict"), {}, "response_format.json_schema.")
-    name = spec.get("name", "response")
+    if "name" not in spec:  # required, as OpenAI and vLLM require it
+        raise APIError(400, "'response_format.json_schema.name' is required: the schema's name, a non-empty string",
+                       param="response_format.json_schema.name")
+    name = spec["name"]
     if not isinstance(name, str) or not name:
         raise APIError(400, "'response_format.json_schema.name' must be a non-empty string",
                        param="response_format.json_schema.name")

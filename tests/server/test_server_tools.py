@@ -156,6 +156,9 @@ def test_grammar_drafts_do_not_change_answers(bpe_dir, bpe_loaded, live):
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
      "tool call"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format.json_schema.name", "required"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name",
+     "required"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
      "response_format.json_schema.schema", "schema object"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
