@@ -163,14 +163,15 @@ class Server:
             max_tokens = room if default is None else min(default, room)
             if budget is not None:
                 max_tokens = min(max_tokens, budget.capacity - len(ids))
+        shown = max_tokens if max_tokens < 10**12 else f"{float(max_tokens):.3g}"  # 1e308 is sent as a 309-digit int
         if max_tokens > room:
             where = f"this model's context of {ctx} tokens" if ctx else f"the limit of {NO_CONTEXT_LIMIT} tokens"
-            raise APIError(400, f"'{field}' {max_tokens} is too large: the prompt's {tokens(len(ids))} plus "
-                                f"{max_tokens} exceed {where} (at most {room} here)", param=field,
+            raise APIError(400, f"'{field}' {shown} is too large: the prompt's {tokens(len(ids))} plus "
+                                f"{shown} exceed {where} (at most {room} here)", param=field,
                            code="context_length_exceeded")
         if budget is not None and not budget.fits_ever(len(ids) + max_tokens):
-            raise APIError(400, f"'{field}' {max_tokens} is too large: the prompt's {tokens(len(ids))} plus "
-                                f"{max_tokens} exceed this server's KV capacity of {budget.capacity} tokens (at most "
+            raise APIError(400, f"'{field}' {shown} is too large: the prompt's {tokens(len(ids))} plus "
+                                f"{shown} exceed this server's KV capacity of {budget.capacity} tokens (at most "
                                 f"{budget.capacity - len(ids)} here)", param=field,
                            code="context_length_exceeded")
         sampling = req.sampling

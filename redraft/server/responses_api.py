@@ -176,7 +176,10 @@ def add_routes(app: FastAPI, server) -> None:
             if e.param == "max_tokens":
                 e.param, e.message = "max_output_tokens", e.message.replace("max_tokens", "max_output_tokens")
             elif e.param == "messages":  # the conversation: instructions, previous responses and input
-                e.param, e.message = "input", e.message.replace("the messages encode", "the input encodes")
+                e.param = "input"
+                e.message = e.message.replace("the messages encode", "the input encodes").replace(
+                    "'messages' is empty: send at least one message", "'input' is empty: send text or at least one "
+                    "message")
             raise
         job = Job(tenant=tenant, payload=work, loop=asyncio.get_running_loop(), kv_tokens=work.kv_tokens)
         request.state.job = job  # for the access log

@@ -66,6 +66,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "t05", "max_tokens": 0, "echo": True, "logprobs": -1}, 400, "logprobs", "between"),
     (CHAT, {"messages": OK_CHAT, "max_completion_tokens": 0}, 400, "max_completion_tokens", "at least 1"),
     (COMPLETIONS, {"prompt": "t05", "max_tokens": 10 ** 9}, 400, "max_tokens", f"context of {CONTEXT}"),
+    (COMPLETIONS, b'{"prompt": "t05", "max_tokens": 1e308}', 400, "max_tokens", "'max_tokens' 1e+308 is too large"),
     (COMPLETIONS, {"prompt": words([5] * (CONTEXT + 10)), "max_tokens": 1}, 400, "prompt", f"context is {CONTEXT}"),
     (CHAT, {"messages": [{"role": "user", "content": words([5] * CONTEXT)}]}, 400, "messages", str(CONTEXT)),
     (COMPLETIONS, {"prompt": "t05", "model": "no-such-model"}, 404, "model", "does not exist"),

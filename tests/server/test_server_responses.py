@@ -80,8 +80,11 @@ def test_streamed_events(live):
     ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
     ({"input": "t05", "max_output_tokens": 10 ** 6}, "max_output_tokens"),  # beyond the context: named as sent
     ({"input": words([5] * 1000)}, "input"),  # over the 640-token context
+    ({"input": []}, "input"),
 ])
 def test_bad_requests_are_400(live, body, param):
     r = httpx.post(live.url + "/responses", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+    if body.get("input") == []:
+        assert r.json()["error"]["message"].startswith("'input' is empty")
