@@ -64,6 +64,12 @@ def compare(questions: list[dict], plain_results: list, spec_results: list) -> t
     return rows, total
 
 
+LEGEND = "\n".join((
+    "fwd: forwards of plain greedy decoding (one per token); fwd+d: forwards with drafts; tok/fwd: tokens per",
+    "forward with drafts; accept: drafted tokens accepted; tok/s, tok/s+d: tokens/s without and with drafts",
+    "(wall time: it swings with the machine's load); speedup: their ratio; same: ids identical to plain greedy"))
+
+
 def format_table(title: str, rows: list[dict], total: dict) -> str:
     """A plain-text table: one row per question and a total row."""
     head = (f"{'q':>5} {'tokens':>6} {'fwd':>5} {'fwd+d':>5} {'tok/fwd':>7} {'accept':>6} "
@@ -137,6 +143,7 @@ def run_demo(args) -> int:
         report["other"] = {"rows": other_rows, "total": other_total}
         print()
         print(format_table(f"Other questions: {len(other_rows)} not in the corpus", other_rows, other_total))
+    print(f"\n{LEGEND}")
     if args.json:
         write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
