@@ -22,9 +22,17 @@ from redraft.cli.common import add_threads_arg
 COMMANDS = (run, freeze, serve, demo, oracle, glide, corpus, bench)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with bad arguments told in one line, ``PROG: error: MESSAGE (see PROG --help)``, exit status 2,
+    instead of the usage block first (sub-command parsers are of the same class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``redraft`` parser with every command registered; each parsed command sets ``func(args) -> int``."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="redraft", epilog="On a machine shared with other heavy processes, --threads 1 (or OMP_NUM_THREADS=1) "
                                "is often several times faster than torch's default of one thread per core.",
         description="Lossless speculative decoding for Hugging Face causal LMs: drafts from a frozen corpus of "

@@ -180,7 +180,7 @@ def test_write_outputs(results, tmp_path):
 def test_write_outputs_failing_midway_leaves_no_partial_file(results, tmp_path, monkeypatch):
     """results.json, results.md and the plots are each written whole or not at all: a full disk midway leaves the
     earlier run's files as they were and no temporary file."""
-    from test_atomic import fail_midway, leftovers
+    from atomickit import fail_midway, leftovers
 
     results = dict(results, command="redraft bench run --test", model={"name": "tiny", "dtype": "float32"})
     out = tmp_path / "out"

@@ -120,7 +120,9 @@ def test_bad_arguments_exit_2(capsys, argv, msg):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    assert msg in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1, err  # one line, no usage block
+    assert err.startswith("redraft") and "--help)" in err
 
 
 @pytest.mark.parametrize("argv,threads", [(["--threads", "2", "bench", "run"], 2), (["bench", "run", "--threads", "3"], 3),

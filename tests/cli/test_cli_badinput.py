@@ -330,7 +330,7 @@ def test_stop_string_ends_the_output_before_it(tiny_model_dir, capsys):
 # ---- freeze into a binary corpus is atomic ---------------------------------------------------------------------------
 
 def test_freeze_into_a_binary_corpus_failing_midway_keeps_it(tiny_model_dir, capsys, tmp_path, monkeypatch):
-    from test_atomic import fail_corpus_writes, leftovers
+    from atomickit import fail_corpus_writes, leftovers
 
     d, _ = tiny_model_dir
     path = tmp_path / "c.rdc"

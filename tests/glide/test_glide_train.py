@@ -202,7 +202,7 @@ def test_checkpoint_write_failing_midway_keeps_the_old_checkpoint(tiny, tmp_path
     """A checkpoint file is replaced whole or not at all (temporary file + rename): a full disk while writing the
     weights or glide.json leaves the previous checkpoint loadable and no temporary file behind."""
     import safetensors.torch
-    from test_atomic import disk_full, fail_midway, leftovers
+    from atomickit import disk_full, fail_midway, leftovers
 
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config))
     save_draft(tmp_path, draft, tiny, training={"steps": 1})

@@ -4,7 +4,7 @@ glide eval JSON, training state, the policy's cost-curve cache), writers that ta
 checkpoints, through :func:`redraft.io.atomic.atomic_path`), and corpus files (binary and text, the corpus tools).
 
 The GliDe checkpoint, the bench outputs and ``freeze`` into a binary corpus are covered beside their features
-(test_glide_train.py, test_bench.py, test_cli_badinput.py) with :func:`fail_midway`."""
+(test_glide_train.py, test_bench.py, test_cli_badinput.py) with the helpers of tests/atomickit.py."""
 
 from __future__ import annotations
 
@@ -14,31 +14,11 @@ import os
 import pathlib
 
 import pytest
+from atomickit import disk_full, fail_corpus_writes, fail_midway, leftovers
 
 from redraft.corpus import Corpus, CorpusError, load_corpus
-from redraft.corpus import format as corpus_format
 from redraft.corpus.tools import append_to_corpus, compact_corpus
 from redraft.io import atomic
-
-
-def disk_full() -> OSError:
-    return OSError(errno.ENOSPC, "No space left on device")
-
-
-def fail_midway(monkeypatch):
-    """Make ``Path.write_text`` write half of its text, then fail as a full disk would."""
-    real = pathlib.Path.write_text
-
-    def half(self, data, *args, **kwargs):
-        real(self, data[:len(data) // 2], *args, **kwargs)
-        raise disk_full()
-
-    monkeypatch.setattr(pathlib.Path, "write_text", half)
-
-
-def leftovers(directory) -> list[str]:
-    """Names in ``directory`` that look like temporary files of an atomic write."""
-    return sorted(n for n in os.listdir(directory) if ".tmp" in n)
 
 
 def test_write_json_failing_midway_keeps_the_old_file(tmp_path, monkeypatch):
@@ -104,38 +84,6 @@ def test_cost_curve_cache_failing_midway_keeps_the_old_cache(tmp_path, monkeypat
     with pytest.warns(RuntimeWarning, match="not written"):
         assert not save_curve(path, {"k": 2}, CostCurve((0, 1, 2), (1.0, 1.5, 2.0)))
     assert path.read_text() == before and leftovers(tmp_path) == []
-
-
-class FailingFile:
-    """A file object whose writes fail once ``budget`` bytes were written (a disk filling up mid-write)."""
-
-    def __init__(self, f, budget: int, error) -> None:
-        self.f, self.budget, self.error = f, budget, error
-
-    def write(self, data):
-        if len(data) > self.budget:
-            self.f.write(data[:self.budget])
-            raise self.error()
-        self.budget -= len(data)
-        return self.f.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()
-
-
-def fail_corpus_writes(monkeypatch, budget: int = 40, error=disk_full) -> None:
-    """Corpus files opened for writing by redraft.corpus.format raise ``error()`` after ``budget`` bytes."""
-    def failing_open(path, mode="r", *args, **kwargs):
-        f = open(path, mode, *args, **kwargs)
-        return FailingFile(f, budget, error) if any(c in mode for c in "wa") else f
-
-    monkeypatch.setattr(corpus_format, "open", failing_open, raising=False)
 
 
 SPANS = [[5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25]]
