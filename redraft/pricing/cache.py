@@ -90,12 +90,14 @@ def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PR
 
 def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> dict:
     """:func:`curve_key` for a :class:`~redraft.decoding.llamacpp.LlamaCppTarget`: the GGUF file (name, size,
-    llama.cpp's description), llama-cpp-python's version, the target's thread count and the machine."""
+    llama.cpp's description), llama-cpp-python's version, the build's numerics (a build with llamafile's sgemm batches
+    rows at another cost than a batch-invariant one), the target's thread count and the machine."""
     from importlib.metadata import version
 
     stat = target.path.stat()
     return {"schema": SCHEMA, "runtime": "llama.cpp", "timed": "warm", "llama_cpp_python": version("llama_cpp_python"),
             "model": {"file": target.path.name, "bytes": stat.st_size, "desc": target.description},
+            "numerics": str(getattr(target, "numerics", "")),
             "threads": int(target.n_threads), "n_ctx": int(target.max_length),
             "machine": {"cpu": cpu_model(), "arch": platform.machine(), "system": platform.system(),
                         "cpus": os.cpu_count()},

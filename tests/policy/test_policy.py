@@ -433,6 +433,25 @@ def test_cache_key_changes_with_threads_dtype_and_settings(tiny):
     assert curve_path(base, "/x") != curve_path(curve_key(tiny, threads=2), "/x")
 
 
+def test_llama_cache_key_names_the_builds_numerics(tmp_path, monkeypatch):
+    """A llama.cpp build with llamafile's sgemm batches rows at another cost than a batch-invariant one: their
+    curves are cached apart (the GGUF, threads and machine alike)."""
+    import importlib.metadata
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.3.36")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+
+    def target(numerics):
+        return SimpleNamespace(runtime="llama.cpp", path=gguf, description="llama 135M Q4_1", n_threads=2,
+                               max_length=4096, numerics=numerics)
+
+    invariant, sgemm = curve_key(target("llama.cpp batch-invariant")), curve_key(target("llama.cpp"))
+    assert invariant != sgemm and invariant == curve_key(target("llama.cpp batch-invariant"))
+    assert curve_path(invariant, "/x") != curve_path(sgemm, "/x")
+
+
 def test_cache_round_trip_measures_once(tiny, tmp_path):
     fake = FakeMeasure()
     a = cached_cost_curve(tiny, directory=tmp_path, sizes=(0, 1, 4), measure=fake)
