@@ -65,9 +65,10 @@ def compare(questions: list[dict], plain_results: list, spec_results: list) -> t
 
 
 LEGEND = "\n".join((
-    "fwd: forwards of plain greedy decoding (one per token); fwd+d: forwards with drafts; tok/fwd: tokens per",
-    "forward with drafts; accept: drafted tokens accepted; tok/s, tok/s+d: tokens/s without and with drafts",
-    "(wall time: it swings with the machine's load); speedup: their ratio; same: ids identical to plain greedy"))
+    "q: Spec-Bench question id; tokens: answer tokens; fwd: forwards of plain greedy decoding (one per token);",
+    "fwd+d: forwards with drafts; tok/fwd: tokens per forward with drafts; accept: share of drafted tokens accepted;",
+    "tok/s, tok/s+d: tokens/s without and with drafts (wall time: it swings with the machine's load); speedup:",
+    "their ratio; same: ids identical to plain greedy decoding"))
 
 
 def format_table(title: str, rows: list[dict], total: dict) -> str:

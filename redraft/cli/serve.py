@@ -90,8 +90,9 @@ def register(sub) -> None:
     p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=None, metavar="N",
                    help=f"most requests generating at once, 1..{MAX_RUNNING}, all advanced by one scheduler loop; "
                         f"their forwards are batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
-                        f"unbatched; on llama.cpp the default is 1, whose cache the next request of the same tenant "
-                        f"starts from, and N > 1 runs N sequences of --n-ctx tokens in one llama.cpp context)")
+                        f"unbatched; on llama.cpp the default is 1, whose cache the next request of the same "
+                        f"tenant starts from, and N > 1 runs N sequences of --n-ctx tokens in one llama.cpp "
+                        f"context)")
     p.add_argument("--max-batch-tokens", type=positive, default=None, metavar="N",
                    help=f"most tokens (rows) in one batched forward: running requests' tokens and drafts plus a "
                         f"chunk of a waiting prompt's prefill; a chunk is never under 32 rows, so a step may "
@@ -257,17 +258,23 @@ def build_server(args, loaded=None):
 
 def kv_capacity(args, loaded) -> int:
     """``--kv-tokens``, or the default for the model (:func:`redraft.server.admission.default_kv_tokens`); on
-    llama.cpp its context (``--n-ctx``: the one sequence's whole cache), or ``--kv-tokens`` when smaller."""
+    llama.cpp its cache (``--n-ctx`` tokens for each of the ``--max-running`` sequences), or ``--kv-tokens`` when
+    smaller."""
     from redraft.server.admission import default_kv_tokens, kv_bytes_per_token
 
     if loaded.runtime != "transformers":
-        context = loaded.model.max_length * loaded.model.n_seq_max  # each sequence's context, all sequences
+        context = loaded.model.max_length  # one sequence's
+        cache = context * min(loaded.model.n_seq_max, args.max_running)
         if args.kv_tokens is None:
-            return context
+            return cache
         if args.kv_tokens < context:
             print(f"redraft serve: warning: --kv-tokens {args.kv_tokens:,} is under llama.cpp's {context:,}-token "
                   f"context: a request whose prompt + max_tokens exceeds it is refused (400)", file=sys.stderr)
-        return min(args.kv_tokens, context)
+        elif args.kv_tokens < cache:
+            print(f"redraft serve: warning: --kv-tokens {args.kv_tokens:,} holds {args.kv_tokens // context} "
+                  f"request(s) at llama.cpp's full {context:,}-token context at once: longer ones wait",
+                  file=sys.stderr)
+        return min(args.kv_tokens, cache)
     config = loaded.model.config
     if args.kv_tokens is not None:
         context = getattr(config, "max_position_embeddings", None)
@@ -323,6 +330,9 @@ def step_batcher(args, loaded):
     if loaded.runtime == "llama.cpp":
         from redraft.decoding.llamacpp_batching import LlamaStepBatcher
 
+        if args.max_batch_tokens is not None and args.max_batch_tokens > loaded.model.n_batch:
+            print(f"redraft serve: warning: --max-batch-tokens {args.max_batch_tokens}: llama.cpp's batch holds "
+                  f"{loaded.model.n_batch} tokens; a step carries at most that many", file=sys.stderr)
         return LlamaStepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens)
     from redraft.decoding.batching import StepBatcher
 
@@ -372,7 +382,6 @@ def cmd_serve(args) -> int:
     gib = kv_gib(server)
     if gib is None and args.max_running > 1:  # llama.cpp: a sequence of its context per running request
         prefix_text = f"{server.generator.runtime}'s own with --max-running 1 only"
-        prefix = 0
         kv_text = (f"KV {capacity:,} tokens in {server.generator.runtime}'s own cache ({args.max_running} "
                    f"sequences of --n-ctx {server.generator.context_length:,})")
     elif gib is None:  # llama.cpp: one sequence in its own cache

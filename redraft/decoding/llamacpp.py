@@ -77,31 +77,42 @@ def _quiet(llama_cpp) -> None:
 
 
 class LlamaCppTarget(Target):
-    """A GGUF model on llama.cpp with its own context and KV cache (one sequence, batch size 1).
+    """A GGUF model on llama.cpp with its own context and KV cache; this target is sequence 0 of the context.
+
+    With ``n_seq_max`` > 1 the context holds that many sequences of ``n_ctx`` tokens each (:meth:`view` gives a
+    target on each, :mod:`redraft.decoding.llamacpp_batching` batches them); this object then only owns the model
+    and the context: it must not decode while views are in use (sequence 0 may be one of them), and closing it
+    frees the context under them.
 
     Args:
         gguf: path of the GGUF file (any quantization llama.cpp loads).
-        n_ctx: context length in tokens (llama.cpp's ``n_ctx``).
+        n_ctx: context length of each sequence in tokens (llama.cpp's ``n_ctx`` is ``n_ctx * n_seq_max``).
         n_threads: CPU threads for decoding and batches (None: ``os.cpu_count()``).
         n_batch: most tokens per ``llama_decode`` (llama.cpp's ``n_batch``; ``n_ubatch`` the same): a prompt is fed
             in batches of this many, as ``Llama.eval`` feeds it, and a verify forward must fit in one.
+        n_seq_max: sequences in the context (1: one, whose cache is reset with ``llama_memory_clear``).
     Attributes:
         path: the GGUF file; length: tokens in the KV cache; vocab_size: rows of the output layer; max_length:
-            ``n_ctx``; dtype: the logits' dtype (float32); numerics: the key of this build's measured noise
+            each sequence's ``n_ctx``; dtype: the logits' dtype (float32); numerics: the key of this build's measured noise
             (``"llama.cpp batch-invariant"`` when the load-time probe found verify rows equal to plain rows, else
             ``"llama.cpp"``); invariant: that probe's verdict; chain_only: True (see the module docstring); description: llama.cpp's own one-line
             description of the model (architecture, size, quantization).
     Raises:
-        LlamaCppError: the ``llama`` extra is missing, the file does not exist or llama.cpp cannot load it.
+        LlamaCppError: the ``llama`` extra is missing, the file does not exist or llama.cpp cannot load it, or
+            cannot create a context of that size.
+        ValueError: n_seq_max < 1.
     """
 
     runtime = "llama.cpp"
+    _released = False  # a view whose sequence was handed back (:meth:`release`)
     chain_only = True
     sliding_window = None
     dtype = torch.float32
 
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, n_seq_max: int = 1) -> None:
+        if int(n_seq_max) < 1:
+            raise ValueError(f"n_seq_max must be >= 1, got {n_seq_max}")
         lib = import_llama_cpp()
         self.path = Path(gguf)
         if not self.path.is_file():
@@ -117,8 +128,6 @@ class LlamaCppTarget(Target):
         self.n_batch = int(min(n_batch, n_ctx))
         cparams = lib.llama_context_default_params()
         self.n_seq_max = int(n_seq_max)
-        if self.n_seq_max < 1:
-            raise ValueError(f"n_seq_max must be >= 1, got {n_seq_max}")
         # several sequences: one KV stream each (kv_unified off), so each sequence's cells lie in position order
         # from cell 0, as in a context of its own: its attention sums run in plain decoding's order
         cparams.n_ctx = int(n_ctx) * self.n_seq_max
@@ -131,7 +140,10 @@ class LlamaCppTarget(Target):
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
-            raise LlamaCppError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+            size = f"{n_ctx} tokens" if self.n_seq_max == 1 else (
+                f"{self.n_seq_max} sequences of {n_ctx} tokens ({cparams.n_ctx} in all)")
+            raise LlamaCppError(f"llama.cpp could not create a context of {size} for {self.path} (not enough memory, "
+                                "or more sequences than this llama.cpp build allows)")
         self._mem = lib.llama_get_memory(self._ctx)
         self.cache = self._mem  # never None: the step loop resets a target whose cache is None
         self._vocab = lib.llama_model_get_vocab(self._model)
@@ -154,7 +166,12 @@ class LlamaCppTarget(Target):
     # -- the Target interface ---------------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Drop this sequence's whole KV cache (start of a new sequence)."""
+        """Drop this sequence's whole KV cache (start of a new sequence).
+
+        Raises:
+            LlamaCppError: a view whose sequence was released (its id may serve another request now).
+        """
+        self._check_live()
         if self.n_seq_max == 1:
             self._lib.llama_memory_clear(self._mem, True)
         else:
@@ -177,6 +194,7 @@ class LlamaCppTarget(Target):
             ValueError: the tokens would overflow the context, or n_logits is outside 1..S.
             LlamaCppError: ``llama_decode`` failed.
         """
+        self._check_live()
         if positions is not None or mask is not None:
             raise NotImplementedError("the llama.cpp target verifies chains only (no tree positions or mask)")
         s = len(ids)
@@ -209,6 +227,7 @@ class LlamaCppTarget(Target):
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (``llama_memory_seq_rm`` of the rest)."""
+        self._check_live()
         if length < self.length:
             if not self._lib.llama_memory_seq_rm(self._mem, self.seq, int(length), -1):
                 raise LlamaCppError(f"llama.cpp could not drop KV positions {length}.. of the sequence")
@@ -288,6 +307,10 @@ class LlamaCppTarget(Target):
         v.reset()
         return v
 
+    def _check_live(self) -> None:
+        if self._released:
+            raise LlamaCppError(f"llama.cpp sequence {self.seq} was released: this target no longer holds it")
+
     def release(self) -> None:
         """This sequence ended: drop its KV entries and hand its id back (``on_release`` of :meth:`view`). A view
         is released once (its id may already serve another request); the context's own target only empties."""
@@ -297,7 +320,7 @@ class LlamaCppTarget(Target):
         if self._released:
             return
         self.reset()
-        self._released = True
+        self._released, self.cache = True, None
         if self._on_release is not None:
             self._on_release(self.seq)
 
@@ -347,13 +370,14 @@ def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> l
     Args:
         parts: per sequence, (its target, a view of one shared context; the token ids to append, S >= 1; n_logits,
             the trailing rows that get an output row, 1..S). Distinct sequences; their tokens fit one batch
-            (``n_batch``).
+            (``n_batch``). The batch lays them out by ascending sequence id.
     Returns:
-        per part, FloatTensor [n_logits, vocab] (float32, CPU).
+        per part, in the order given, FloatTensor [n_logits, vocab] (float32, CPU).
     Raises:
         ValueError: the parts do not share one context, repeat a sequence, overflow the batch or a context, or ask
-            for n_logits outside 1..S.
-        LlamaCppError: ``llama_decode`` failed (every sequence is left as it was).
+            for n_logits outside 1..S (nothing is decoded then).
+        LlamaCppError: a part's sequence was released, or ``llama_decode`` failed (every sequence is left as it
+            was).
     """
     first = parts[0][0]
     owner = first._owner or first
@@ -362,12 +386,18 @@ def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> l
         raise ValueError("decode_together: the parts must be distinct sequences of one context")
     if total > owner.n_batch:
         raise ValueError(f"decode_together: {total} tokens exceed the batch of {owner.n_batch}")
-    lib, batch, j = owner._lib, owner._batch, 0
-    for t, ids, n_logits in parts:
+    for t, ids, n_logits in parts:  # every part checked before the batch is filled: a bad one fails alone
+        t._check_live()
         if not 1 <= n_logits <= len(ids):
             raise ValueError(f"decode_together: n_logits={n_logits} outside 1..{len(ids)} fed tokens")
         if t.length + len(ids) > t.max_length:
             raise ValueError(f"decode_together: {t.length} cached + {len(ids)} new tokens exceed n_ctx={t.max_length}")
+    # in ascending sequence ids: llama.cpp splits a batch over per-sequence KV streams into one pass per run of
+    # consecutive ids (and per distinct length), so this order keeps the passes fewest
+    order = sorted(range(len(parts)), key=lambda k: parts[k][0].seq)
+    lib, batch, j = owner._lib, owner._batch, 0
+    for k in order:
+        t, ids, n_logits = parts[k]
         for i, tok in enumerate(ids):
             batch.token[j] = int(tok)
             batch.pos[j] = t.length + i
@@ -383,10 +413,12 @@ def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> l
         raise LlamaCppError(f"llama_decode returned {rc} on a batch of {total} tokens over {len(parts)} sequences")
     n_out = sum(n for _, _, n in parts)
     flat = np.ctypeslib.as_array(lib.llama_get_logits(owner._ctx), shape=(n_out * owner.vocab_size,))
-    rows = torch.from_numpy(flat.copy().reshape(n_out, owner.vocab_size))
-    out, at = [], 0
-    for t, ids, n_logits in parts:
-        out.append(rows[at:at + n_logits])
+    rows = torch.from_numpy(flat.copy().reshape(n_out, owner.vocab_size))  # output rows in batch order
+    out: list[torch.Tensor] = [rows[:0]] * len(parts)
+    at = 0
+    for k in order:
+        t, ids, n_logits = parts[k]
+        out[k] = rows[at:at + n_logits]
         at += n_logits
         t.length += len(ids)
         t.ids.extend(int(x) for x in ids)

@@ -3,12 +3,15 @@
 The llama.cpp counterpart of :class:`redraft.decoding.batching.StepBatcher`, with the same interface for a scheduler
 loop (``new_target``, ``step``, ``max_batch_tokens``, ``steps``, ``rows``): every running request is a sequence id
 of one llama.cpp context (:meth:`LlamaCppTarget.view`), and a step is one multi-sequence batch
-(:func:`redraft.decoding.llamacpp.decode_together`), as llama.cpp's own server batches its slots.
+(:func:`redraft.decoding.llamacpp.decode_together`), as llama.cpp's own server batches its slots. llama.cpp runs
+such a batch in one pass per run of consecutive sequence ids with equal row counts (its per-stream split), so ids are
+handed out lowest first and laid out in order; a step whose sequences feed different row counts (a decode beside a
+verify) still takes several passes over the weights.
 
 - The context keeps one KV stream per sequence (``kv_unified`` off), so each sequence's cells lie in position order
   as in a context of its own; on a batch-invariant build (``make llama``) every row is then computed bit for bit
-  as that sequence alone computes it, whatever else the batch carries (tests/decoding/test_llama_target.py checks
-  it against llama.cpp's plain greedy decoding).
+  as that sequence alone computes it, whatever else the batch carries (tests/decoding/test_llama_batching.py checks
+  it against plain decoding on a context of one sequence).
 - A step takes the waiting forwards smallest first while their rows fit ``max_batch_tokens`` (at most ``n_batch``);
   a forward that waited a step goes first in the next, and one with more rows than fit (a long prompt) runs alone
   in its own ``n_batch`` pieces. No chunking beside others: llama.cpp's attention over a prompt chunk is the
@@ -19,6 +22,7 @@ of one llama.cpp context (:meth:`LlamaCppTarget.view`), and a step is one multi-
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Sequence as Seq
 
@@ -47,7 +51,7 @@ class LlamaStepBatcher:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         self.target = target
         self.max_batch_tokens = min(int(max_batch_tokens or target.n_batch), target.n_batch)
-        self.free = list(range(target.n_seq_max))
+        self.free = list(range(target.n_seq_max))  # a heap: the lowest free id first
         self.steps = self.rows = self.active = self.last_step_rows = self.packed_steps = 0
         self.forward_seconds = 0.0
         self._waited: dict[ForwardCall, int] = {}
@@ -58,14 +62,15 @@ class LlamaStepBatcher:
         return len(self._waited)
 
     def new_target(self) -> LlamaCppTarget:
-        """An empty sequence of the context for one request; :meth:`LlamaCppTarget.release` hands it back.
+        """An empty sequence of the context for one request, the lowest free id (running sequences then keep
+        consecutive ids, which llama.cpp runs in fewer passes); :meth:`LlamaCppTarget.release` hands it back.
 
         Raises:
             RuntimeError: every sequence is in use (the scheduler runs at most ``n_seq_max`` requests).
         """
         if not self.free:
             raise RuntimeError(f"all {self.target.n_seq_max} llama.cpp sequences are in use")
-        t = self.target.view(self.free.pop(0), on_release=self.free.append)
+        t = self.target.view(heapq.heappop(self.free), on_release=lambda seq: heapq.heappush(self.free, seq))
         t.carried_rows = self.last_step_rows + 1 if self.active else 1
         return t
 

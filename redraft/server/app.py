@@ -47,6 +47,7 @@ ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/mo
              "/detokenize", "/tokenizer_info")
 
 
+
 class Server:
     """Everything one server needs; :meth:`app` builds the FastAPI application around it.
 
@@ -163,7 +164,7 @@ class Server:
             max_tokens = room if default is None else min(default, room)
             if budget is not None:
                 max_tokens = min(max_tokens, budget.capacity - len(ids))
-        shown = max_tokens if max_tokens < 10**12 else f"{float(max_tokens):.3g}"  # 1e308 is sent as a 309-digit int
+        shown = errors.short_int(max_tokens)
         if max_tokens > room:
             where = f"this model's context of {ctx} tokens" if ctx else f"the limit of {NO_CONTEXT_LIMIT} tokens"
             raise APIError(400, f"'{field}' {shown} is too large: the prompt's {tokens(len(ids))} plus "

@@ -89,3 +89,12 @@ class CORS(CORSMiddleware):
         err = APIError(400, f"CORS preflight refused: {what} not allowed (redraft serve --cors-origins)", param=param)
         headers = {k: v for k, v in r.headers.items() if k.lower() not in ("content-length", "content-type")}
         return JSONResponse(err.body(), status_code=400, headers=headers)
+
+
+def short_int(n: int) -> str:
+    """``n`` for a message: as it is up to 12 digits, else as 1.00e+308 (a JSON 1e308 arrives as a 309-digit int,
+    too large for a float once past ~1.8e308)."""
+    digits = str(abs(n))
+    if len(digits) <= 12:
+        return str(n)
+    return f"{'-' if n < 0 else ''}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"

@@ -113,8 +113,10 @@ class Generator:
             longest cached prompt prefix, and its prompt + answer are cached after it), or None for none.
         budget: the server's :class:`~redraft.server.admission.KVBudget` (the prefix cache keeps only what the
             running requests' reservations leave), or None.
-        batcher: the step batcher (:class:`redraft.decoding.batching.StepBatcher`) the scheduler packs the running
-            requests' forwards with, or None: each request's forwards run alone (one request at a time).
+        batcher: the step batcher the scheduler packs the running requests' forwards with
+            (:class:`redraft.decoding.batching.StepBatcher`; on llama.cpp
+            :class:`redraft.decoding.llamacpp_batching.LlamaStepBatcher`, a sequence of its context per request), or
+            None: each request's forwards run alone (one request at a time).
         answers: an :class:`~redraft.server.answer_cache.AnswerCache` (a greedy request whose tenant was already
             answered for the identical prompt and settings is served from it without a forward), or None for none.
             Used only in exact mode (``config.exact``): the stored answers must be plain greedy decoding's.

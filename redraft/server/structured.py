@@ -5,7 +5,8 @@
 - ``{"type": "text"}`` (default): free text.
 - ``{"type": "json_object"}``: the answer is one JSON object.
 - ``{"type": "json_schema", "json_schema": {"name", "schema"?, "strict"?, "description"?}}``: the answer is one JSON
-  value valid under ``schema`` (``name`` is required, as OpenAI requires it; without ``schema``, any JSON value). redraft always enforces the schema (``strict: false`` is enforced too: a grammar
+  value valid under ``schema`` (``name`` is required, as OpenAI requires it; without ``schema``, any JSON
+  value). redraft always enforces the schema (``strict: false`` is enforced too: a grammar
   costs nothing extra and an answer that does not validate helps nobody).
 
 ``tool_choice`` ``required`` or a named function compiles the tool-call format's grammar (one call or, with

@@ -96,6 +96,11 @@ def test_a_multi_sequence_batch_gives_each_sequence_its_own_rows(multi, prompts,
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, rtol=0, atol=2.0)
+    # the parts in either order: each gets its own rows (the batch lays them out by sequence id)
+    a.crop(len(prompts[0]))
+    b.crop(len(prompts[1]))
+    swapped = decode_together([(b, tail_b, 6), (a, tail_a, 1)])
+    assert torch.equal(swapped[0], together[1]) and torch.equal(swapped[1], together[0])
     with pytest.raises(ValueError, match="distinct sequences"):
         decode_together([(a, [1], 1), (a, [2], 1)])
     with pytest.raises(ValueError, match="exceed the batch"):
@@ -185,6 +190,10 @@ def test_batcher_hands_out_each_sequence_once(multi):
         batcher.new_target()
     views[1].release()
     views[1].release()  # once only: the id is handed back once
+    from redraft.decoding.llamacpp import LlamaCppError
+
+    with pytest.raises(LlamaCppError, match="sequence 1 was released"):
+        views[1].forward([1, 2])  # its id may serve another request now
     again = batcher.new_target()
     assert again.seq == 1 and batcher.free == []
     for v in [*views, again]:
