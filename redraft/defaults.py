@@ -69,7 +69,7 @@ GLIDE_GAMMA = 4
 EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2,
                    # llama.cpp: a build with llamafile's sgemm (docs/llama-cpp.md), and one whose rows equal plain
                    # decoding's bit for bit (probed at load: redraft.decoding.llamacpp)
-                   "llama.cpp": 6e-2, "llama.cpp batch-invariant": 0.0}
+                   "llama.cpp": 1.25e-1, "llama.cpp batch-invariant": 0.0}
 # A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
 # Verify rows: 4; failing it costs one draft-free forward, or a replay of the cache one token per forward where the
 # row's gap is under the draft-free rows' threshold too. Draft-free rows on a cache drafting wrote: 2; failing it costs
@@ -78,7 +78,7 @@ EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2,
 # bound on the change of the gap between plain decoding's choice and its closest rivals instead: SAFETY x this fraction
 # of the row's largest |logit| (redraft.decoding.exactness.gap_noise): 1.5x the largest measured (docs/measurements.md#redraft-defaults).
 # Dtypes not listed use 2 x EXACT_ROW_NOISE.
-EXACT_GAP_NOISE = {"float32": 2.9e-6, "llama.cpp": 4e-2, "llama.cpp batch-invariant": 0.0}
+EXACT_GAP_NOISE = {"float32": 2.9e-6, "llama.cpp": 5e-2, "llama.cpp batch-invariant": 0.0}
 EXACT_SAFETY = 4.0
 EXACT_SETTLE_SAFETY = 2.0
 # While settling has cost more forwards than the accepted drafts saved (both counted over the generation so far), exact

@@ -81,7 +81,8 @@ def test_plain_decoding_is_llama_cpps_own_greedy_decoding(loaded, prompts, refer
 @needs_llama
 def test_every_draft_path_matches_llama_cpps_greedy_ids(loaded, prompts, reference):
     """Replays from a corpus of the answers (deep chains), the policy, n-gram drafts on novel prompts, fixed-depth
-    chains: each equals llama.cpp's own greedy output; replays take far fewer forwards."""
+    chains: each equals llama.cpp's own greedy output; replays take far fewer forwards (on a batch-invariant build;
+    one with llamafile's sgemm, whose verify rows move, settles its many near ties with draft-free forwards)."""
     from redraft.corpus import Corpus, tokenizer_fingerprint
 
     target, eos = loaded.model, sorted(loaded.eos_token_ids)
@@ -98,7 +99,7 @@ def test_every_draft_path_matches_llama_cpps_greedy_ids(loaded, prompts, referen
         for ids, ref in zip(prompts, reference, strict=True):
             res = engine.generate(ids, 48)
             assert res.output_ids == ref, name
-            if name == "corpus K=8":
+            if name == "corpus K=8" and target.invariant:  # a build whose batch rows move settles near ties
                 assert res.forwards <= len(ref) // 4, (name, res.forwards)
 
 
