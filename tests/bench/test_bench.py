@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 
 import pytest
@@ -387,6 +388,14 @@ def test_a_llama_cpp_build_that_crashes_costs_the_method_not_the_bench(model, tm
     monkeypatch.syspath_prepend(str(fake.parent))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    ms, skipped = build_methods(["plain", "llama.cpp", "llama.cpp-pld"], model, [], None, MethodConfig(gguf=str(gguf)))
+    real = sys.modules.get("llama_cpp")
+    try:
+        ms, skipped = build_methods(["plain", "llama.cpp", "llama.cpp-pld"], model, [], None,
+                                    MethodConfig(gguf=str(gguf)))
+    finally:  # the fake module must not stay imported for later tests in this process
+        if real is None:
+            sys.modules.pop("llama_cpp", None)
+        else:
+            sys.modules["llama_cpp"] = real
     assert [m.name for m in ms] == ["plain"]
     assert all("signal 11 (SIGSEGV)" in skipped[n] for n in ("llama.cpp", "llama.cpp-pld")), skipped

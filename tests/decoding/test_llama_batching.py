@@ -28,7 +28,12 @@ def _has_llama() -> bool:
     return True
 
 
-needs_llama = pytest.mark.llama(pytest.mark.skipif(not _has_llama(), reason="the llama extra is not installed"))
+_skip = pytest.mark.skipif(not _has_llama(), reason="the llama extra (llama-cpp-python) is not installed")
+
+
+def needs_llama(test):
+    """Skipped without the llama extra; marked ``llama`` (conftest: a skip fails only with REDRAFT_REQUIRE_LLAMA=1)."""
+    return pytest.mark.llama(_skip(test))
 
 
 @pytest.fixture(scope="module")
