@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from llamakit import SKIP_REASON, has_llama, needs_llama
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, load_target, plain_engine
 from redraft.compose.runtime import torch_threads
@@ -19,26 +20,10 @@ PROMPTS = ["The capital of France is", "Write a Python function that reverses a 
            "List three primary colors and explain why they are called primary."]
 
 
-def _has_llama() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-_skip = pytest.mark.skipif(not _has_llama(), reason="the llama extra (llama-cpp-python) is not installed")
-
-
-def needs_llama(test):
-    """Skipped without the llama extra; marked ``llama`` (conftest: a skip fails only with REDRAFT_REQUIRE_LLAMA=1)."""
-    return pytest.mark.llama(_skip(test))
-
-
 @pytest.fixture(scope="module")
 def loaded():
-    if not _has_llama():
-        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    if not has_llama():
+        pytest.skip(SKIP_REASON)
     return load_target(None, runtime="llama.cpp", n_ctx=N_CTX, threads=THREADS, quiet=True)
 
 

@@ -14,19 +14,12 @@ import json
 import httpx
 import pytest
 from conftest import use_session_cache
+from llamakit import SKIP_REASON, has_llama
 from serverkit import live_server
 
 N_CTX, THREADS, N = 2048, 1, 24
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "List three primary colors."}]
-
-
-def _has_llama() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def serve_args(*extra: str):
@@ -38,8 +31,8 @@ def serve_args(*extra: str):
 
 @pytest.fixture(scope="module")
 def llama():
-    if not _has_llama():
-        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    if not has_llama():
+        pytest.skip(SKIP_REASON)
     from redraft.compose import load_target
 
     return load_target(None, runtime="llama.cpp", n_ctx=N_CTX, threads=THREADS, quiet=True)
