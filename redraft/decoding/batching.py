@@ -101,6 +101,8 @@ class StepBatcher:
             function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
     """
 
+    chunks_prefill = True  # a long prompt's prefill runs in chunks beside the other sequences' rows
+
     def __init__(self, model, *, max_batch_tokens: int = 512, min_chunk: int = 32) -> None:
         if max_batch_tokens < 1 or min_chunk < 1:
             raise ValueError(f"StepBatcher needs max_batch_tokens >= 1 and min_chunk >= 1; got {max_batch_tokens}, "

@@ -44,6 +44,8 @@ class LlamaStepBatcher:
         ValueError: a target with one sequence, or max_batch_tokens < 1.
     """
 
+    chunks_prefill = False  # a prompt longer than a step runs alone, in its own n_batch batches
+
     def __init__(self, target: LlamaCppTarget, max_batch_tokens: int | None = None) -> None:
         if target.n_seq_max < 2:
             raise ValueError("LlamaStepBatcher needs a llama.cpp context of several sequences (n_seq_max > 1)")

@@ -313,8 +313,9 @@ class Scheduler:
 
     def _lone_long_prefill(self, running: list[tuple[Job, Sequence]]) -> bool:
         """Whether the only running sequence asks for a forward the batcher would chunk beside others (more rows
-        than ``max_batch_tokens``): alone it runs whole, and requests arriving meanwhile wait for all of it."""
-        if self.batcher is None or len(running) != 1:
+        than ``max_batch_tokens``): alone it runs whole, and requests arriving meanwhile wait for all of it. A batcher
+        that never chunks a prefill (``chunks_prefill`` False: llama.cpp's) runs it whole either way."""
+        if self.batcher is None or not self.batcher.chunks_prefill or len(running) != 1:
             return False
         call = running[0][1].call
         return call is not None and len(call.ids) > self.batcher.max_batch_tokens

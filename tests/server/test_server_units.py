@@ -85,6 +85,7 @@ class Prefill:  # a stand-in for a forward call of ``n`` rows
 
 class RecordingBatcher:  # packs nothing: records which sequences each step carried, then advances them all
     max_batch_tokens = 8
+    chunks_prefill = True
 
     def __init__(self):
         self.steps = []
@@ -96,16 +97,18 @@ class RecordingBatcher:  # packs nothing: records which sequences each step carr
             seq.advance(None)
 
 
-@pytest.mark.parametrize("wait", [0.5, 0.0])
-def test_a_long_prompt_on_an_idle_server_waits_briefly_for_company(loop, wait):
+@pytest.mark.parametrize("wait,chunks", [(0.5, True), (0.0, True), (0.5, False)])
+def test_a_long_prompt_on_an_idle_server_waits_briefly_for_company(loop, wait, chunks):
     """A burst's first request with a prompt longer than one chunk does not run its whole prefill alone while the
-    rest of the burst queues behind it: the loop waits (ARRIVAL_WAIT_S) for a second request, so they share steps."""
+    rest of the burst queues behind it: the loop waits (ARRIVAL_WAIT_S) for a second request, so they share steps.
+    A batcher that never chunks a prefill (llama.cpp's) does not wait: the prompt runs whole either way."""
     def runner(job, emit):
         yield Prefill(job.payload)
         yield Prefill(1)
         return job.payload
 
     batcher = RecordingBatcher()
+    batcher.chunks_prefill = chunks
     s = Scheduler(runner, max_running=4, batcher=batcher)
     s.ARRIVAL_WAIT_S = wait
     s.start()
@@ -115,7 +118,7 @@ def test_a_long_prompt_on_an_idle_server_waits_briefly_for_company(loop, wait):
     s.submit(second)
     assert [e[-1] for e in (drain(loop, first), drain(loop, second))] == [("done", 20), ("done", 5)]
     s.stop()
-    assert (batcher.steps[0] == 2) == (wait > 0), batcher.steps
+    assert (batcher.steps[0] == 2) == (wait > 0 and chunks), batcher.steps
 
 
 def test_cancelled_failed_and_overflowing_jobs(loop):
