@@ -89,8 +89,8 @@ def register(sub) -> None:
                    help="most waiting requests; beyond it a request is answered 429 with Retry-After (default 256)")
     p.add_argument("--max-running", type=int_between(1, MAX_RUNNING), default=None, metavar="N",
                    help=f"most requests generating at once, 1..{MAX_RUNNING}, all advanced by one scheduler loop; "
-                        f"their forwards are batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one request at a time, "
-                        f"unbatched; on llama.cpp the default is 1, whose cache the next request of the same "
+                        f"their forwards are batched into one per step (default {DEFAULT_MAX_RUNNING}; 1 = one "
+                        f"request at a time, unbatched; on llama.cpp the default is 1, whose cache the next request of the same "
                         f"tenant starts from, and N > 1 runs N sequences of --n-ctx tokens in one llama.cpp "
                         f"context)")
     p.add_argument("--max-batch-tokens", type=positive, default=None, metavar="N",

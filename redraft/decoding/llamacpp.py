@@ -207,12 +207,7 @@ class LlamaCppTarget(Target):
         for start in range(0, s, self.n_batch):
             chunk = ids[start:start + self.n_batch]
             batch.n_tokens = len(chunk)
-            for j, tok in enumerate(chunk):
-                batch.token[j] = int(tok)
-                batch.pos[j] = self.length + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = self.seq
-                batch.logits[j] = start + j >= first_out
+            _put(batch, 0, self, chunk, first_out - start)
             rc = lib.llama_decode(self._ctx, batch)
             if rc != 0:
                 self._lib.llama_memory_seq_rm(self._mem, self.seq, self.length, -1)
@@ -363,6 +358,18 @@ class LlamaCppTarget(Target):
         with contextlib.suppress(Exception):
             self.close()
 
+def _put(batch, at: int, target: LlamaCppTarget, ids: Sequence[int], first_logit: int) -> int:
+    """Write ``ids`` into ``batch`` from slot ``at`` under ``target``'s sequence id, at its next positions, with an
+    output row from the ``first_logit``-th of them on; returns the next free slot."""
+    for i, tok in enumerate(ids):
+        batch.token[at + i] = int(tok)
+        batch.pos[at + i] = target.length + i
+        batch.n_seq_id[at + i] = 1
+        batch.seq_id[at + i][0] = target.seq
+        batch.logits[at + i] = i >= first_logit
+    return at + len(ids)
+
+
 def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> list[torch.Tensor]:
     """ONE ``llama_decode`` over several sequences' new tokens (llama.cpp's multi-sequence batch), each token under
     its own sequence id at its sequence's next positions.
@@ -398,13 +405,7 @@ def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> l
     lib, batch, j = owner._lib, owner._batch, 0
     for k in order:
         t, ids, n_logits = parts[k]
-        for i, tok in enumerate(ids):
-            batch.token[j] = int(tok)
-            batch.pos[j] = t.length + i
-            batch.n_seq_id[j] = 1
-            batch.seq_id[j][0] = t.seq
-            batch.logits[j] = i >= len(ids) - n_logits
-            j += 1
+        j = _put(batch, j, t, ids, len(ids) - n_logits)
     batch.n_tokens = total
     rc = lib.llama_decode(owner._ctx, batch)
     if rc != 0:

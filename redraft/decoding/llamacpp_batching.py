@@ -87,6 +87,10 @@ class LlamaStepBatcher:
             del self._waited[call]  # its sequence left
         group = self._plan(live)
         rows = sum(len(s.call.ids) for s in group)
+        self.steps += 1
+        self.packed_steps += len(group) > 1
+        self.rows += rows
+        self.last_step_rows = rows
         t0 = time.perf_counter()
         try:
             if len(group) == 1:
@@ -94,19 +98,15 @@ class LlamaStepBatcher:
             else:
                 logits = decode_together([(s.call.target, s.call.ids, s.call.n_logits) for s in group])
         except Exception as e:  # noqa: BLE001 - delivered to every participant; the loop keeps serving
+            self.forward_seconds += time.perf_counter() - t0
             for s in group:
                 s.fail(e)
         else:
+            self.forward_seconds += time.perf_counter() - t0  # the forward's own time, not the sequences' drafting
             for s, got in zip(group, logits, strict=True):
                 s.call.target.last_forward_plain = len(group) == 1
                 s.call.target.carried_rows = rows - len(s.call.ids) + 1
                 s.advance(got)
-        finally:
-            self.forward_seconds += time.perf_counter() - t0
-            self.steps += 1
-            self.packed_steps += len(group) > 1
-            self.rows += rows
-            self.last_step_rows = rows
         self.active = sum(not s.done for s in live)
 
     def _plan(self, live: list[Sequence]) -> list[Sequence]:

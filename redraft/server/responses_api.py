@@ -111,6 +111,8 @@ def _parse(body: dict) -> ResponsesBody:
 
 def _messages(req: ResponsesBody) -> list[dict]:
     items = [InputItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    if not items:
+        raise APIError(400, "'input' is empty: send text or at least one message", param="input")
     out = []
     for it in items:
         text = it.content if isinstance(it.content, str) else "".join(p.text for p in it.content)
@@ -176,10 +178,7 @@ def add_routes(app: FastAPI, server) -> None:
             if e.param == "max_tokens":
                 e.param, e.message = "max_output_tokens", e.message.replace("max_tokens", "max_output_tokens")
             elif e.param == "messages":  # the conversation: instructions, previous responses and input
-                e.param = "input"
-                e.message = e.message.replace("the messages encode", "the input encodes").replace(
-                    "'messages' is empty: send at least one message", "'input' is empty: send text or at least one "
-                    "message")
+                e.param, e.message = "input", e.message.replace("the messages encode", "the input encodes")
             raise
         job = Job(tenant=tenant, payload=work, loop=asyncio.get_running_loop(), kv_tokens=work.kv_tokens)
         request.state.job = job  # for the access log
