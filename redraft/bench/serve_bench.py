@@ -362,8 +362,10 @@ def phase_agent(cfg: ServeBenchConfig, work: Path) -> dict:
 
 def phase_concurrent(cfg: ServeBenchConfig, work: Path) -> dict:
     c = for_build(cfg.concurrent, serve_help())
-    plain = (lambda prompts, n: plain_answers(cfg.model, prompts, n, threads=cfg.threads, runtime=c.runtime)
-             if cfg.plain_check else None)
+    plain = None
+    if cfg.plain_check:
+        def plain(prompts, n):
+            return plain_answers(cfg.model, prompts, n, threads=cfg.threads, runtime=c.runtime)
     return run_concurrent_phase(process_starter(cfg.model, work, cfg.threads), c, plain=plain)
 
 

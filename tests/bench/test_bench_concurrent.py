@@ -233,3 +233,20 @@ def test_bench_serve_concurrent_cli_writes_raw_json(tmp_path, capsys, monkeypatc
     res = json.loads((out / "results.json").read_text())["concurrent"]
     assert [lv["concurrency"] for lv in res["levels"]] == [1, 2] and res["all_identical"] is True
     assert all(lv["identical_to_plain"]["compared"] == lv["requests"] for lv in res["levels"])
+
+
+def test_bench_serve_concurrent_without_the_plain_check(tmp_path, capsys, monkeypatch):
+    """``--no-plain-check`` compares with the one-at-a-time server only: no plain reference is decoded, and the
+    level says so (``identical_to_plain`` None) instead of failing after both servers ran."""
+    from serverkit import save_tiny_model
+
+    from redraft.cli import main
+
+    monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))
+    model = save_tiny_model(tmp_path / "m")
+    assert main(["bench", "serve", "--model", str(model), "--phases", "concurrent", "--concurrency", "2",
+                 "--concurrent-max-tokens", "3", "--concurrent-min-requests", "2", "--threads", "1",
+                 "--no-plain-check", "--out", str(tmp_path / "out")]) == 0
+    res = json.loads((tmp_path / "out" / "results.json").read_text())["concurrent"]
+    assert res["levels"][0]["identical_to_plain"] is None
+    assert res["levels"][0]["identical_to_baseline"]["compared"] == 4 and res["all_identical"] is True
