@@ -87,6 +87,19 @@ def summarize(records: Sequence[StreamRecord], wall: float) -> dict:
             "queue_p50": percentile(queue, 50)}
 
 
+def per_request(records: Sequence[StreamRecord]) -> list[dict]:
+    """Each request's own figures, in ``records``' order, to explain a run's tails: ``sent`` (s after the run's first
+    send), ``ttft`` and ``latency`` (s, None as :attr:`StreamRecord.ttft` / :attr:`StreamRecord.latency`),
+    ``tokens`` (completion tokens), ``queue`` (the server's queue wait, s, None when not reported) and ``ok``."""
+    t0 = min((r.sent for r in records), default=0.0)
+
+    def r3(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    return [{"sent": r3(r.sent - t0), "ttft": r3(r.ttft), "latency": r3(r.latency), "tokens": r.completion_tokens,
+             "queue": r3(r.stats.get("queue_seconds")), "ok": r.ok} for r in records]
+
+
 def identical(texts: Sequence[str | None], reference: Sequence[str | None]) -> dict:
     """Compare answers pairwise with a reference: ``{"identical": n, "compared": m, "differing": [indices]}``.
 

@@ -119,7 +119,8 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         ``{"max_tokens", "server_args", "baseline_args", "levels": [per N: "concurrency", "requests", "batched"
         and "baseline" (see :func:`redraft.bench.concurrency_stats.summarize`), "tokens_per_second_ratio",
         "ttft_p50_ratio" (baseline / batched: above 1 = sooner), "latency_p50_ratio" (idem), "identical_to_baseline",
-        "identical_to_plain" (or None)], "all_identical"}``.
+        "identical_to_plain" (or None), "per_request": {"batched", "baseline": per round, each request's figures
+        (:func:`redraft.bench.concurrency_stats.per_request`)}], "all_identical"}``.
     Raises:
         RuntimeError: a server that does not start (from ``start_server``).
     """
@@ -138,12 +139,14 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         for li, (n, qs) in enumerate(zip(cfg.levels, per_level, strict=True)):
             bodies = [chat_body(q, cfg.max_tokens) for q in qs]
             runs: dict[str, tuple[list, float]] = {"baseline": ([], 0.0), "batched": ([], 0.0)}
+            detail: dict[str, list[list[dict]]] = {"baseline": [], "batched": []}  # per round, each request's figures
             for r in range(cfg.rounds):
                 for name in (("baseline", "batched") if (li + r) % 2 == 0 else ("batched", "baseline")):
                     log(f"concurrent: N={n}, {len(bodies)} requests -> {name} server (round {r + 1}) ...")
                     recs, wall = asyncio.run(closed_loop(servers[name][0], bodies, n, cfg.timeout))
                     runs[name] = (runs[name][0] + recs, runs[name][1] + wall)
-            levels.append(_level(n, runs))
+                    detail[name].append(st.per_request(recs))
+            levels.append({**_level(n, runs), "per_request": detail})
     finally:
         for _, stop in servers.values():
             stop()

@@ -34,7 +34,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
-from redraft.decoding.sequence import ForwardCall, Sequence, Steps
+from redraft.decoding.sequence import ForwardCall, Sequence, Steps, resume_waits, split_waits
 from redraft.decoding.target import HFTarget
 from redraft.pricing.stepcost import StepCostFit, key_weight, row_cost, rows_within
 
@@ -142,11 +142,14 @@ class StepBatcher:
         """One step: the next forward over the waiting calls of ``sequences`` (every running sequence: ended ones
         are skipped), then each sequence whose call is complete is resumed with its logits (it drafts and asks for
         its next forward, or ends). A forward that fails is raised inside every participant (:meth:`Sequence.fail`).
+        A sequence that waits (:func:`~redraft.decoding.sequence.wait_step`) is resumed after the forward.
         """
-        live = [s for s in sequences if not s.done and s.call is not None]
-        if not live:
-            self.active = 0
-            return
+        live, waits = split_waits(sequences)
+        self.active = self._step(live) if live else 0
+        self.active += resume_waits(waits)
+
+    def _step(self, live: list[Sequence]) -> int:
+        """:meth:`step` over the sequences that asked for a forward; returns how many of them still run."""
         calls = {s.call: s for s in live}
         for call in [c for c in self._requests if c not in calls]:  # its sequence left (cancelled mid-chunk)
             del self._requests[call]
@@ -166,7 +169,7 @@ class StepBatcher:
                 if req.rows_left == 0:
                     del self._requests[req.call]
                     calls[req.call].advance(req.logits())
-        self.active = sum(not s.done for s in live)
+        return sum(not s.done for s in live)
 
     def _plan(self, pending: list[_Request]) -> list[tuple[_Request, int]]:
         """The step as [(request, rows)]: a solo forward alone, a lone sequence whole, else :func:`plan_step`."""

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence as Seq
 
 from redraft.decoding.llamacpp import LlamaCppTarget, decode_together
-from redraft.decoding.sequence import ForwardCall, Sequence
+from redraft.decoding.sequence import ForwardCall, Sequence, resume_waits, split_waits
 
 
 class LlamaStepBatcher:
@@ -78,11 +78,13 @@ class LlamaStepBatcher:
 
     def step(self, sequences: Seq[Sequence]) -> None:
         """One step: one ``llama_decode`` over the waiting calls that fit (see the module docstring), then each of
-        those sequences is resumed with its logits. A forward that fails is raised inside every participant."""
-        live = [s for s in sequences if not s.done and s.call is not None]
-        if not live:
-            self.active = 0
-            return
+        those sequences is resumed with its logits. A forward that fails is raised inside every participant. A
+        sequence that waits (:func:`~redraft.decoding.sequence.wait_step`) is resumed after the decode."""
+        live, waits = split_waits(sequences)
+        self.active = (self._step(live) if live else 0) + resume_waits(waits)
+
+    def _step(self, live: list[Sequence]) -> int:
+        """:meth:`step` over the sequences that asked for a forward; returns how many of them still run."""
         for call in [c for c in self._waited if all(s.call is not c for s in live)]:
             del self._waited[call]  # its sequence left
         group = self._plan(live)
@@ -107,7 +109,7 @@ class LlamaStepBatcher:
                 s.call.target.last_forward_plain = len(group) == 1
                 s.call.target.carried_rows = rows - len(s.call.ids) + 1
                 s.advance(got)
-        self.active = sum(not s.done for s in live)
+        return sum(not s.done for s in live)
 
     def _plan(self, live: list[Sequence]) -> list[Sequence]:
         """The sequences whose forwards this step runs: a solo forward alone; else those that waited first, then the

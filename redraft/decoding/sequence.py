@@ -34,7 +34,8 @@ class ForwardCall:
 
     Attributes:
         target: the sequence's target (its KV cache holds ``n_cached`` tokens; the forward appends ``ids``).
-        ids: S >= 1 token ids.
+        ids: S >= 1 token ids; none (S = 0) for a *wait*: the sequence asks for no forward, only to be resumed
+            after the step (:func:`wait_step`).
         positions: LongTensor [1, S] or None (consecutive positions after the cache).
         mask: additive FloatTensor [1, 1, S, n_cached + S] or None (plain causal attention).
         n_logits: trailing rows that need logits.
@@ -55,8 +56,18 @@ class ForwardCall:
 
     def run_alone(self) -> torch.Tensor:
         """Run this call as its target's own ``forward`` (:meth:`HFTarget.forward`); FloatTensor [n_logits, V] on the
-        CPU."""
+        CPU. A wait runs nothing: FloatTensor [0, 0]."""
+        if not self.ids:
+            return NO_LOGITS
         return self.target.forward(self.ids, self.positions, self.mask, self.n_logits)
+
+    @property
+    def is_wait(self) -> bool:
+        """No forward asked for: resume the sequence after the step (:func:`wait_step`)."""
+        return not self.ids
+
+
+NO_LOGITS = torch.empty(0, 0)  # what a wait is resumed with
 
 
 def forward(target: HFTarget, ids: list[int], positions: torch.Tensor | None = None,
@@ -67,6 +78,28 @@ def forward(target: HFTarget, ids: list[int], positions: torch.Tensor | None = N
         target.reset()
     logits = yield ForwardCall(target, [int(t) for t in ids], positions, mask, int(n_logits), target.solo_depth > 0)
     return logits
+
+
+def wait_step(target: HFTarget) -> Steps[None]:
+    """Ask for no forward, only to be resumed after the next step (``yield from`` it in a step function): a sequence
+    waiting for work another sequence does for it (a prompt prefix they share, being computed once). A driver
+    never runs anything for it; a lone sequence (:func:`drive`) is resumed at once."""
+    yield ForwardCall(target, [], n_logits=0)
+
+
+def split_waits(sequences) -> tuple[list[Sequence], list[Sequence]]:
+    """The running sequences of a step (ended ones and those without a call left out), as (those asking for a
+    forward, those waiting: :attr:`ForwardCall.is_wait`). A batcher runs the first and then resumes the second
+    with :func:`resume_waits`."""
+    live = [s for s in sequences if not s.done and s.call is not None]
+    return [s for s in live if not s.call.is_wait], [s for s in live if s.call.is_wait]
+
+
+def resume_waits(waits) -> int:
+    """Resume each waiting sequence after the step (with no logits); returns how many still run."""
+    for s in waits:
+        s.advance(NO_LOGITS)
+    return sum(not s.done for s in waits)
 
 
 def drive(steps: Steps[T]) -> T:

@@ -42,6 +42,7 @@ from .answer_cache import AnswerCache, answer_key, cap_in_key, replay
 from .corpora import TenantCorpora
 from .prefix_cache import PrefixCache, remember
 from .scheduler import Cancelled, Job
+from .shared_prefill import SharedPrefill
 from .toolcalls import ContentFilter
 
 
@@ -140,6 +141,9 @@ class Generator:
         self._holder: str | None = None  # the tenant whose tokens the shared target holds
         self.corpora, self.config, self.on_learned = corpora, config or SpeculationConfig(), on_learned
         self.prefix_cache, self.budget, self.batcher = prefix_cache, budget, batcher
+        # requests admitted together compute a prompt prefix they share once (needs a store to hand it over in)
+        self.sharing = (SharedPrefill(prefix_cache) if isinstance(prefix_cache, PrefixCache)
+                        and prefix_cache.max_tokens > 0 else None)
         self.answers = answers if self.config.exact else None
         self.cap_in_key = cap_in_key(loaded.model, self.config.generation_config)
         self.curve = None
@@ -230,7 +234,17 @@ class Generator:
     def __call__(self, job: Job, emit: Callable[[str], None]) -> Steps[Outcome]:
         """The job's step function: it yields each target forward it needs and returns its :class:`Outcome`.
         Raises :class:`~redraft.server.scheduler.Cancelled` (with the tokens generated so far) when the client left.
-        """
+        Made before it runs, the job's prompt is announced to the requests starting with it
+        (:mod:`redraft.server.shared_prefill`)."""
+        work: Work = job.payload
+        seen = None
+        if self.sharing is not None and work.max_tokens > 0 and not work.scoring:
+            seen = self.sharing.announce(job.tenant, work.prompt_ids)
+        return self._steps(job, emit, seen)
+
+    def _steps(self, job: Job, emit: Callable[[str], None], seen: int | None) -> Steps[Outcome]:
+        if seen is not None:
+            self.sharing.withdraw(seen)
         work: Work = job.payload
         key = self.answer_key(job)
         stop = StopStrings(self.tokenizer, work.stop)
@@ -331,13 +345,19 @@ class Generator:
         engine = self.engine(job.tenant, target, work.sampling.constraint)
         cache = self.prefix_cache
         hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
+        if self.sharing is not None:
+            hit = yield from self.sharing.prefill(job.tenant, target, work.prompt_ids, hit, self._room(job))
         res = yield from engine.steps(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
                                       stop=stop if stop else None, prefix=hit, logprobs=work.logprobs,
                                       on_logprobs=on_logprobs)
         if cache is not None:
-            room = self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
-            remember(cache, job.tenant, target, res, room)
+            remember(cache, job.tenant, target, res, self._room(job))
         return res
+
+    def _room(self, job: Job) -> int | None:
+        """What the KV budget leaves the prefix cache now, ``job``'s own reservation counted as its (None: no
+        budget)."""
+        return self.budget.prefix_room(own=job.kv_tokens) if self.budget is not None else None
 
 
 

@@ -303,13 +303,18 @@ class Scheduler:
                 return
 
     def _start(self, running: list[tuple[Job, Sequence]], jobs: list[Job]) -> None:
-        """Start each admitted job's sequence (up to its first forward) into ``running``; a cancelled one ends."""
+        """Start each admitted job's sequence (up to its first forward) into ``running``; a cancelled one ends.
+        Every job's step function is made before the first one runs, so the runner knows which jobs start together
+        (requests that share a prompt prefix compute it once: :mod:`redraft.server.shared_prefill`)."""
+        made = []
         for job in jobs:
             if job.cancel.is_set():
                 job.post("aborted")
                 self._finished(job)
                 continue
-            running.append((job, Sequence(self.runner(job, lambda text, j=job: self._emit(j, text))).start()))
+            made.append((job, Sequence(self.runner(job, lambda text, j=job: self._emit(j, text)))))
+        for job, seq in made:
+            running.append((job, seq.start()))
 
     def _lone_long_prefill(self, running: list[tuple[Job, Sequence]]) -> bool:
         """Whether the only running sequence asks for a forward the batcher would chunk beside others (more rows

@@ -64,6 +64,14 @@ def test_summarize_reports_percentiles_errors_and_queue_wait():
     assert empty["ttft_p50"] is None and empty["tokens_per_second"] == 0.0
 
 
+def test_per_request_gives_each_request_its_own_figures_from_the_first_send():
+    recs = [rec(5.0, [5.5, 6.0], tokens=2, queue_seconds=0.25), rec(7.0, [], status=0, error="reset")]
+    got = st.per_request(recs)
+    assert got[0] == {"sent": 0.0, "ttft": 0.5, "latency": 1.0, "tokens": 2, "queue": 0.25, "ok": True}
+    assert got[1]["sent"] == 2.0 and got[1]["ttft"] is None and got[1]["queue"] is None and not got[1]["ok"]
+    assert st.per_request([]) == []
+
+
 def test_identical_compares_pairs_with_answers_only():
     out = st.identical(["a", "b", None, "d"], ["a", "x", "c", "d"])
     assert out == {"identical": 2, "compared": 3, "differing": [1]}
@@ -250,3 +258,6 @@ def test_bench_serve_concurrent_without_the_plain_check(tmp_path, capsys, monkey
     res = json.loads((tmp_path / "out" / "results.json").read_text())["concurrent"]
     assert res["levels"][0]["identical_to_plain"] is None
     assert res["levels"][0]["identical_to_baseline"]["compared"] == 4 and res["all_identical"] is True
+    per = res["levels"][0]["per_request"]
+    assert [len(r) for r in per["batched"]] == [4] and [len(r) for r in per["baseline"]] == [4]
+    assert all(r["ok"] and r["ttft"] is not None for r in per["batched"][0])
