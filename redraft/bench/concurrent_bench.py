@@ -5,7 +5,8 @@
 every category in turn; the servers run ``--no-learn`` with no corpus, so nothing was ever seen before), greedy,
 ``max_tokens`` each, first to a server started with ``--max-running 1`` (one request at a time) and then to the
 server under test (its defaults, plus ``server_args``); the order alternates level by level so drift on a shared
-machine hits both alike. Per N and server: aggregate output tokens/s (all tokens / the wall time from the first send
+machine hits both alike. Each round sends the next questions, the same to both servers (a question sent again would
+be answered from the prefix cache). Per N and server: aggregate output tokens/s (all tokens / the wall time from the first send
 to the last stream's end), p50/p95 time to first token and p50 latency (client side), and the ratios (server
 under test / one at a time). Exactness: each answer is compared with the one-at-a-time server's answer to the same
 question and, unless skipped, with plain greedy decoding of the model in this process (text decoded from the ids
@@ -43,7 +44,8 @@ class ConcurrentBenchConfig:
     Attributes:
         levels: concurrencies N (``--concurrency``). max_tokens: max_tokens per request (``--concurrent-max-tokens``).
         min_requests: requests per N are max(min_requests, 2N). rounds: runs per N and server, in the order
-            A B, B A, A B, ... (``--concurrent-rounds``); a level's figures pool its rounds (wall times summed). server_args: extra ``redraft serve`` arguments of
+            A B, B A, A B, ... (``--concurrent-rounds``), each round with the next questions; a level's figures
+            pool its rounds (wall times summed). server_args: extra ``redraft serve`` arguments of
             the server under test (``--server-args``). baseline_args: the one-at-a-time server's arguments
             (``--max-running 1`` where the server has that option; empty otherwise, and then both servers are alike).
         prompts: the questions (default: Spec-Bench, every category in turn). timeout: most seconds per run.
@@ -93,7 +95,8 @@ def for_build(cfg: ConcurrentBenchConfig, help_text: str) -> ConcurrentBenchConf
     ``baseline_args`` only where the server has ``--max-running`` (otherwise no arguments: both servers then run
     alike, one request at a time), and ``chunk_tokens`` is ``--max-batch-tokens`` of ``server_args`` when given,
     else the server's default for it, else ``cfg.chunk_tokens``. Where the server has ``--no-answer-cache``, both
-    servers get it: rounds resend the same greedy requests, which the answer cache would answer without a forward."""
+    servers get it: given prompts repeat when a run asks for more, and the answer cache would answer a repeat
+    without a forward."""
     from redraft.bench.server_process import option_default
 
     base = cfg.baseline_args if "--max-running" in help_text else ()
@@ -125,22 +128,26 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         RuntimeError: a server that does not start (from ``start_server``).
     """
     counts = [requests_for(n, cfg.min_requests) for n in cfg.levels]
-    prompts = list(cfg.prompts) if cfg.prompts else novel_questions(sum(counts))
-    per_level, at = [], 0
-    for c in counts:
-        per_level.append([prompts[(at + i) % len(prompts)] for i in range(c)])
-        at += c
+    total = sum(counts)
+    prompts = list(cfg.prompts) if cfg.prompts else novel_questions(total * cfg.rounds)
+
+    def questions(li: int, r: int) -> list[str]:  # round r asks the next questions: a resent prompt would be served
+        at = r * total + sum(counts[:li])          # from the prefix cache, which favours the server prefill weighs on
+        return [prompts[(at + i) % len(prompts)] for i in range(counts[li])]
+
+    asked: list[list[str]] = [[] for _ in cfg.levels]  # per level, its questions in the order the rounds pool them
     servers = {}
     runtime = ("--runtime", cfg.runtime) if cfg.runtime != "transformers" else ()
     try:
         for name, args in (("baseline", cfg.baseline_args), ("batched", cfg.server_args)):
             servers[name] = start_server(f"concurrent-{name}", ["--no-learn", *runtime, *args])
         levels = []
-        for li, (n, qs) in enumerate(zip(cfg.levels, per_level, strict=True)):
-            bodies = [chat_body(q, cfg.max_tokens) for q in qs]
+        for li, n in enumerate(cfg.levels):
             runs: dict[str, tuple[list, float]] = {"baseline": ([], 0.0), "batched": ([], 0.0)}
             detail: dict[str, list[list[dict]]] = {"baseline": [], "batched": []}  # per round, each request's figures
             for r in range(cfg.rounds):
+                asked[li] += questions(li, r)
+                bodies = [chat_body(q, cfg.max_tokens) for q in questions(li, r)]
                 for name in (("baseline", "batched") if (li + r) % 2 == 0 else ("batched", "baseline")):
                     log(f"concurrent: N={n}, {len(bodies)} requests -> {name} server (round {r + 1}) ...")
                     recs, wall = asyncio.run(closed_loop(servers[name][0], bodies, n, cfg.timeout))
@@ -151,10 +158,9 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
         for _, stop in servers.values():
             stop()
     if plain is not None:
-        log(f"concurrent: plain greedy reference of {sum(counts)} prompts in this process ...")
-        for lv, qs in zip(levels, per_level, strict=True):
-            ref = plain(qs, cfg.max_tokens) * cfg.rounds
-            lv["identical_to_plain"] = st.identical(lv.pop("_texts"), ref)
+        log(f"concurrent: plain greedy reference of {total * cfg.rounds} prompts in this process ...")
+        for lv, qs in zip(levels, asked, strict=True):
+            lv["identical_to_plain"] = st.identical(lv.pop("_texts"), plain(qs, cfg.max_tokens))
     for lv in levels:
         lv.pop("_texts", None)
     checks = [lv[k] for lv in levels for k in ("identical_to_baseline", "identical_to_plain") if lv.get(k)]

@@ -400,7 +400,8 @@ def register(sub) -> None:
                    help="concurrent: requests per concurrency N are max(this, 2N) (default 8)")
     p.add_argument("--concurrent-rounds", type=positive, default=1,
                    help="concurrent: runs per N and server, alternating which server goes first (A B, B A, ...), "
-                        "pooled; 2 or more evens out drift on a busy machine (default 1)")
+                        "each with the next questions (the same to both servers), pooled; 2 or more evens out drift "
+                        "on a busy machine (default 1)")
     p.add_argument("--server-args", type=server_args, default=[], metavar="'ARGS'",
                    help="concurrent/longprompt: extra 'redraft serve' arguments of the server under test, one "
                         "quoted string, e.g. '--max-running 16 --max-batch-tokens 512' (default: none, its defaults)")

@@ -179,15 +179,18 @@ def test_concurrent_phase_against_tiny_servers(model_dir, loaded):
 
 
 def test_concurrent_phase_reports_a_differing_answer(model_dir, loaded):
-    """A plain reference that disagrees on one prompt makes ``all_identical`` false and names the request (in both
-    rounds)."""
+    """A plain reference that disagrees on one prompt makes ``all_identical`` false and names the request; each
+    round asks the next questions (a question sent again would come from the prefix cache), here the two given ones
+    again once they run out."""
     prompts = tuple(words([7 + i, 11, 13]) for i in range(2))
     cfg = ConcurrentBenchConfig(levels=(1,), max_tokens=4, min_requests=2, prompts=prompts, baseline_args=(),
                                 timeout=120, rounds=2)
+    asked = []
 
     def plain(ps, n):
+        asked.append(list(ps))
         out = plain_answers(str(model_dir), ps, n)
-        return [out[0] + " changed", out[1]]
+        return [a + " changed" if p == prompts[0] else a for p, a in zip(ps, out, strict=True)]
 
     with ExitStack() as stack:
         res = run_concurrent_phase(_starter(stack, model_dir, loaded, []), cfg, plain=plain, log=lambda _m: None)
@@ -195,7 +198,23 @@ def test_concurrent_phase_reports_a_differing_answer(model_dir, loaded):
     assert lv["requests"] == 4 and lv["batched"]["ok"] == lv["baseline"]["ok"] == 4  # two rounds pooled
     assert lv["identical_to_baseline"]["identical"] == 4
     assert lv["identical_to_plain"] == {"identical": 2, "compared": 4, "differing": [0, 2]}
-    assert res["all_identical"] is False
+    assert res["all_identical"] is False and asked == [list(prompts) * 2]
+    assert [len(r) for r in lv["per_request"]["batched"]] == [2, 2]
+
+
+def test_each_round_asks_the_next_questions(model_dir, loaded):
+    prompts = tuple(words([20 + i, 11]) for i in range(4))
+    cfg = ConcurrentBenchConfig(levels=(1,), max_tokens=2, min_requests=2, prompts=prompts, baseline_args=(),
+                                timeout=120, rounds=2)
+    asked = []
+
+    def plain(ps, n):
+        asked.append(list(ps))
+        return plain_answers(str(model_dir), ps, n)
+
+    with ExitStack() as stack:
+        res = run_concurrent_phase(_starter(stack, model_dir, loaded, []), cfg, plain=plain, log=lambda _m: None)
+    assert asked == [list(prompts)] and res["all_identical"] is True
 
 
 def test_longprompt_phase_against_a_tiny_server(model_dir, loaded):
