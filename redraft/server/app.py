@@ -84,12 +84,16 @@ class Server:
 
     # ---- the scheduler's jobs ------------------------------------------------------------------------------
     def _run(self, job: Job, emit) -> Steps[Outcome]:
-        """The scheduler's runner (a step function): generate, then count it (here, so a client leaving cannot skip
-        the count)."""
+        """The scheduler's runner: the job's step function, made now (the generator announces the job to the jobs
+        starting with it: redraft/server/shared_prefill.py), counted as it runs."""
+        return self._counted(job, self.generator(job, emit))
+
+    def _counted(self, job: Job, steps: Steps[Outcome]) -> Steps[Outcome]:
+        """Run the job's step function, then count it (here, so a client leaving cannot skip the count)."""
         self.metrics.running.inc()
         self.metrics.queue_time.observe(job.queue_seconds)
         try:
-            out = yield from self.generator(job, emit)
+            out = yield from steps
         except Cancelled as e:
             self.metrics.finished(None, "abort")
             self.metrics.generation_tokens.inc(e.emitted)

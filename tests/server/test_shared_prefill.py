@@ -93,6 +93,28 @@ def test_a_burst_sharing_a_prompt_prefix_computes_it_once(loaded, loop, share):
     assert hits[4] == 0  # bob's prompt opens alike, but tenants never share
 
 
+def test_the_servers_own_runner_announces_each_job_when_its_step_function_is_made(loaded, model_dir, loop):
+    """Through ``redraft serve``'s Server (its runner counts metrics around the generator's step function): the
+    jobs of a burst are announced when made, so the burst shares its prefix as with the generator alone."""
+    from serverkit import serve_args
+
+    from redraft.cli.serve import build_server
+
+    server = build_server(serve_args(model_dir, "--max-running", "4", "--no-learn"), loaded)
+    jobs = [_job(loop, "default", SHARED + t, 6) for t in TAILS]
+    for j in jobs:
+        server.scheduler.submit(j)
+    server.scheduler.start()
+    try:
+        outcomes = [_outcome(loop, j) for j in jobs]
+    finally:
+        server.scheduler.stop()
+    assert [kind for kind, _ in outcomes] == ["done"] * 4
+    assert sorted(o.result.prefix_hit_tokens for _, o in outcomes) == [24] * 4
+    for (_, o), j in zip(outcomes, jobs, strict=True):
+        assert o.result.output_ids == plain_greedy(loaded.model, j.payload.prompt_ids, 6, eos=[EOS])
+
+
 def test_a_follower_waits_for_the_part_and_goes_on_alone_when_the_leader_leaves(tiny_llama):
     sharing = SharedPrefill(PrefixCache(1000), min_tokens=8)
     a, b = SHARED + [1, 2], SHARED + [3]
