@@ -345,11 +345,13 @@ class Generator:
         engine = self.engine(job.tenant, target, work.sampling.constraint)
         cache = self.prefix_cache
         hit = cache.lookup(job.tenant, work.prompt_ids) if cache is not None else None
+        own = 0  # tokens of the prefix this request computed itself (a lead): not served from the cache
         if self.sharing is not None:
-            hit = yield from self.sharing.prefill(job.tenant, target, work.prompt_ids, hit, self._room(job))
+            hit, own = yield from self.sharing.prefill(job.tenant, target, work.prompt_ids, hit, self._room(job))
         res = yield from engine.steps(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
                                       stop=stop if stop else None, prefix=hit, logprobs=work.logprobs,
                                       on_logprobs=on_logprobs)
+        res.prefix_hit_tokens -= own
         if cache is not None:
             remember(cache, job.tenant, target, res, self._room(job))
         return res

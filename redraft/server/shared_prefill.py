@@ -73,7 +73,7 @@ class SharedPrefill:
         self._announced.pop(handle, None)
 
     def prefill(self, tenant: str, target: HFTarget, prompt: Sequence[int], hit: PrefixKV | None,
-                room: int | None = None) -> Steps[PrefixKV | None]:
+                room: int | None = None) -> Steps[tuple[PrefixKV | None, int]]:
         """Before a request's engine starts (``yield from`` it in the request's step function): follow or lead.
 
         Args:
@@ -82,8 +82,9 @@ class SharedPrefill:
             hit: what the prefix cache gave it (None: nothing).
             room: the tighter budget the prefix cache may use now (:meth:`PrefixCache.store`).
         Returns:
-            the prefix to start the engine from (``Engine.steps(prefix=...)``): the cache's entry after a wait, the
-            shared part after a lead, else ``hit``.
+            (the prefix to start the engine from, ``Engine.steps(prefix=...)``: the cache's entry after a wait, the
+            shared part after a lead, else ``hit``; how many of its tokens this request computed itself: the shared
+            part's beyond ``hit`` after a lead, else 0).
         """
         ids = tuple(int(t) for t in prompt)
         while self._covering(tenant, ids, hit.length if hit is not None else 0):
@@ -93,7 +94,7 @@ class SharedPrefill:
         have = hit.length if hit is not None else 0
         k = self._lead_length(tenant, ids, have)
         if not k:
-            return hit
+            return hit, 0
         part = (tenant, ids[:k])
         self._computing.append(part)
         try:
@@ -108,7 +109,7 @@ class SharedPrefill:
             self._computing.remove(part)
         self.stats.leads += 1
         self.stats.tokens += k - have
-        return shared
+        return shared, k - have
 
     def _covering(self, tenant: str, ids: tuple[int, ...], have: int) -> bool:
         """Whether a shared part being computed gives ``ids`` at least ``min_tokens`` beyond ``have``."""

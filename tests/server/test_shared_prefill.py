@@ -85,9 +85,9 @@ def test_a_burst_sharing_a_prompt_prefix_computes_it_once(loaded, loop, share):
         assert kind == "done"
         assert outcome.result.output_ids == plain_greedy(loaded.model, job.payload.prompt_ids, 12, eos=[EOS])
     hits = [o.result.prefix_hit_tokens for _, o in outcomes]
-    if share:  # alice's first request computed the 24 shared tokens, her other three started from them
+    if share:  # alice's first request computed the 24 shared tokens (not a hit), her other three started from them
         assert gen.sharing.stats.leads == 1 and gen.sharing.stats.tokens == 24
-        assert sorted(hits[:4]) == [24, 24, 24, 24] and gen.sharing.stats.waits >= 3
+        assert sorted(hits[:4]) == [0, 24, 24, 24] and gen.sharing.stats.waits >= 3
     else:
         assert hits[:4] == [0, 0, 0, 0]
     assert hits[4] == 0  # bob's prompt opens alike, but tenants never share
@@ -110,7 +110,7 @@ def test_the_servers_own_runner_announces_each_job_when_its_step_function_is_mad
     finally:
         server.scheduler.stop()
     assert [kind for kind, _ in outcomes] == ["done"] * 4
-    assert sorted(o.result.prefix_hit_tokens for _, o in outcomes) == [24] * 4
+    assert sorted(o.result.prefix_hit_tokens for _, o in outcomes) == [0, 24, 24, 24]
     for (_, o), j in zip(outcomes, jobs, strict=True):
         assert o.result.output_ids == plain_greedy(loaded.model, j.payload.prompt_ids, 6, eos=[EOS])
 
@@ -130,7 +130,7 @@ def test_a_follower_waits_for_the_part_and_goes_on_alone_when_the_leader_leaves(
         lead.throw(SequenceCancelled("gone"))
     with pytest.raises(StopIteration) as done:  # nothing is being computed now: the follower goes on alone
         follow.send(NO_LOGITS)
-    assert done.value.value is None and sharing.stats.leads == 0
+    assert done.value.value == (None, 0) and sharing.stats.leads == 0
 
 
 def test_the_leader_stores_the_part_and_the_follower_starts_from_it(tiny_llama):
@@ -147,11 +147,11 @@ def test_the_leader_stores_the_part_and_the_follower_starts_from_it(tiny_llama):
     assert next(follow).is_wait
     with pytest.raises(StopIteration) as led:
         lead.send(call.run_alone())
-    part = led.value.value
-    assert part.ids == tuple(SHARED) and target.length == 24 and cache.tokens == 24
+    part, own = led.value.value
+    assert own == 24 and part.ids == tuple(SHARED) and target.length == 24 and cache.tokens == 24
     with pytest.raises(StopIteration) as followed:
         follow.send(NO_LOGITS)
-    assert followed.value.value.ids == tuple(SHARED)
+    assert followed.value.value[0].ids == tuple(SHARED) and followed.value.value[1] == 0
     assert sharing.stats.leads == 1 and sharing.stats.tokens == 24 and sharing.stats.waits == 1
 
 
@@ -167,7 +167,7 @@ def test_no_lead_for_a_short_part_another_tenant_or_a_cache_hit_that_covers_it(t
         try:
             return next(steps)
         except StopIteration as end:
-            return end.value
+            return end.value[0]
 
     assert first_yield(short + [50, 51, 52]) is None  # 10 shared tokens: fewer than 16
     assert first_yield(SHARED + [50]) is None  # 24 shared, but with tenant u's request
