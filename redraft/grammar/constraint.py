@@ -80,7 +80,12 @@ class Constraint:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if is_error:
             raise GrammarError(f"{description}: {messages[0] if messages else 'invalid grammar'}")
-        return cls(grammar=grammar, tokenizer=tokenizer, vocab_size=int(vocab_size), description=description)
+        out = cls(grammar=grammar, tokenizer=tokenizer, vocab_size=int(vocab_size), description=description)
+        m = out.matcher()  # a grammar can validate and still admit no first token (a schema that only refers to
+        m.compute_bitmask()  # itself): the first mask puts its matcher in error, found here rather than mid-answer
+        if m.is_error():
+            raise GrammarError(f"{description}: no output satisfies it ({m.get_error()})")
+        return out
 
     @classmethod
     def json_schema(cls, schema: dict, tokenizer, vocab_size: int, description: str = "JSON schema") -> Constraint:

@@ -65,11 +65,14 @@ class GrammarState:
         """uint8 [ceil(V / 32) * 4]: the allowed tokens after the committed output plus ``extra``, one bit per token
         (little-endian within each byte, llguidance's layout); None when ``extra`` leaves the grammar (no constraint
         applies there). Raises GrammarError when no token at all may follow the committed output (a grammar this
-        vocabulary cannot spell)."""
+        vocabulary cannot spell, or whose matcher fails there: never an unconstrained committed output)."""
         m = self.state_after(extra)
-        if m.is_error():
-            return None
-        bits = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
+        bits = None if m.is_error() else np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
+        if bits is None or m.is_error():  # the matcher failed before this mask or while computing it
+            if extra:
+                return None
+            raise GrammarError(f"{self.constraint.description}: the grammar failed after {len(self.committed)} output "
+                               f"tokens ({m.get_error()})")
         if not bits.any():
             if extra:
                 return None  # a drafted path into a dead end: plain decoding never gets there unless it is forced

@@ -188,6 +188,10 @@ def test_bad_grammars_raise_grammar_error_naming_the_constraint(kit):
     with pytest.raises(GrammarError, match="schema"):
         Constraint.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]},
                                lt, len(tok), "schema")
+    for recursive in ({"$ref": "#"}, {"anyOf": [{"$ref": "#"}]},
+                      {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}):  # valid, but nothing satisfies
+        with pytest.raises(GrammarError, match="no output satisfies it"):
+            Constraint.json_schema(recursive, lt, len(tok), "schema")
     with pytest.raises(ValueError, match="constraint"):
         SamplingParams(constraint="not a constraint")
 

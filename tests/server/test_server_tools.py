@@ -164,6 +164,8 @@ def test_grammar_drafts_do_not_change_answers(bpe_dir, bpe_loaded, live):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}, "required": ["a"]}}}},
      "response_format.json_schema.schema", "cannot be enforced"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format.json_schema.schema", "no output satisfies it"),
     ({"tools": TOOLS + [BAD_TOOL]}, "tools[2].function.parameters", "cannot be enforced"),
     ({"tools": TOOLS + [BAD_TOOL], "tool_choice": "required"}, "tools[2].function.parameters", "cannot be enforced"),
     ({"tools": [BAD_TOOL] + TOOLS, "tool_choice": {"type": "function", "function": {"name": "broken"}}},
