@@ -12,9 +12,8 @@ caching"); :class:`SharedPrefill` does the same with explicit roles, within one 
   tokens with it than its own cache hit computes only that shared part first (one forward), stores it in the
   prefix cache and goes on from it.
 - **follow**: a request starting while a shared part it needs (``min_tokens`` beyond its own hit) is being computed
-  waits step by step (:func:`redraft.decoding.sequence.wait_step`) until it is stored, then starts from the cache.
-  A follower waits one step for a prefix that fits in one; it saves the prefix's rows, which on a CPU cost as much
-  each as a decode step's share (docs/serving.md).
+  waits step by step (:func:`redraft.decoding.sequence.wait_step`) until it is stored, then starts from the cache:
+  it waits one step for a part that fits in one, and computes none of the part's rows.
 
 Tenants never share (as in the prefix cache). Exact: followers and the leader go on from reused KV entries, which
 the engine judges like verify rows, as on any prefix-cache hit. Runs on the scheduler's loop only (one thread).
