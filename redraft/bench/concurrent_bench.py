@@ -146,8 +146,9 @@ def run_concurrent_phase(start_server: StartServer, cfg: ConcurrentBenchConfig,
             runs: dict[str, tuple[list, float]] = {"baseline": ([], 0.0), "batched": ([], 0.0)}
             detail: dict[str, list[list[dict]]] = {"baseline": [], "batched": []}  # per round, each request's figures
             for r in range(cfg.rounds):
-                asked[li] += questions(li, r)
-                bodies = [chat_body(q, cfg.max_tokens) for q in questions(li, r)]
+                qs = questions(li, r)
+                asked[li] += qs
+                bodies = [chat_body(q, cfg.max_tokens) for q in qs]
                 for name in (("baseline", "batched") if (li + r) % 2 == 0 else ("batched", "baseline")):
                     log(f"concurrent: N={n}, {len(bodies)} requests -> {name} server (round {r + 1}) ...")
                     recs, wall = asyncio.run(closed_loop(servers[name][0], bodies, n, cfg.timeout))

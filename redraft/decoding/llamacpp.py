@@ -358,6 +358,7 @@ class LlamaCppTarget(Target):
         with contextlib.suppress(Exception):
             self.close()
 
+
 def _put(batch, at: int, target: LlamaCppTarget, ids: Sequence[int], first_logit: int) -> int:
     """Write ``ids`` into ``batch`` from slot ``at`` under ``target``'s sequence id, at its next positions, with an
     output row from the ``first_logit``-th of them on; returns the next free slot."""
