@@ -84,8 +84,13 @@ $(VLLM_STAMP):
 # OpenMP it does not need here, and without llamafile's sgemm: ggml's own kernels compute every row of a verify batch
 # bit for bit as a single-token decode does, so exact mode has nothing to settle (about 5 minutes on 2 cores;
 # docs/llama-cpp.md). --no-cache-dir: pip's wheel cache would otherwise reuse a wheel built with other flags.
+# On x86, ggml's AMX kernels are left out (-mno-amx-*; GCC keeps an explicit -mno-* over -march=native): on a Xeon
+# with AMX a native build compiles them, and their first batched decode died there (SIGILL / general protection
+# fault). The load probe would then fall back to the plain kernels anyway (docs/llama-cpp.md); this avoids it.
+LLAMA_NO_AMX := $(if $(filter x86_64 amd64 i686,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
+	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF \
+	$(if $(LLAMA_NO_AMX),-DCMAKE_C_FLAGS='$(LLAMA_NO_AMX)' -DCMAKE_CXX_FLAGS='$(LLAMA_NO_AMX)')
 llama: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir -e '.[llama]'
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from redraft.decoding.llamacpp_probe import Config, ProbeFailed, settle
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
 
 ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "llama.cpp",
@@ -135,8 +136,10 @@ class LlamaCppMethod(Method):
 
     def __init__(self, name: str, gguf_path: str, eos_token_ids: Sequence[int], *, prompt_lookup: int | None = None,
                  n_ctx: int = 4096, description: str = "", n_threads: int | None = None,
-                 exact_expected: bool = False) -> None:
+                 exact_expected: bool = False, config: Config | None = None) -> None:
         from llama_cpp import Llama
+
+        from redraft.decoding.llamacpp_lib import model_defaults, set_tiled_matmul
 
         draft = None
         if prompt_lookup:
@@ -149,8 +152,11 @@ class LlamaCppMethod(Method):
         # model it writes every row there: a prompt past n_batch tokens raised ValueError; logits_all sizes it
         # [n_ctx, vocab], and prompt lookup evaluates its draft past the answer's end, so it needs that much room
         self.n_ctx, self.room = n_ctx, 1 + (2 * prompt_lookup if prompt_lookup else 0)
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
-                         draft_model=draft, logits_all=draft is not None, verbose=False, seed=0)
+        config = config or Config()  # the kernels the load probe chose (the target's, beside a llama.cpp target)
+        set_tiled_matmul(config.tiled_matmul)
+        with model_defaults(extra_bufts=config.extra_bufts):
+            self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
+                             draft_model=draft, logits_all=draft is not None, verbose=False, seed=0)
         self.eos = set(int(e) for e in eos_token_ids) | {int(self.llm.token_eos())}
         self.forwards = 0
         inner_eval = self.llm.eval
@@ -206,36 +212,14 @@ def _transformers_policy(gguf: str, eos: Sequence[int], corpus, threads: int) ->
     return method
 
 
-# A child process loads the GGUF and decodes a few tokens, as the method will: llama-cpp-python builds that crash
-# (a segfault in the first decode) then cost the method, never the bench process.
-_PROBE = """
-import sys
-from llama_cpp import Llama
-llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), n_threads=1, verbose=False, seed=0)
-ids = llm.tokenize(b"The capital of France is")
-out = [int(t) for _, t in zip(range(4), llm.generate(ids, top_k=1, temp=0.0, reset=True))]
-print(len(out))
-"""
-
-
-def llama_cpp_probe(gguf: str, n_ctx: int = 512, timeout: float = 300.0) -> tuple[bool, str]:
-    """(True, "") when llama-cpp-python loads ``gguf`` and decodes 4 tokens in a child process, else (False, why):
-    its exit status or signal and the last line it printed."""
-    import signal
-    import subprocess
-    import sys
-
+def llama_config(gguf: str) -> tuple[Config | None, str]:
+    """The kernels llama.cpp runs ``gguf`` with here, as the load probe chose them in child processes
+    (:func:`redraft.decoding.llamacpp_probe.settle`, cached): (config, "") or, when no configuration ran it, (None,
+    why), naming how each child died."""
     try:
-        r = subprocess.run([sys.executable, "-c", _PROBE, str(gguf), str(n_ctx)], capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return False, f"llama-cpp-python did not decode {gguf} within {timeout:.0f} s in a probe process"
-    if r.returncode == 0 and r.stdout.strip() == "4":
-        return True, ""
-    how = (f"signal {-r.returncode} ({signal.Signals(-r.returncode).name})" if r.returncode < 0
-           else f"exit status {r.returncode}")
-    last = (r.stderr.strip().splitlines() or [""])[-1][:200]
-    return False, f"llama-cpp-python crashed decoding {gguf} in a probe process ({how}){': ' + last if last else ''}"
+        return settle(gguf, threads=os.cpu_count() or 1).config, ""
+    except ProbeFailed as e:
+        return None, f"llama.cpp cannot run {gguf} here (probed in a child process): {e}"
 
 
 def llama_cpp_available() -> tuple[bool, str]:
@@ -280,7 +264,7 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
     eos = list(eos_token_ids)
     skipped: dict[str, str] = {}
     runtime = getattr(model, "runtime", "transformers")  # a LlamaCppTarget says "llama.cpp"
-    probed: tuple[bool, str] | None = None  # the llama.cpp probe's verdict, once for both llama.cpp methods
+    probed: tuple[Config | None, str] | None = None  # the llama.cpp kernels (or why none), once for both methods
 
     def engine(*, corpus=None, ngram: bool = True, tree: int = 0):
         # Colibri's fixed semantics: depth K, guard MINACC, no policy
@@ -334,20 +318,23 @@ def build_methods(names: Sequence[str], model, eos_token_ids: Sequence[int], cor
             if not cfg.gguf:
                 skipped[name] = "no GGUF file for this model"
                 continue
-            if probed is None:
-                probed = llama_cpp_probe(cfg.gguf)
-            if not probed[0]:
+            same = runtime == "llama.cpp"  # then the target's own context, threads and kernels, and the same ids
+            if probed is None:  # the kernels: the target's, or the load probe's (a child process: a crash skips)
+                probed = llama_config(cfg.gguf) if not same else (
+                    Config(model.extra_bufts, model.tiled_matmul), "")
+            if probed[0] is None:
                 skipped[name] = probed[1]
                 continue
             try:
                 pld = cfg.pld_tokens if name == "llama.cpp-pld" else None
                 desc = (f"llama-cpp-python, LlamaPromptLookupDecoding(num_pred_tokens={cfg.pld_tokens})" if pld
                         else "llama-cpp-python greedy")
-                same = runtime == "llama.cpp"  # then the target's own context and threads, and the same ids
+                kernels = "" if probed[0] == Config() else f", {probed[0].describe()}"
                 out.append(LlamaCppMethod(name, cfg.gguf, eos, prompt_lookup=pld,
                                           n_ctx=model.max_length if same else cfg.n_ctx,
                                           n_threads=model.n_threads if same else None, exact_expected=same,
-                                          description=f"{desc} on {os.path.basename(cfg.gguf)}"))
+                                          config=probed[0],
+                                          description=f"{desc} on {os.path.basename(cfg.gguf)}{kernels}"))
             except Exception as e:
                 skipped[name] = f"llama.cpp failed to load {cfg.gguf}: {type(e).__name__}: {e}"
             continue

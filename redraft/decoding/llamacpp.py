@@ -15,9 +15,12 @@ Whether a verify row equals plain decoding's row depends on the build. ggml's ow
 a batch as they compute a single row, so a build without llamafile's sgemm (``-DGGML_LLAMAFILE=OFF``, what
 ``make llama`` builds) gives verify rows bit-identical to plain decoding's at any batch size, and exact mode has
 nothing to settle. llamafile's sgemm (the binding's default build) computes batch rows from the fifth on another way:
-they move by up to ~1.4 logits on the bundled Q4_1 model (docs/llama-cpp.md). A probe at load time
-(:meth:`LlamaCppTarget.batch_invariant`) tells the two apart, and ``numerics`` names the measured noise exact mode
-then uses: ``"llama.cpp batch-invariant"`` (zero) or ``"llama.cpp"`` (``defaults.EXACT_GAP_NOISE``).
+they move by up to ~1.4 logits on the bundled Q4_1 model (docs/llama-cpp.md); so do repacked kernels of some types
+(``q4_K_8x8``). A probe at load time, in a child process (:mod:`redraft.decoding.llamacpp_probe`), tells them apart,
+finds a build whose batched decode crashes (ggml's AMX kernels where they cannot run) before this process decodes
+anything, and chooses whether llama.cpp's extra weight buffers (repacked layouts, AMX) are used; ``numerics`` names
+the measured noise exact mode then uses: ``"llama.cpp batch-invariant"`` (zero) or ``"llama.cpp"``
+(``defaults.EXACT_GAP_NOISE``).
 
 Chains only: a token tree needs a node in every sequence whose path passes through it (llama.cpp's tree
 speculation), which this target does not build yet (``chain_only``); the engine then verifies each proposal's first
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,45 +39,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from redraft.decoding.llamacpp_lib import (
+    LlamaCppError,
+    import_llama_cpp,
+    init_backend,
+    set_tiled_matmul,
+    tiled_matmul_fixed,
+)
+from redraft.decoding.llamacpp_probe import ProbeFailed, settle
 from redraft.decoding.target import PrefixKV, Target
+
+log = logging.getLogger(__name__)
 
 NOISE_KEY = "llama.cpp"  # this runtime's entry in defaults.EXACT_ROW_NOISE / EXACT_GAP_NOISE
 INVARIANT_KEY = "llama.cpp batch-invariant"  # the entry for a build whose rows do not depend on the batch
 PROBE_ROWS = 8  # batch rows of the load-time probe (a build with llamafile's sgemm differs from row 4 on)
-
-
-class LlamaCppError(RuntimeError):
-    """llama.cpp cannot run here: the ``llama`` extra is missing, or a GGUF file does not load, or a decode failed."""
-
-
-def import_llama_cpp():
-    """The ``llama_cpp`` module (llama-cpp-python's bindings of llama.cpp's C API).
-
-    Raises:
-        LlamaCppError: it is not installed (``make llama`` or ``pip install 'redraft[llama]'``).
-    """
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise LlamaCppError(
-            "the llama.cpp runtime needs llama-cpp-python: run `make llama` (or pip install 'redraft[llama]' with "
-            f"the CMAKE_ARGS docs/llama-cpp.md gives); import failed: {e}") from e
-    return llama_cpp
-
-
-_BACKEND_READY = False
-
-
-def _quiet(llama_cpp) -> None:
-    """Initialise llama.cpp's backend once and route its log (model loading prints hundreds of lines) to nothing."""
-    global _BACKEND_READY
-    if _BACKEND_READY:
-        return
-    llama_cpp.llama_backend_init()
-    callback = llama_cpp.llama_log_callback(lambda level, text, user: None)
-    _quiet.callback = callback  # kept alive: llama.cpp holds the pointer
-    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
-    _BACKEND_READY = True
 
 
 class LlamaCppTarget(Target):
@@ -91,15 +71,24 @@ class LlamaCppTarget(Target):
         n_batch: most tokens per ``llama_decode`` (llama.cpp's ``n_batch``; ``n_ubatch`` the same): a prompt is fed
             in batches of this many, as ``Llama.eval`` feeds it, and a verify forward must fit in one.
         n_seq_max: sequences in the context (1: one, whose cache is reset with ``llama_memory_clear``).
+        extra_bufts: llama.cpp's extra weight buffer types (repacked ``*_8x8`` layouts, AMX) on or off
+            (``llama_model_params.use_extra_bufts``; llama.cpp's ``--no-repack`` turns them off). None (the default):
+            as :func:`redraft.decoding.llamacpp_probe.settle` chose for this build, CPU and file, probing in a child
+            process first, so that a build whose batched decode crashes never takes this process down. True or False:
+            loaded so without a child probe, batch invariance probed in this process (:meth:`batch_invariant`).
+        tiled_matmul: ggml's tiled K-quant matmul on or off (``GGML_CPU_TILED_MM``; process-wide and set once: the
+            first target of a process, or the user's environment, decides for all); with ``extra_bufts`` None the
+            probe's choice.
     Attributes:
         path: the GGUF file; length: tokens in the KV cache; vocab_size: rows of the output layer; max_length:
             each sequence's ``n_ctx``; dtype: the logits' dtype (float32); numerics: the key of this build's measured noise
             (``"llama.cpp batch-invariant"`` when the load-time probe found verify rows equal to plain rows, else
             ``"llama.cpp"``); invariant: that probe's verdict; chain_only: True (see the module docstring); description: llama.cpp's own one-line
-            description of the model (architecture, size, quantization).
+            description of the model (architecture, size, quantization); extra_bufts, tiled_matmul: the
+            configuration loaded.
     Raises:
         LlamaCppError: the ``llama`` extra is missing, the file does not exist or llama.cpp cannot load it, or
-            cannot create a context of that size.
+            cannot create a context of that size, or the load probe found no configuration that runs it.
         ValueError: n_seq_max < 1.
     """
 
@@ -110,21 +99,39 @@ class LlamaCppTarget(Target):
     dtype = torch.float32
 
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512, n_seq_max: int = 1) -> None:
+                 n_batch: int = 512, n_seq_max: int = 1, extra_bufts: bool | None = None,
+                 tiled_matmul: bool = True) -> None:
         if int(n_seq_max) < 1:
             raise ValueError(f"n_seq_max must be >= 1, got {n_seq_max}")
         lib = import_llama_cpp()
         self.path = Path(gguf)
         if not self.path.is_file():
             raise LlamaCppError(f"GGUF file {self.path} does not exist")
-        _quiet(lib)
+        threads = int(n_threads or os.cpu_count() or 1)
+        verdict = None
+        if extra_bufts is None:  # probed in a child process first: a build that crashes must not take this one down
+            try:
+                verdict = settle(self.path, threads=threads, tiled_matmul=tiled_matmul_fixed())
+            except ProbeFailed as e:
+                raise LlamaCppError(f"llama.cpp cannot run {self.path} with this build on this CPU ({e}); "
+                                    "rebuild the llama extra with `make llama` (docs/llama-cpp.md)") from e
+            if verdict.note:
+                log.warning("%s: %s", self.path.name, verdict.note)
+            extra_bufts, tiled_matmul = verdict.config.extra_bufts, verdict.config.tiled_matmul
+        self.tiled_matmul = set_tiled_matmul(bool(tiled_matmul))
+        init_backend(lib)
         self._lib = lib
         mparams = lib.llama_model_default_params()
+        self.extra_bufts = bool(extra_bufts)
+        if hasattr(mparams, "use_extra_bufts"):
+            mparams.use_extra_bufts = self.extra_bufts
+        elif not self.extra_bufts:
+            raise LlamaCppError("this llama-cpp-python has no use_extra_bufts model parameter: rebuild the llama "
+                                "extra with `make llama`")
         self._model = lib.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise LlamaCppError(f"llama.cpp could not load {self.path} as a GGUF model (a truncated or foreign file, "
                                 "or an architecture this llama.cpp build does not know)")
-        threads = int(n_threads or os.cpu_count() or 1)
         self.n_batch = int(min(n_batch, n_ctx))
         cparams = lib.llama_context_default_params()
         self.n_seq_max = int(n_seq_max)
@@ -160,7 +167,10 @@ class LlamaCppTarget(Target):
         self.length = 0
         self.ids: list[int] = []  # the tokens the KV cache holds, in order
         self.solo_depth = 0
-        self.invariant = self.batch_invariant()
+        if verdict is not None and self.tiled_matmul == verdict.config.tiled_matmul:
+            self.invariant = verdict.invariant
+        else:  # chosen by the caller, or the process had the tiled matmul set otherwise already: measured here
+            self.invariant = self.batch_invariant()
         self.numerics = INVARIANT_KEY if self.invariant else NOISE_KEY
 
     # -- the Target interface ---------------------------------------------------------------------------------------

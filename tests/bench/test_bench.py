@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -376,16 +377,15 @@ def test_bench_cost_refuses_sizes_past_the_context(tiny_model_dir):
 
 
 def test_a_llama_cpp_build_that_crashes_costs_the_method_not_the_bench(model, tmp_path, monkeypatch):
-    """A llama-cpp-python whose first decode segfaults (a fake one here) is probed in a child process: both
+    """A llama.cpp whose batched decode segfaults (the stand-in of tests/fakellama) is probed in child processes: both
     llama.cpp methods are skipped with the signal named, and this process goes on."""
     from redraft.bench.methods import build_methods
 
-    fake = tmp_path / "fake" / "llama_cpp"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("import os, signal\n\nclass Llama:\n    def __init__(self, **kw):\n"
-                                      "        os.kill(os.getpid(), signal.SIGSEGV)\n")
-    monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.syspath_prepend(str(fake.parent))
+    fake = Path(__file__).resolve().parent.parent / "fakellama"
+    monkeypatch.setenv("FAKE_LLAMA", "crash-all")
+    monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONPATH", f"{fake}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(fake))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     real = sys.modules.get("llama_cpp")
