@@ -155,7 +155,10 @@ class LlamaCppMethod(Method):
         config = config or Config()  # the kernels the load probe chose (the target's, beside a llama.cpp target)
         set_tiled_matmul(config.tiled_matmul)
         with model_defaults(extra_bufts=config.extra_bufts):
-            self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
+            # the prompt on the same threads as the tokens (llama-cpp-python's default n_threads_batch is every
+            # core, llama.cpp's own -tb defaults to -t): side by side with a target on n threads, n threads each
+            threads = n_threads or os.cpu_count() or 1
+            self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                              draft_model=draft, logits_all=draft is not None, verbose=False, seed=0)
         self.eos = set(int(e) for e in eos_token_ids) | {int(self.llm.token_eos())}
         self.forwards = 0

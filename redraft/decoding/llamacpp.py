@@ -228,7 +228,8 @@ class LlamaCppTarget(Target):
             if n_out:
                 ptr = lib.llama_get_logits(self._ctx)  # the batch's output rows, in batch order
                 rows.append(np.ctypeslib.as_array(ptr, shape=(n_out * self.vocab_size,)).copy())
-        return torch.from_numpy(np.concatenate(rows).reshape(n_logits, self.vocab_size))
+        flat = rows[0] if len(rows) == 1 else np.concatenate(rows)  # one copy of llama.cpp's rows, not two
+        return torch.from_numpy(flat.reshape(n_logits, self.vocab_size))
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (``llama_memory_seq_rm`` of the rest)."""
