@@ -1,4 +1,4 @@
-"""Command line: ``redraft run | freeze | serve | demo | oracle | glide | corpus | bench``.
+"""Command line: ``redraft run | freeze | serve | demo | oracle | glide | corpus | bench | quantize``.
 
 One module per command registers its own parser (``register(subparsers)``) and holds its command; all of them
 build on :mod:`redraft.cli.common` (argument types, flag groups, environment variables, loaders), which imports no
@@ -15,11 +15,11 @@ import argparse
 import sys
 
 from redraft import __version__
-from redraft.cli import bench, corpus, demo, freeze, glide, oracle, run, serve
+from redraft.cli import bench, corpus, demo, freeze, glide, oracle, quantize, run, serve
 from redraft.cli.common import add_threads_arg
 
 # in `redraft --help` order; each module's register(subparsers) adds its sub-command
-COMMANDS = (run, freeze, serve, demo, oracle, glide, corpus, bench)
+COMMANDS = (run, freeze, serve, demo, oracle, glide, corpus, bench, quantize)
 
 
 class Parser(argparse.ArgumentParser):

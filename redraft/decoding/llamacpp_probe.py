@@ -206,6 +206,9 @@ def choose(results: list[ProbeResult]) -> Verdict:
     probes = tuple(asdict(r) for r in results)
     ran = [r for r in results if r.runs]
     if not ran:
+        whys = [r.why for r in results]
+        if len(set(whys)) == 1:  # the same failure everywhere (a file llama.cpp cannot load): said once
+            raise ProbeFailed(f"with each of {len(results)} kernel configurations: {whys[0]}")
         raise ProbeFailed("; ".join(f"with {r.config.describe()}: {r.why}" for r in results))
     fastest = min(ran, key=lambda r: r.step_ms)
     within = [r for r in ran if r.step_ms <= fastest.step_ms * INVARIANT_SLACK]  # llama.cpp's pace, in probe order

@@ -49,7 +49,7 @@ def test_a_build_that_crashes_everywhere_is_an_error_naming_each_failure(fake, t
     monkeypatch.setenv("FAKE_LLAMA", "crash-all")
     with pytest.raises(ProbeFailed) as e:
         settle(fake, threads=1, cache=tmp_path / "c")
-    assert str(e.value).count("SIGSEGV") == 4 and "--no-repack" in str(e.value)
+    assert "SIGSEGV" in str(e.value) and "4 kernel configurations" in str(e.value)
     assert not list((tmp_path / "c").glob("*.json"))  # a failure is not cached: a rebuild is probed afresh
 
 
