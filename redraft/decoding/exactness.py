@@ -90,6 +90,8 @@ def near_tie_threshold(logits: torch.Tensor, dtype: torch.dtype | str, safety: f
         FloatTensor [R] (float32): ``safety * bound * max |logits[r]|``.
     """
     bound = gap_noise(dtype) if gaps else 2.0 * row_noise(dtype)
+    if bound == 0.0:  # a batch-invariant runtime: every row is plain decoding's row, no pass over the logits
+        return torch.zeros(logits.shape[0], dtype=torch.float32)
     # max |x| as max(max x, -min x): two reductions, no |logits| copy (equal bit for bit: both are exact)
     largest = torch.maximum(logits.amax(-1), logits.amin(-1).neg()).float()
     return largest * (safety * bound)

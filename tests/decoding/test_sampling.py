@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import build_tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from redraft.corpus import Corpus
@@ -190,6 +192,25 @@ def test_greedy_choice_breaks_ties_at_the_first_best_index():
     choices, margins = ch.choose(logits, [1, 2, 3])
     assert choices == [1, 0, 3] == logits.argmax(-1).tolist()
     assert margins.tolist() == [0.0, 0.0, 2.5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([-np.inf, -2.0, 0.0, 0.5, 1.0, 3.0]), min_size=5, max_size=5),
+                min_size=1, max_size=4))
+def test_the_greedy_fast_path_chooses_as_topk_and_leaves_the_logits_as_they_were(rows):
+    """Plain greedy without processors takes a numpy path (argmax, then the runner-up with the best masked): its
+    choices and margins equal the general path's (torch's topk, ties to the first best index), on rows full of ties
+    and -inf, and the logits it read are unchanged."""
+    rows = [r if max(r) > -np.inf else [0.0] + r[1:] for r in rows]  # a row of only -inf is refused, not chosen
+    logits = torch.tensor(rows, dtype=torch.float32)
+    before = logits.clone()
+    ch = TokenChooser(SamplingParams(), vocab=5)
+    ch.reset([1])
+    choices, margins = ch.choose(logits, list(range(len(rows))))
+    assert torch.equal(logits, before)
+    top = torch.topk(logits, 2, dim=-1).values
+    assert choices == logits.argmax(-1).tolist()
+    assert margins.tolist() == (top[:, 0] - top[:, 1]).tolist()
 
 
 def test_seed_changes_output(tiny_llama):
