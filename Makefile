@@ -33,9 +33,13 @@ lint: $(LINT_STAMP)
 demo: $(STAMP)
 	$(BIN)/redraft demo
 
-# The same demo with the target on llama.cpp (the bundled GGUF as it is quantized); builds the llama extra first.
+# The same demo with the target on llama.cpp; builds the llama extra first. It runs a Q4_0 copy of the bundled model,
+# written once into the cache by llama.cpp's quantizer (`redraft quantize` prints its path): the type whose verify rows
+# cost least here and stay batch-invariant (docs/llama-cpp.md). DEMO_LLAMA_TYPE sets another type (q8_0, iq4_nl, ...).
+DEMO_LLAMA_TYPE ?= q4_0
 demo-llama: llama
-	$(BIN)/redraft demo --runtime llama.cpp
+	MODEL=$$($(BIN)/redraft quantize --type $(DEMO_LLAMA_TYPE)) && echo "demo-llama: the bundled model as $(DEMO_LLAMA_TYPE): $$MODEL" && \
+	$(BIN)/redraft demo --runtime llama.cpp --model "$$MODEL"
 
 # The tests run in TEST_WORKERS pytest-xdist processes (auto: one per CPU core; 0: in this process). Each worker takes
 # whole files (--dist loadfile), so a module's fixtures (the real model, a live server) are built once; the files
