@@ -219,6 +219,8 @@ def llama_config(gguf: str) -> tuple[Config | None, str]:
     """The kernels llama.cpp runs ``gguf`` with here, as the load probe chose them in child processes
     (:func:`redraft.decoding.llamacpp_probe.settle`, cached): (config, "") or, when no configuration ran it, (None,
     why), naming how each child died."""
+    if not os.path.isfile(gguf):
+        return None, f"GGUF file {gguf} does not exist"
     try:
         return settle(gguf, threads=os.cpu_count() or 1).config, ""
     except ProbeFailed as e:
