@@ -68,7 +68,7 @@ GLIDE_GAMMA = 4
 # 1.5x the largest measured (`redraft oracle --noise` checks them; docs/measurements.md#redraft-defaults).
 EXACT_ROW_NOISE = {"float32": 4e-6, "float16": 7.5e-3, "bfloat16": 6.5e-2,
                    # llama.cpp: a build with llamafile's sgemm (docs/llama-cpp.md), and one whose rows equal plain
-                   # decoding's bit for bit (probed at load: redraft.decoding.llamacpp)
+                   # decoding's bit for bit (probed at load: redraft.runtimes.llamacpp.target)
                    "llama.cpp": 1.25e-1, "llama.cpp batch-invariant": 0.0}
 # A row is trusted when its top-2 gap exceeds SAFETY x the 2 x noise bound that guarantees plain decoding's choice.
 # Verify rows: 4; failing it costs one draft-free forward, or a replay of the cache one token per forward where the

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from redraft.decoding.engine import Engine
-from redraft.decoding.target import HFTarget
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.tree import TokenTree
 
 # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine torch's thread pool spinning
@@ -388,8 +388,8 @@ def load_default_model(**kwargs):
     with cache_lock("default-model"):
         loaded = load_model(**kwargs)
         if kwargs.get("dtype", "float32") == "float32" and kwargs.get("attn", "sdpa") == "sdpa":
-            from redraft.decoding.target import HFTarget
             from redraft.pricing.cache import cached_cost_curve
+            from redraft.runtimes.transformers.target import HFTarget
 
             cached_cost_curve(HFTarget(loaded.model))
     return loaded
@@ -399,8 +399,8 @@ def seed_cost_curve(model, directory, name) -> os.PathLike:
     """Store ``model``'s cached cost curve in the cache ``directory`` under the key of a copy of it saved at ``name``
     (the key holds the model's path): a process loading the copy reads the curve instead of measuring it again
     (~30 s for the default model). Returns the file written."""
-    from redraft.decoding.target import as_target
     from redraft.pricing.cache import cached_cost_curve, curve_key, curve_path, save_curve
+    from redraft.runtimes.transformers.target import as_target
 
     curve = cached_cost_curve(as_target(model))
     saved = model.config._name_or_path

@@ -7,10 +7,10 @@ import time
 import torch
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, engine_with, glide_drafter, plain_engine
-from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.io.prompts import encode_prompt
 from redraft.io.questions import load_questions
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.training.data import MEASURE_IDS
 
 torch.set_num_threads(1)

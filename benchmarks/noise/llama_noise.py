@@ -34,10 +34,10 @@ def main() -> int:
 
     from redraft.compose import plain_engine
     from redraft.decoding.exactness import measure_gap_noise, measure_settle_noise
-    from redraft.decoding.llamacpp import LlamaCppTarget
     from redraft.io.loading import default_model_path, resolve_model_dir
     from redraft.io.prompts import encode_prompt
     from redraft.io.questions import load_questions
+    from redraft.runtimes.llamacpp.target import LlamaCppTarget
 
     _, model_dir = resolve_model_dir(None, quiet=True)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -12,10 +12,10 @@ import torch
 
 from redraft.compose import plain_engine
 from redraft.decoding.exactness import measure_settle_noise
-from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.io.prompts import encode_prompt
 from redraft.io.questions import load_questions
+from redraft.runtimes.transformers.target import HFTarget
 
 torch.set_num_threads(1)
 nq = int(sys.argv[1]) if len(sys.argv) > 1 else 12

@@ -36,7 +36,7 @@ def main() -> None:
     from redraft.bench.agent_bench import AgentBenchConfig, agent_tasks, run_conversations
     from redraft.cli import build_parser
     from redraft.cli.serve import build_server
-    from redraft.decoding.target import HFTarget
+    from redraft.runtimes.transformers.target import HFTarget
     from redraft.server.generation import Generator
 
     torch.set_num_threads(1)

@@ -34,9 +34,9 @@ def _one_at_a_time(make_engine, prompts, max_tokens) -> tuple[list[list[int]], f
 
 
 def _batched(batcher, make_engine, prompts, max_tokens) -> tuple[list[list[int]], float, dict]:
-    """The prompts decoded at once, one step loop over them all (:func:`redraft.decoding.batching.run_together`):
+    """The prompts decoded at once, one step loop over them all (:func:`redraft.runtimes.transformers.batching.run_together`):
     (ids, wall seconds, the batcher's steps, rows and forward seconds during the run, and the prompts' rows)."""
-    from redraft.decoding.batching import run_together
+    from redraft.runtimes.transformers.batching import run_together
 
     before = (batcher.steps, batcher.rows, batcher.forward_seconds)
     t0 = time.perf_counter()
@@ -67,8 +67,8 @@ def concurrent(n: int, max_tokens: int) -> dict:
     a time and ``n`` at once through a StepBatcher; ids compared with plain decoding one at a time."""
     from redraft.compose import SpeculationConfig, build_engine, build_policy, plain_engine
     from redraft.compose.build import batched_policy
-    from redraft.decoding.batching import StepBatcher
     from redraft.io.loading import load_model
+    from redraft.runtimes.transformers.batching import StepBatcher
 
     loaded = load_model(None, quiet=True)
     model, eos = loaded.model, sorted(loaded.eos_token_ids)
@@ -101,9 +101,9 @@ def step_cost(sequences: list[int], tokens: int, repeats: int = 5) -> dict:
     of the packed step, of one sequence's step alone, and the throughput gain S x alone / step."""
     import torch
 
-    from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
-    from redraft.decoding.target import HFTarget
     from redraft.io.loading import load_model
+    from redraft.runtimes.transformers.packing import Block, causal_positions, enable_packed_attention, packed_forward
+    from redraft.runtimes.transformers.target import HFTarget
 
     model = load_model(None, quiet=True).model
     enable_packed_attention(model)
@@ -149,10 +149,10 @@ def row_noise(n: int, max_tokens: int) -> dict:
     and for draft-free rows computed alone on the caches packed forwards wrote (exact mode's recomputes)."""
     import torch
 
-    from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
-    from redraft.decoding.target import HFTarget
     from redraft.defaults import EXACT_GAP_NOISE, EXACT_ROW_NOISE
     from redraft.io.loading import load_model
+    from redraft.runtimes.transformers.packing import Block, causal_positions, enable_packed_attention, packed_forward
+    from redraft.runtimes.transformers.target import HFTarget
 
     loaded = load_model(None, quiet=True)
     model = loaded.model

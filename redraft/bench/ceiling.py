@@ -18,7 +18,7 @@ class CeilingTimer:
     """Times one forward over prompt + answer on the target model (the replay ceiling).
 
     Args:
-        model: a transformers causal LM (or an :class:`~redraft.decoding.target.HFTarget`); its own KV cache is used
+        model: a transformers causal LM (or an :class:`~redraft.runtimes.transformers.target.HFTarget`); its own KV cache is used
             and reset, so do not share the HFTarget with a generation in progress.
         repeats: forwards timed per call; the fastest counts (the ceiling is a lower bound on time: noise on a
             shared machine only ever makes a forward slower).
@@ -27,7 +27,7 @@ class CeilingTimer:
     """
 
     def __init__(self, model, repeats: int = 2) -> None:
-        from redraft.decoding.target import as_target  # torch-bound
+        from redraft.runtimes.transformers.target import as_target  # torch-bound
 
         if repeats < 1:
             raise ValueError(f"CeilingTimer: repeats must be >= 1, got {repeats}")

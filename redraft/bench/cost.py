@@ -32,9 +32,9 @@ def cost_curve(model, *, max_s: int = 64, prefix: int = 200, repeats: int = 5, t
         the ratios, ``t1_s`` the reference forwards' median.
     """
     # torch-bound: `redraft bench` imports this module while registering its flags
-    from redraft.decoding.target import HFTarget
     from redraft.decoding.verify import chain_inputs
     from redraft.pricing.measure import fit_prefix, ratios, time_forwards
+    from redraft.runtimes.transformers.target import HFTarget
 
     target = model if isinstance(model, HFTarget) else HFTarget(model)
     rng = np.random.default_rng(seed)

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from redraft.decoding.llamacpp_probe import Config, ProbeFailed, settle
 from redraft.defaults import CORPUS_K_DEFAULT, CORPUS_MINACC, TREE_BUDGET
+from redraft.runtimes.llamacpp.probe import Config, ProbeFailed, settle
 
 ALL_METHODS = ("plain", "hf", "hf-pld", "ngram", "corpus", "corpus+ngram", "policy", "tree", "llama.cpp",
                "llama.cpp-pld", "policy-transformers")
@@ -139,7 +139,7 @@ class LlamaCppMethod(Method):
                  exact_expected: bool = False, config: Config | None = None) -> None:
         from llama_cpp import Llama
 
-        from redraft.decoding.llamacpp_lib import model_defaults, set_tiled_matmul
+        from redraft.runtimes.llamacpp.lib import model_defaults, set_tiled_matmul
 
         draft = None
         if prompt_lookup:
@@ -217,7 +217,7 @@ def _transformers_policy(gguf: str, eos: Sequence[int], corpus, threads: int) ->
 
 def llama_config(gguf: str) -> tuple[Config | None, str]:
     """The kernels llama.cpp runs ``gguf`` with here, as the load probe chose them in child processes
-    (:func:`redraft.decoding.llamacpp_probe.settle`, cached): (config, "") or, when no configuration ran it, (None,
+    (:func:`redraft.runtimes.llamacpp.probe.settle`, cached): (config, "") or, when no configuration ran it, (None,
     why), naming how each child died."""
     if not os.path.isfile(gguf):
         return None, f"GGUF file {gguf} does not exist"

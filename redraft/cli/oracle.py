@@ -156,7 +156,7 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
 def _noise(loaded, refs, dtype: str) -> dict:
     """Row noise measured on each reference answer against the bound exact mode assumes for this dtype."""
     from redraft.decoding.exactness import measure_row_noise, row_noise
-    from redraft.decoding.target import HFTarget
+    from redraft.runtimes.transformers.target import HFTarget
 
     target, worst = HFTarget(loaded.model), {}
     for r in tqdm(refs, desc=f"{dtype} row noise", unit="q", file=sys.stderr):

@@ -1,6 +1,6 @@
 """``redraft quantize``: a GGUF model rewritten in another quantization type by llama.cpp's quantizer, once, into the
-cache (:mod:`redraft.decoding.llamacpp_quantize`), then probed: which kernels llama.cpp runs it with here and whether
-they are batch-invariant (:mod:`redraft.decoding.llamacpp_probe`)."""
+cache (:mod:`redraft.runtimes.llamacpp.quantize`), then probed: which kernels llama.cpp runs it with here and whether
+they are batch-invariant (:mod:`redraft.runtimes.llamacpp.probe`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from redraft.decoding.llamacpp_quantize import QUANT_TYPES, QuantizeError, check_source, quantize
+from redraft.runtimes.llamacpp.quantize import QUANT_TYPES, QuantizeError, check_source, quantize
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -49,7 +49,7 @@ def run(args) -> int:
     except QuantizeError as e:
         print(f"redraft quantize: error: {e}", file=sys.stderr)
         return 1
-    from redraft.decoding.llamacpp_lib import LlamaCppError
+    from redraft.runtimes.llamacpp.lib import LlamaCppError
 
     t0 = time.perf_counter()
     try:
@@ -61,7 +61,7 @@ def run(args) -> int:
     how = f"written in {time.perf_counter() - t0:.1f} s" if made else "made before; reused (--force writes again)"
     print(f"redraft quantize: {os.path.basename(src)} as {args.type}: {path} ({size:.1f} MiB, {how})", file=sys.stderr)
     if not args.no_probe:
-        from redraft.decoding.llamacpp_probe import ProbeFailed, settle
+        from redraft.runtimes.llamacpp.probe import ProbeFailed, settle
 
         try:
             v = settle(path, threads=args.threads or os.cpu_count() or 1)

@@ -323,18 +323,18 @@ def kv_memory_bytes(device) -> int | None:
 def step_batcher(args, loaded):
     """The step batcher the running requests share (``--max-batch-tokens``), or None with ``--max-running 1``
     (requests one at a time on a plain target, as without batching). On llama.cpp each running request is a
-    sequence of the target's context, batched by llama.cpp (:class:`~redraft.decoding.llamacpp_batching.
+    sequence of the target's context, batched by llama.cpp (:class:`~redraft.runtimes.llamacpp.batching.
     LlamaStepBatcher`)."""
     if args.max_running <= 1:
         return None
     if loaded.runtime == "llama.cpp":
-        from redraft.decoding.llamacpp_batching import LlamaStepBatcher
+        from redraft.runtimes.llamacpp.batching import LlamaStepBatcher
 
         if args.max_batch_tokens is not None and args.max_batch_tokens > loaded.model.n_batch:
             print(f"redraft serve: warning: --max-batch-tokens {args.max_batch_tokens}: llama.cpp's batch holds "
                   f"{loaded.model.n_batch} tokens; a step carries at most that many", file=sys.stderr)
         return LlamaStepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens)
-    from redraft.decoding.batching import StepBatcher
+    from redraft.runtimes.transformers.batching import StepBatcher
 
     return StepBatcher(loaded.model, max_batch_tokens=args.max_batch_tokens or DEFAULT_MAX_BATCH_TOKENS)
 

@@ -96,7 +96,7 @@ def glide_drafter(path, model, *, gamma: int = GLIDE_GAMMA, cape=None, head_voca
         model: the target, a transformers causal LM.
         cape: :class:`~redraft.drafters.cape.CapeBins`, True for the paper's bins, or None/False for chain drafts.
         head_vocab: N > 0 = reduced-vocabulary head of the N most frequent training tokens.
-        target: an :class:`~redraft.decoding.target.HFTarget`, or None: the engine binds its own before every
+        target: an :class:`~redraft.runtimes.transformers.target.HFTarget`, or None: the engine binds its own before every
             generation.
         minacc: None = no guard; a fraction = pause while acceptance per draft level stays below it.
         name: the source's name; a checkpoint without cross-attention is reported as "vanilla draft".
@@ -171,8 +171,8 @@ def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **
     if curve is None:
         if model is None:
             raise ValueError("build_policy: give the target model (its cost curve is measured) or a cost curve")
-        from redraft.decoding.target import as_target
         from redraft.pricing.cache import cached_cost_curve
+        from redraft.runtimes.transformers.target import as_target
 
         curve = cached_cost_curve(as_target(model))
     return SpeculationPolicy(curve, max_nodes=max_nodes, **kw)
@@ -192,7 +192,7 @@ _PRICING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a shared po
 
 def batched_policy(policy):
     """A :class:`~redraft.policy.load.LoadAwarePolicy` for one sequence decoding inside a
-    :class:`~redraft.decoding.batching.StepBatcher`: the engine prices each step's draft at the rows the step carries
+    :class:`~redraft.runtimes.transformers.batching.StepBatcher`: the engine prices each step's draft at the rows the step carries
     for other sequences (:meth:`LoadAwarePolicy.at_load`, the vLLM proposer's rule), so draft depth shrinks as the
     batch fills and grows back as it empties.
 
@@ -224,7 +224,7 @@ def engine_with(model, drafters: Sequence[Drafter], config: SpeculationConfig, *
     (depth cap, tree merge and budget, exact mode, generation_config) and ``policy`` (a SpeculationPolicy or None).
 
     Args:
-        model: a transformers causal LM or an :class:`~redraft.decoding.target.HFTarget`.
+        model: a transformers causal LM or an :class:`~redraft.runtimes.transformers.target.HFTarget`.
         generation_config: a transformers ``GenerationConfig`` to shape logits with instead of the model's (None:
             ``config.generation_config`` says whether the model's applies).
     """
@@ -277,6 +277,6 @@ def plain_engine(model, *, eos_token_ids: Sequence[int] = (), generation_config=
 
 def _hf_model(model):
     """The transformers model under an HFTarget (the cost curve cache keys on it), or ``model`` itself."""
-    from redraft.decoding.target import HFTarget
+    from redraft.runtimes.transformers.target import HFTarget
 
     return model.model if isinstance(model, HFTarget) else model

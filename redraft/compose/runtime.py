@@ -1,5 +1,5 @@
 """Where the target runs: transformers (a Hugging Face directory, or a GGUF dequantised once to fp32) or llama.cpp
-(a GGUF file run as it is quantized, :class:`redraft.decoding.llamacpp.LlamaCppTarget`).
+(a GGUF file run as it is quantized, :class:`redraft.runtimes.llamacpp.target.LlamaCppTarget`).
 
 :func:`load_target` is the one loader every command and the Python API use; what it returns,
 :class:`~redraft.io.loading.LoadedModel`, says which runtime it holds (``runtime``), and everything downstream (the
@@ -56,7 +56,7 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
         raise ModelLoadError(f"--dtype {dtype}: the llama.cpp runtime runs the GGUF file's own quantization "
                              "(leave --dtype at float32)")
     path = resolve_gguf(spec)
-    from redraft.decoding.llamacpp import LlamaCppError, LlamaCppTarget
+    from redraft.runtimes.llamacpp.target import LlamaCppError, LlamaCppTarget
 
     try:
         import torch

@@ -22,13 +22,13 @@ from redraft.decoding.logprobs import TokenLogprob, row_logprobs
 from redraft.decoding.planner import Draft, DraftLimits, DraftPlanner
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
-from redraft.decoding.sequence import Steps, drive
 from redraft.decoding.step import Step, verify_step
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import PrefixKV, as_target
 from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH, check_depth
 from redraft.drafters.base import Drafter
 from redraft.policy.speculation import SpeculationPolicy
+from redraft.runtimes.sequence import Steps, drive
+from redraft.runtimes.transformers.target import PrefixKV, as_target
 
 
 @dataclass
@@ -89,8 +89,8 @@ class Engine:
     """Lossless greedy speculative decoding of one sequence at a time.
 
     Args:
-        model: a transformers causal LM, or a :class:`~redraft.decoding.target.Target` (an :class:`HFTarget`
-            wrapping one, a :class:`~redraft.decoding.llamacpp.LlamaCppTarget`).
+        model: a transformers causal LM, or a :class:`~redraft.runtimes.transformers.target.Target` (an :class:`HFTarget`
+            wrapping one, a :class:`~redraft.runtimes.llamacpp.target.LlamaCppTarget`).
         drafters: draft sources (:class:`~redraft.drafters.base.Drafter`) in priority order; empty = plain greedy
             decoding. Each is bound to this engine's target before every generation.
         eos_token_ids: ids that end a generation (may be empty).
@@ -148,7 +148,7 @@ class Engine:
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
                  exact: bool | None = None, record_margins: bool = False,
                  prefix: PrefixKV | None = None, logprobs: int | None = None) -> GenerationResult:
-        """:meth:`steps` run to its end on this engine's target alone (:func:`redraft.decoding.sequence.drive`):
+        """:meth:`steps` run to its end on this engine's target alone (:func:`redraft.runtimes.sequence.drive`):
         every forward is :meth:`HFTarget.forward` on its own cache. Same arguments, result and errors."""
         return drive(self.steps(prompt_ids, max_new_tokens, on_tokens, sampling=sampling, stop=stop, exact=exact,
                                 record_margins=record_margins, prefix=prefix, logprobs=logprobs))
@@ -159,9 +159,9 @@ class Engine:
               exact: bool | None = None, record_margins: bool = False,
               prefix: PrefixKV | None = None, logprobs: int | None = None,
               on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> Steps[GenerationResult]:
-        """One generation as a step function (:mod:`redraft.decoding.sequence`): it yields each target forward it
+        """One generation as a step function (:mod:`redraft.runtimes.sequence`): it yields each target forward it
         needs and is resumed with its logits, so a step loop can advance many generations one forward at a time
-        (:class:`redraft.decoding.batching.StepBatcher`). Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
+        (:class:`redraft.runtimes.transformers.batching.StepBatcher`). Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
         forward a step. ``on_tokens`` gets each step's new ids (streaming); ``sampling``: greedy (default) or seeded
         (:mod:`redraft.decoding.sampling`); ``stop``: stop strings (the output ends with the token completing one);
         ``exact``: settle near-tie rows as plain decoding computes them (:class:`redraft.decoding.exact_mode.ExactMode`;

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import TokenChooser
-from redraft.decoding.sequence import Steps, forward
 from redraft.decoding.step import Step
-from redraft.decoding.target import HFTarget
 from redraft.defaults import EXACT_PAY_PAUSE, EXACT_SAFETY, EXACT_SETTLE_SAFETY
+from redraft.runtimes.sequence import Steps, forward
+from redraft.runtimes.transformers.target import HFTarget
 
 
 class ExactMode:

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 
 import torch
 
-from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.defaults import EXACT_GAP_NOISE, EXACT_ROW_NOISE
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.tree import TokenTree
 
 # dtypes the measurement has not covered: this many machine epsilons of the largest |logit| (float32 measured ~21)

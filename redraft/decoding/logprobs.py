@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from redraft.decoding.sequence import Steps, drive, forward
+from redraft.runtimes.sequence import Steps, drive, forward
 
 MAX_TOP_LOGPROBS = 20  # the most alternatives OpenAI's chat API returns per token
 
@@ -72,12 +72,12 @@ SCORE_CHUNK = 512  # prompt tokens per scoring forward: bounds the logits held a
 
 
 def score_prompt(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) -> list[TokenLogprob | None]:
-    """:func:`prompt_scores` run alone on ``target`` (:func:`redraft.decoding.sequence.drive`)."""
+    """:func:`prompt_scores` run alone on ``target`` (:func:`redraft.runtimes.sequence.drive`)."""
     return drive(prompt_scores(target, ids, k, chunk))
 
 
 def prompt_scores(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) -> Steps[list[TokenLogprob | None]]:
-    """A step function (:mod:`redraft.decoding.sequence`): log-probabilities of every token of ``ids`` given the tokens before it, from the target's own forward.
+    """A step function (:mod:`redraft.runtimes.sequence`): log-probabilities of every token of ``ids`` given the tokens before it, from the target's own forward.
 
     A prompt of up to ``chunk`` tokens takes one forward; a longer one is fed in consecutive chunks over the
     growing KV cache (chunked prefill: the same rows up to float rounding), so at most ``chunk`` x vocab logits
@@ -85,7 +85,7 @@ def prompt_scores(target, ids: Sequence[int], k: int, chunk: int = SCORE_CHUNK) 
     null). The target's KV cache is reset and left holding ``ids`` (the next generation resets it again).
 
     Args:
-        target: a :class:`redraft.decoding.target.HFTarget` (``reset`` and ``forward(..., n_logits=)`` are used).
+        target: a :class:`redraft.runtimes.transformers.target.HFTarget` (``reset`` and ``forward(..., n_logits=)`` are used).
         ids: S >= 1 token ids.
         k: alternatives per token, 0..:data:`MAX_TOP_LOGPROBS`.
         chunk: most tokens per forward (>= 1).

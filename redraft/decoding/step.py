@@ -2,7 +2,7 @@
 
 :class:`Draft` is everything the drafting half of a step hands on (the token tree, and the policy's key per node so
 the policy can learn from the outcome); :func:`verify_step` asks for the one verify forward over the pending tokens
-plus the tree (a step function, :mod:`redraft.decoding.sequence`) and returns a :class:`Step`: the rows' choices and top-2 gaps, the accepted path and the tokens it emits.
+plus the tree (a step function, :mod:`redraft.runtimes.sequence`) and returns a :class:`Step`: the rows' choices and top-2 gaps, the accepted path and the tokens it emits.
 Nothing about a step is kept on the engine between steps.
 """
 
@@ -14,9 +14,9 @@ import torch
 
 from redraft.decoding.planner import Draft
 from redraft.decoding.sampling import TokenChooser
-from redraft.decoding.sequence import Steps, forward
-from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
+from redraft.runtimes.sequence import Steps, forward
+from redraft.runtimes.transformers.target import HFTarget
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Step:
 
 def verify_step(target: HFTarget, chooser: TokenChooser, pending: list[int], draft: Draft, n_ctx: int
                 ) -> Steps[Step]:
-    """A step function (``step = yield from verify_step(...)``; :func:`redraft.decoding.sequence.drive` runs it alone):
+    """A step function (``step = yield from verify_step(...)``; :func:`redraft.runtimes.sequence.drive` runs it alone):
     one verify forward over ``pending + draft.tree.tokens`` and accept the longest path the target agrees with.
 
     A chain runs with plain causal attention; a tree gets :func:`tree_positions` (committed length + depth) and

@@ -2,9 +2,9 @@
 
 A drafter is anything with the members of :class:`Drafter`. The engine, per generation:
 
-1. ``bind(target)``: hands over the :class:`~redraft.decoding.target.HFTarget` it verifies with, before every generation.
+1. ``bind(target)``: hands over the :class:`~redraft.runtimes.transformers.target.HFTarget` it verifies with, before every generation.
    Drafters that read nothing from the target ignore it; GliDe reads the verified KV cache through
-   :meth:`HFTarget.verified_kv <redraft.decoding.target.HFTarget.verified_kv>` (never the cache internals).
+   :meth:`HFTarget.verified_kv <redraft.runtimes.transformers.target.HFTarget.verified_kv>` (never the cache internals).
 2. ``begin(prompt)``: a new sequence starts; drop per-sequence state, re-arm the guard.
 3. Per decode step, in priority order: ``propose(context, max_depth)`` -> a fresh :class:`~redraft.tree.TokenTree`
    or None. Then one verify forward, then ``observe(proposed, accepted, emitted)`` for every drafter.
@@ -23,7 +23,7 @@ from redraft.defaults import CORPUS_MINACC, CORPUS_PAUSE, CORPUS_WINDOW
 from redraft.tree import TokenTree
 
 if TYPE_CHECKING:
-    from redraft.decoding.target import HFTarget
+    from redraft.runtimes.transformers.target import HFTarget
 
 
 class Drafter(Protocol):

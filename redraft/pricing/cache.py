@@ -89,7 +89,7 @@ def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PR
 
 
 def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> dict:
-    """:func:`curve_key` for a :class:`~redraft.decoding.llamacpp.LlamaCppTarget`: the GGUF file (name, size,
+    """:func:`curve_key` for a :class:`~redraft.runtimes.llamacpp.target.LlamaCppTarget`: the GGUF file (name, size,
     llama.cpp's description), llama-cpp-python's version, the build's numerics (a build with llamafile's sgemm batches
     rows at another cost than a batch-invariant one), the target's thread count and the machine."""
     from importlib.metadata import version
@@ -171,9 +171,9 @@ def cached_cost_curve(model, *, directory: str | os.PathLike | None = None, size
     """The cost curve for ``model`` here: from the cache when present and valid, else measured and cached.
 
     Args:
-        model: a :class:`~redraft.decoding.target.Target` (an HFTarget or a LlamaCppTarget; its KV cache is reset
+        model: a :class:`~redraft.runtimes.transformers.target.Target` (an HFTarget or a LlamaCppTarget; its KV cache is reset
             when measuring), or a bare transformers model when ``measure`` takes one (the default needs a target:
-            :func:`redraft.decoding.target.as_target`).
+            :func:`redraft.runtimes.transformers.target.as_target`).
         directory: cache root (default: redraft's cache directory, ``$REDRAFT_CACHE`` or ``~/.cache/redraft``).
         sizes, prefix, repeats: measurement settings (part of the key).
         refresh: measure again even when a cached curve exists.

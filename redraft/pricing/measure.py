@@ -9,7 +9,7 @@ rather than on neighbours. The cost curve is fitted from the ratios by :func:`re
 (median per size, then non-decreasing and sub-additive where the samples' spread allows).
 
 The target is duck-typed (``forward``, ``crop``, ``reset``, ``max_length``, ``vocab_size``, ``chain_only``,
-``runtime``; the :class:`~redraft.decoding.target.Target` protocol), so pricing sits below the decode step: a
+``runtime``; the :class:`~redraft.runtimes.transformers.target.Target` protocol), so pricing sits below the decode step: a
 caller holding a bare transformers model wraps it first (``HFTarget(model)``), and the tree verifier's mask and
 positions come in as a function (``tree_inputs``) rather than from :mod:`redraft.decoding.verify`.
 """
@@ -39,7 +39,7 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
     """Seconds per forward of S tokens for each S in ``sizes``, after ``prefix_ids`` is cached.
 
     Args:
-        target: a :class:`~redraft.decoding.target.Target` (duck-typed; its KV cache is reset).
+        target: a :class:`~redraft.runtimes.transformers.target.Target` (duck-typed; its KV cache is reset).
         sizes: forward sizes S >= 1 in tokens (root + S - 1 draft tokens).
         prefix_ids: token ids cached before every timed forward (at least one; cut so prefix + max S fits the
             model's context).
@@ -129,7 +129,7 @@ def measure_cost_curve(target, sizes: Sequence[int] = COST_SIZES, *, prefix: int
     """Measure c(n) at ``sizes`` draft tokens (chain verify forwards, median of ``repeats``).
 
     Args:
-        target: a :class:`~redraft.decoding.target.Target` (duck-typed, either runtime).
+        target: a :class:`~redraft.runtimes.transformers.target.Target` (duck-typed, either runtime).
         sizes: draft token counts n (0 is added when missing); a forward of 1 + n tokens is timed for each. Sizes
             whose forward does not fit the model's context are left out (:class:`CostCurve` extends its last
             segment past them).

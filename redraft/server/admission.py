@@ -54,7 +54,7 @@ def default_kv_tokens(context_length: int | None, *, max_running: int = 1, bytes
     floor = max(DEFAULT_KV_TOKENS, context)
     want = max(floor, max(1, int(max_running)) * context)
     if bytes_per_token and memory_bytes:
-        # a running sequence's cache keeps up to a quarter more room than its tokens (redraft.decoding.kvcache)
+        # a running sequence's cache keeps up to a quarter more room than its tokens (redraft.runtimes.transformers.kvcache)
         want = min(want, max(floor, int(memory_bytes * KV_MEMORY_SHARE / KV_ROOM) // int(bytes_per_token)))
     return want
 

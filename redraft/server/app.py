@@ -23,8 +23,8 @@ from dataclasses import replace
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from redraft.decoding.sequence import Steps
 from redraft.io.prompts import encode_chat, uses_chat_template
+from redraft.runtimes.sequence import Steps
 
 from . import errors, openapi, responses_api, tokenize
 from .access_log import AccessLog

@@ -1,11 +1,11 @@
 """One request through the engine: the tenant's drafters, stop strings, text deltas, then learning the answer.
 
-A request is a step function (:mod:`redraft.decoding.sequence`) that the scheduler's one loop advances beside the
+A request is a step function (:mod:`redraft.runtimes.sequence`) that the scheduler's one loop advances beside the
 other running requests, one target forward per step. Each request gets a target of its own
-(:meth:`Generator.new_target`: an :class:`~redraft.decoding.target.HFTarget` whose forwards the server's step batcher
+(:meth:`Generator.new_target`: an :class:`~redraft.runtimes.transformers.target.HFTarget` whose forwards the server's step batcher
 packs with the other running requests' into one forward per step, or runs alone without one) and an engine built per
 request (a thin object) by :func:`redraft.compose.build_engine`; the model's weights exist once. A target of another
-runtime that runs one sequence (:class:`~redraft.decoding.llamacpp.LlamaCppTarget`) is shared by every request,
+runtime that runs one sequence (:class:`~redraft.runtimes.llamacpp.target.LlamaCppTarget`) is shared by every request,
 which then run one at a time; it is emptied before a request of another tenant than the previous one's.
 Requests draft with the same :class:`~redraft.compose.SpeculationConfig` as ``redraft run``: the cost-aware policy
 by default, Colibri's fixed depth and guard with ``--no-policy``, ``--k`` or ``--minacc``. The cost curve is
@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
 from redraft.compose.build import batched_policy, grammar_drafters
 from redraft.corpus import CorpusError
-from redraft.decoding.batching import SequenceCancelled
 from redraft.decoding.engine import GenerationResult
 from redraft.decoding.logprobs import SCORE_CHUNK, TokenLogprob, prompt_scores
 from redraft.decoding.runstats import SourceStats
 from redraft.decoding.sampling import SamplingParams
-from redraft.decoding.sequence import Steps
 from redraft.decoding.stopping import StopStrings
-from redraft.decoding.target import HFTarget, Target
 from redraft.decoding.textstream import TextStream
+from redraft.runtimes.sequence import Steps
+from redraft.runtimes.transformers.batching import SequenceCancelled
+from redraft.runtimes.transformers.target import HFTarget, Target
 
 from .admission import KVBudget
 from .answer_cache import AnswerCache, answer_key, cap_in_key, replay
@@ -101,9 +101,9 @@ class Generator:
 
     Args:
         loaded: a :class:`redraft.io.loading.LoadedModel` (model, tokenizer, EOS ids). A model that is already a
-            :class:`~redraft.decoding.target.Target` (the llama.cpp runtime's) is the one target every request
+            :class:`~redraft.runtimes.transformers.target.Target` (the llama.cpp runtime's) is the one target every request
             uses, one request at a time (:attr:`one_at_a_time`), unless a ``batcher`` gives each request a sequence
-            of its context (:class:`~redraft.decoding.llamacpp_batching.LlamaStepBatcher`).
+            of its context (:class:`~redraft.runtimes.llamacpp.batching.LlamaStepBatcher`).
         corpora: the tenants' learned corpora and the shared corpus.
         config: how requests draft (:class:`~redraft.compose.SpeculationConfig`; default: the policy, n-gram
             drafts, exact mode, as ``redraft run``). Its ``corpus`` path is ignored: ``corpora`` are the corpora.
@@ -115,8 +115,8 @@ class Generator:
         budget: the server's :class:`~redraft.server.admission.KVBudget` (the prefix cache keeps only what the
             running requests' reservations leave), or None.
         batcher: the step batcher the scheduler packs the running requests' forwards with
-            (:class:`redraft.decoding.batching.StepBatcher`; on llama.cpp
-            :class:`redraft.decoding.llamacpp_batching.LlamaStepBatcher`, a sequence of its context per request), or
+            (:class:`redraft.runtimes.transformers.batching.StepBatcher`; on llama.cpp
+            :class:`redraft.runtimes.llamacpp.batching.LlamaStepBatcher`, a sequence of its context per request), or
             None: each request's forwards run alone (one request at a time).
         answers: an :class:`~redraft.server.answer_cache.AnswerCache` (a greedy request whose tenant was already
             answered for the identical prompt and settings is served from it without a forward), or None for none.
@@ -172,7 +172,7 @@ class Generator:
 
     def new_target(self, tenant: str | None = None) -> Target:
         """A target for one request of ``tenant`` (priced at the step batcher's current load with one,
-        :meth:`~redraft.decoding.batching.StepBatcher.new_target`). Close it with :func:`close_target`.
+        :meth:`~redraft.runtimes.transformers.batching.StepBatcher.new_target`). Close it with :func:`close_target`.
 
         The shared target (:attr:`shared`) keeps the previous request's tokens for a request of the same tenant (its
         prefix reuse, :class:`~redraft.server.prefix_cache.HeldPrefix`) and is emptied for any other (or an unnamed

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from redraft.decoding.engine import GenerationResult
-from redraft.decoding.target import HFTarget, PrefixKV
+from redraft.runtimes.transformers.target import HFTarget, PrefixKV
 
 
 @dataclass
@@ -136,7 +136,7 @@ class HeldPrefix:
 
     The same methods as :class:`PrefixCache`, so the generator, the KV budget and the metrics use it unchanged.
     :meth:`lookup` names the longest common prefix of the prompt and ``target.ids`` (what the target's cache holds
-    now, left by the previous request); :meth:`~redraft.decoding.target.Target.seed` then keeps those positions and
+    now, left by the previous request); :meth:`~redraft.runtimes.transformers.target.Target.seed` then keeps those positions and
     drops the rest, recomputing nothing. Tenants never share it: the generator empties the target before a request
     of another tenant than the previous one. It holds no memory beyond the target's own cache, which the running
     request's reservation covers: ``tokens`` is 0 and eviction has nothing to free.

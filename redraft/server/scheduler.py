@@ -1,9 +1,9 @@
 """One model instance, one scheduler loop, a fair queue, and events from it to the event loop.
 
 The loop (one thread) admits jobs, advances every running job by one target forward per step and hands each job's
-events to its request's event loop. A job is a step function (:mod:`redraft.decoding.sequence`: the runner's
+events to its request's event loop. A job is a step function (:mod:`redraft.runtimes.sequence`: the runner's
 generator, suspended wherever it waits for a forward); each step the loop gives all running jobs' forwards to the
-step batcher, which packs them into one forward (:mod:`redraft.decoding.batching`), or runs them one after another
+step batcher, which packs them into one forward (:mod:`redraft.runtimes.transformers.batching`), or runs them one after another
 without one. ``max_running=1`` serves requests one at a time. The queue is round-robin across tenants and first-in
 first-out within a tenant, so one tenant's burst cannot starve another. A job is admitted when a place is free and
 its KV reservation (``Job.kv_tokens``: prompt + max_tokens) fits in the server's
@@ -14,7 +14,7 @@ Each job carries an asyncio queue: the loop posts ``("delta", text)`` as tokens 
 ``("logprobs", entries)`` when the request asked for log-probabilities) and then
 ``("done", outcome)``, ``("aborted", None)`` or ``("error", exception)`` with ``loop.call_soon_threadsafe``. A job
 whose ``cancel`` event is set (its client left) stops before its next step: the loop raises
-:class:`~redraft.decoding.batching.SequenceCancelled` where it waits (the runner turns it into :class:`Cancelled`)
+:class:`~redraft.runtimes.transformers.batching.SequenceCancelled` where it waits (the runner turns it into :class:`Cancelled`)
 and releases the job's KV reservation at once. The HTTP side only enqueues and reads events.
 """
 
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redraft.decoding.batching import SequenceCancelled
-from redraft.decoding.sequence import Sequence, Steps
+from redraft.runtimes.sequence import Sequence, Steps
+from redraft.runtimes.transformers.batching import SequenceCancelled
 
 from .admission import KVBudget, retry_after
 
@@ -103,16 +103,16 @@ class Scheduler:
 
     Args:
         runner: ``runner(job, emit)`` returns the job's step function (a generator of
-            :class:`~redraft.decoding.sequence.ForwardCall`, returning the job's outcome); it calls ``emit(text)`` for
+            :class:`~redraft.runtimes.sequence.ForwardCall`, returning the job's outcome); it calls ``emit(text)`` for
             each text delta and raises :class:`Cancelled` when ``job.cancel`` is set or a
-            :class:`~redraft.decoding.batching.SequenceCancelled` is raised where it waits. Any other exception
+            :class:`~redraft.runtimes.transformers.batching.SequenceCancelled` is raised where it waits. Any other exception
             becomes an ``error`` event; the loop never dies of one.
         max_queue: most waiting jobs; beyond it :meth:`submit` raises :class:`QueueFull`.
         max_running: most jobs running at once (>= 1).
         budget: the server's :class:`~redraft.server.admission.KVBudget` (None: no KV admission); a job starts only
             once its ``kv_tokens`` are reserved there, and releases them when it ends.
         on_queue: called with the number of waiting jobs whenever it changes (metrics).
-        batcher: a :class:`~redraft.decoding.batching.StepBatcher` that packs each step's forwards into one, or None:
+        batcher: a :class:`~redraft.runtimes.transformers.batching.StepBatcher` that packs each step's forwards into one, or None:
             each running job's forward runs alone, one after another.
     Raises:
         ValueError: max_running < 1.

@@ -12,7 +12,7 @@ caching"); :class:`SharedPrefill` does the same with explicit roles, within one 
   tokens with it than its own cache hit computes only that shared part first (one forward), stores it in the
   prefix cache and goes on from it.
 - **follow**: a request starting while a shared part it needs (``min_tokens`` beyond its own hit) is being computed
-  waits step by step (:func:`redraft.decoding.sequence.wait_step`) until it is stored, then starts from the cache:
+  waits step by step (:func:`redraft.runtimes.sequence.wait_step`) until it is stored, then starts from the cache:
   it waits one step for a part that fits in one, and computes none of the part's rows.
 
 Tenants never share (as in the prefix cache). Exact: followers and the leader go on from reused KV entries, which
@@ -25,8 +25,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redraft.decoding.sequence import Steps, forward, wait_step
-from redraft.decoding.target import HFTarget, PrefixKV
+from redraft.runtimes.sequence import Steps, forward, wait_step
+from redraft.runtimes.transformers.target import HFTarget, PrefixKV
 
 from .prefix_cache import PrefixCache, common_prefix
 

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from redraft.decoding.target import cache_kwarg
 from redraft.io.atomic import atomic_path, write_json
 from redraft.io.questions import load_questions
+from redraft.runtimes.transformers.target import cache_kwarg
 
 HELD_OUT_EVERY = 10
 MEASURE_IDS = list(range(0, 480, 50))  # 0, 50, ..., 450: every category of Spec-Bench

@@ -63,10 +63,10 @@ def measure(loaded, configs: list[Config], question_ids: list[int], ngen: int, *
     """
     log = sys.stderr if log is None else log  # the stream current at the call
     from redraft.compose import SpeculationConfig, build_engine, glide_drafter
-    from redraft.decoding.target import HFTarget
     from redraft.defaults import MAX_DRAFT_DEPTH
     from redraft.io.prompts import encode_prompt
     from redraft.io.questions import load_questions
+    from redraft.runtimes.transformers.target import HFTarget
 
     if configs[0].path is not None or configs[0].drafters is not None:
         raise ValueError("the first configuration must be plain greedy (the reference)")

@@ -11,9 +11,10 @@ From the bottom up (``LAYERS``):
    forward (measuring it on a duck-typed target, fitting, caching, pricing drafts and chunks), below the policy that
    prices with its curve and the decode step that measures through it;
 3. ``redraft.drafters``; 4. ``redraft.policy`` (numpy only: it takes a cost curve, never a model);
-5. ``redraft.decoding`` (the decode step);
-6. ``redraft.compose`` (the one composition point: configuration -> drafters, policy, engine);
-7. front ends: ``redraft.cli``, ``redraft.server``, ``redraft.bench``, ``redraft.training``,
+5. ``redraft.runtimes`` (where the target runs: transformers, llama.cpp, the step-function protocol between the
+   loop and a runtime's batcher); 6. ``redraft.decoding`` (the decode step, driving a target);
+7. ``redraft.compose`` (the one composition point: configuration -> drafters, policy, engine);
+8. front ends: ``redraft.cli``, ``redraft.server``, ``redraft.bench``, ``redraft.training``,
    ``redraft.integrations``, the ``__main__`` entry points, any public API module at the package root and the package
    root itself (its version, and the public API names it re-exports on first use: ``from redraft import Redraft``). Front ends
    may use one another (``redraft bench serve`` starts the server); cycles are refused by test_architecture.py.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from test_architecture import import_graph
 
-FRONT_END = 7
+FRONT_END = 8
 # dotted prefix -> layer; the longest matching prefix places a module
 LAYERS: dict[str, int] = {
     "redraft": FRONT_END, "redraft.defaults": 0, "redraft.tree": 0, "redraft.io": 0,
@@ -35,8 +36,9 @@ LAYERS: dict[str, int] = {
     "redraft.io.freeze": 2, "redraft.pricing": 2,
     "redraft.drafters": 3,
     "redraft.policy": 4,
-    "redraft.decoding": 5,
-    "redraft.compose": 6,
+    "redraft.runtimes": 5,
+    "redraft.decoding": 6,
+    "redraft.compose": 7,
     "redraft.cli": FRONT_END, "redraft.server": FRONT_END, "redraft.bench": FRONT_END,
     "redraft.training": FRONT_END, "redraft.integrations": FRONT_END,
     "redraft.__main__": FRONT_END, "redraft.glide.__main__": FRONT_END,
@@ -103,5 +105,5 @@ def test_type_checking_imports_are_left_out():
     """The drafter protocol names HFTarget in annotations only: that import is not a runtime edge upward."""
     edges_all, _, _ = import_graph()
     edges_runtime, _, _ = import_graph(runtime_only=True)
-    assert "redraft.decoding.target" in edges_all["redraft.drafters.base"]
-    assert "redraft.decoding.target" not in edges_runtime["redraft.drafters.base"]
+    assert "redraft.runtimes.transformers.target" in edges_all["redraft.drafters.base"]
+    assert "redraft.runtimes.transformers.target" not in edges_runtime["redraft.drafters.base"]

@@ -377,11 +377,11 @@ def test_bench_cost_refuses_sizes_past_the_context(tiny_model_dir):
 
 
 def test_a_llama_cpp_build_that_crashes_costs_the_method_not_the_bench(model, tmp_path, monkeypatch):
-    """A llama.cpp whose batched decode segfaults (the stand-in of tests/fakellama) is probed in child processes: both
+    """A llama.cpp whose batched decode segfaults (the stand-in of tests/runtimes/fakellama) is probed in child processes: both
     llama.cpp methods are skipped with the signal named, and this process goes on."""
     from redraft.bench.methods import build_methods
 
-    fake = Path(__file__).resolve().parent.parent / "fakellama"
+    fake = Path(__file__).resolve().parent.parent / "runtimes" / "fakellama"
     monkeypatch.setenv("FAKE_LLAMA", "crash-all")
     monkeypatch.setenv("REDRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PYTHONPATH", f"{fake}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

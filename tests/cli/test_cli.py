@@ -431,7 +431,7 @@ def engine_spy(monkeypatch):
     """Records, for `redraft run` in-process, the Engine that generated, its result, the exact mode in effect and
     whether each verify forward carried a tree attention mask (a branched token tree) or not (a chain)."""
     from redraft.decoding.engine import Engine
-    from redraft.decoding.target import HFTarget
+    from redraft.runtimes.transformers.target import HFTarget
 
     seen: dict = {"masks": []}
     generate, forward = Engine.generate, HFTarget.forward

@@ -13,12 +13,12 @@ from conftest import MAX_POS, VOCAB, SequenceDrafter, plain_greedy
 from redraft.compose import SpeculationConfig, build_drafters
 from redraft.corpus import Corpus
 from redraft.decoding.engine import Engine
-from redraft.decoding.target import as_target
 from redraft.defaults import MAX_DRAFT_DEPTH, POLICY_MAX_DEPTH
 from redraft.drafters import CorpusDrafter
 from redraft.policy import SpeculationPolicy
 from redraft.pricing import CostCurve
 from redraft.pricing.measure import measure_cost_curve
+from redraft.runtimes.transformers.target import as_target
 
 FLAT = CostCurve.flat(POLICY_MAX_DEPTH)
 PROMPT = [9, 8, 7]

@@ -29,9 +29,9 @@ from redraft.decoding.exactness import (
     row_noise,
 )
 from redraft.decoding.sampling import SamplingParams
-from redraft.decoding.target import HFTarget
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.io.loading import DTYPES, LoadedModel, ModelLoadError, load_model
+from redraft.runtimes.transformers.target import HFTarget
 
 DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]

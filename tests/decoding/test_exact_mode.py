@@ -12,8 +12,8 @@ from redraft.decoding.exact_mode import ExactMode
 from redraft.decoding.exactness import near_tie_threshold
 from redraft.decoding.sampling import GREEDY, SamplingParams, TokenChooser
 from redraft.decoding.step import Draft, Step
-from redraft.decoding.target import HFTarget
 from redraft.defaults import EXACT_SAFETY, EXACT_SETTLE_SAFETY
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.tree import TokenTree
 
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]

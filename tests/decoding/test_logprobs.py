@@ -14,7 +14,7 @@ from conftest import SequenceDrafter, plain_greedy
 from redraft.decoding.engine import Engine
 from redraft.decoding.logprobs import row_logprobs, score_prompt
 from redraft.decoding.sampling import SamplingParams
-from redraft.decoding.target import HFTarget
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.tree import TokenTree
 
 TOL = 1e-3

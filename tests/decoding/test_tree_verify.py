@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redraft.decoding.engine import Engine
-from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import greedy_accept, tree_attention_mask, tree_positions
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.tree import TokenTree
 
 ATOL = 1e-4

@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import build_tiny
 
-from redraft.decoding.target import HFTarget
 from redraft.drafters.glide import GlideDrafter
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft, init_from_target
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.training.data import generate_records
 from redraft.training.objective import collate
 

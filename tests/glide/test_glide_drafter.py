@@ -12,11 +12,11 @@ import torch
 from conftest import build_tiny, plain_greedy
 
 from redraft.decoding.engine import Engine
-from redraft.decoding.target import HFTarget
 from redraft.drafters.cape import CapeBins, expand
 from redraft.drafters.glide import GlideDrafter
 from redraft.glide.config import GlideConfig
 from redraft.glide.network import build_draft, init_from_target
+from redraft.runtimes.transformers.target import HFTarget
 
 PROMPTS = [[7, 21, 3, 88, 40, 12, 7, 21, 3], [1], [50, 51, 52, 53, 54, 50, 51]]
 N = 40

@@ -250,9 +250,9 @@ def test_estimate_matches_a_real_chain(tiny, heldout, recency):
     """The teacher-forced estimate equals what GliDe chains from these roots really get accepted."""
     import numpy as np
 
-    from redraft.decoding.target import HFTarget
     from redraft.drafters.glide import GlideDrafter
     from redraft.glide.network import init_from_target
+    from redraft.runtimes.transformers.target import HFTarget
 
     draft = build_draft(tiny, GlideConfig.from_target(tiny.config, cross_recency=recency))
     init_from_target(draft, tiny)

@@ -498,8 +498,8 @@ def test_default_directory_is_redrafts_cache(monkeypatch, tmp_path):
 # ---- measurement (shapes only) ------------------------------------------------------------------------------------
 
 def test_time_forwards_and_measure_cost_curve_on_a_tiny_model(tiny):
-    from redraft.decoding.target import HFTarget
     from redraft.decoding.verify import chain_inputs
+    from redraft.runtimes.transformers.target import HFTarget
 
     target = HFTarget(tiny)
     samples = time_forwards(target, [1, 3, 5], prefix_ids=list(range(10)), repeats=2,

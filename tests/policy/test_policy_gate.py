@@ -11,7 +11,6 @@ from cli.test_cli import clean_env  # noqa: F401 - fixture
 from conftest import SequenceDrafter, build_tiny, plain_greedy
 
 from redraft.decoding.engine import Engine
-from redraft.decoding.target import HFTarget
 from redraft.defaults import MAX_DRAFT_DEPTH, PROBE_OVERHEAD
 from redraft.drafters.glide import GlideDrafter
 from redraft.glide.config import GlideConfig
@@ -19,6 +18,7 @@ from redraft.glide.network import build_draft
 from redraft.policy import SpeculationPolicy
 from redraft.policy.gate import PolicyGate
 from redraft.pricing.curve import CostCurve
+from redraft.runtimes.transformers.target import HFTarget
 
 # shaped like the 2-core development CPU's curve (see test_engine_policy.py)
 CPU_LIKE = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48), (1.0, 1.6, 2.0, 1.7, 1.75, 2.1, 2.9, 4.2, 5.5))

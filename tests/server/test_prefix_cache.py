@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from redraft.decoding.engine import Engine
-from redraft.decoding.target import HFTarget, PrefixKV
 from redraft.drafters import NgramDrafter
+from redraft.runtimes.transformers.target import HFTarget, PrefixKV
 from redraft.server.prefix_cache import PrefixCache, common_prefix, remember
 
 PROMPT = [7, 21, 3, 88, 40, 12, 7, 21, 3]

@@ -92,7 +92,7 @@ class _Held:
         self.ids, self.length = list(ids), len(ids)
 
     def snapshot(self, ids):
-        from redraft.decoding.target import PrefixKV
+        from redraft.runtimes.transformers.target import PrefixKV
 
         assert list(ids) == self.ids[:len(ids)]
         return PrefixKV(tuple(ids), ())

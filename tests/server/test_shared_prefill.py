@@ -18,11 +18,11 @@ from conftest import plain_greedy
 from serverkit import EOS
 
 from redraft.compose import SpeculationConfig
-from redraft.decoding.batching import SequenceCancelled, StepBatcher, run_together
 from redraft.decoding.sampling import SamplingParams
-from redraft.decoding.sequence import NO_LOGITS, Sequence, wait_step
-from redraft.decoding.target import HFTarget
 from redraft.pricing import CostCurve
+from redraft.runtimes.sequence import NO_LOGITS, Sequence, wait_step
+from redraft.runtimes.transformers.batching import SequenceCancelled, StepBatcher, run_together
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.server.corpora import TenantCorpora
 from redraft.server.generation import Generator, Work
 from redraft.server.prefix_cache import PrefixCache
@@ -206,13 +206,13 @@ def test_batchers_resume_waiting_sequences_without_a_forward(tiny_llama):
 
 
 def _ask(target, ids):
-    from redraft.decoding.sequence import forward
+    from redraft.runtimes.sequence import forward
 
     return (yield from forward(target, ids, n_logits=1))
 
 
 def test_a_lone_sequence_is_resumed_at_once_after_a_wait(tiny_llama):
-    from redraft.decoding.sequence import drive
+    from redraft.runtimes.sequence import drive
 
     def steps():
         yield from wait_step(HFTarget(tiny_llama))

@@ -7,10 +7,10 @@ import time
 import torch
 
 torch.set_num_threads(1)
-from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.pricing.cache import curve_key, curve_path, default_directory, save_curve
 from redraft.pricing.measure import measure_cost_fit
+from redraft.runtimes.transformers.target import HFTarget
 
 m = HFTarget(load_model().model)
 key = curve_key(m)

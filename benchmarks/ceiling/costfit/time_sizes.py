@@ -10,9 +10,9 @@ import torch
 torch.set_num_threads(1)
 import numpy as np
 
-from redraft.decoding.target import HFTarget
 from redraft.io.loading import load_model
 from redraft.pricing.measure import time_forwards
+from redraft.runtimes.transformers.target import HFTarget
 
 m = HFTarget(load_model().model)
 sizes=[1,2,3,4,5,9,17,33,49,65,129,257,513]

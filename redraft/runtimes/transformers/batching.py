@@ -1,10 +1,10 @@
 """Continuous batching: one target forward per step over the rows of every running sequence (iteration-level
 scheduling, as vLLM, SGLang and Orca schedule), with chunked prefill.
 
-Each running sequence is a step function (:mod:`redraft.decoding.sequence`: an :meth:`Engine.steps` generation, a
-server request) on its own :class:`~redraft.decoding.target.HFTarget` (its own KV cache), suspended where it asked
+Each running sequence is a step function (:mod:`redraft.runtimes.sequence`: an :meth:`Engine.steps` generation, a
+server request) on its own :class:`~redraft.runtimes.transformers.target.HFTarget` (its own KV cache), suspended where it asked
 for a forward. :meth:`StepBatcher.step` takes every running sequence's waiting :class:`ForwardCall`, packs their rows
-into ONE forward (:mod:`redraft.decoding.packing`: the linear layers over every row at once, attention sequence by
+into ONE forward (:mod:`redraft.runtimes.transformers.packing`: the linear layers over every row at once, attention sequence by
 sequence over each one's own cache) and resumes each sequence whose forward is complete, which drafts and asks for
 its next forward. One loop calls it (a server's scheduler, :func:`run_together`); no thread per sequence.
 
@@ -17,7 +17,7 @@ its next forward. One loop calls it (a server's scheduler, :func:`run_together`)
   cached keys: every chunk's step costs about what the first one's does. Its sequence stays suspended until its last
   chunk; earlier chunks need no logits. So a long prompt delays running streams by at most one chunk's forward.
 - A step of one sequence alone runs exactly its target's ``forward`` (a lone sequence, never chunked, decodes bit for
-  bit as :func:`redraft.decoding.sequence.drive` runs it); so do forwards asked for under :meth:`HFTarget.solo`
+  bit as :func:`redraft.runtimes.sequence.drive` runs it); so do forwards asked for under :meth:`HFTarget.solo`
   (exact mode's recomputes), which are never packed. Anything else is not plain decoding's shape: the target's
   ``last_forward_plain`` is then False and exact mode judges its rows like verify rows.
 - Sliding-window models run every forward alone (a packed row's own mask would have to repeat each layer's window).
@@ -33,10 +33,10 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, packed_forward
-from redraft.decoding.sequence import ForwardCall, Sequence, Steps, resume_waits, split_waits
-from redraft.decoding.target import HFTarget
 from redraft.pricing.stepcost import StepCostFit, key_weight, row_cost, rows_within
+from redraft.runtimes.sequence import ForwardCall, Sequence, Steps, resume_waits, split_waits
+from redraft.runtimes.transformers.packing import Block, causal_positions, enable_packed_attention, packed_forward
+from redraft.runtimes.transformers.target import HFTarget
 
 
 class SequenceCancelled(Exception):
@@ -98,7 +98,7 @@ class StepBatcher:
         forward seconds), cost_fit (:class:`~redraft.pricing.stepcost.StepCostFit`).
     Raises:
         ValueError: max_batch_tokens < 1 or min_chunk < 1, or a model whose attention implementation has no mask
-            function in transformers (:func:`redraft.decoding.packing.enable_packed_attention`).
+            function in transformers (:func:`redraft.runtimes.transformers.packing.enable_packed_attention`).
     """
 
     chunks_prefill = True  # a long prompt's prefill runs in chunks beside the other sequences' rows
@@ -142,7 +142,7 @@ class StepBatcher:
         """One step: the next forward over the waiting calls of ``sequences`` (every running sequence: ended ones
         are skipped), then each sequence whose call is complete is resumed with its logits (it drafts and asks for
         its next forward, or ends). A forward that fails is raised inside every participant (:meth:`Sequence.fail`).
-        A sequence that waits (:func:`~redraft.decoding.sequence.wait_step`) is resumed after the forward.
+        A sequence that waits (:func:`~redraft.runtimes.sequence.wait_step`) is resumed after the forward.
         """
         live, waits = split_waits(sequences)
         self.active = self._step(live) if live else 0

@@ -1,22 +1,22 @@
 """Continuous batching on llama.cpp: one ``llama_decode`` per step over every running sequence's rows.
 
-The llama.cpp counterpart of :class:`redraft.decoding.batching.StepBatcher`, with the same interface for a scheduler
+The llama.cpp counterpart of :class:`redraft.runtimes.transformers.batching.StepBatcher`, with the same interface for a scheduler
 loop (``new_target``, ``step``, ``max_batch_tokens``, ``steps``, ``rows``): every running request is a sequence id
 of one llama.cpp context (:meth:`LlamaCppTarget.view`), and a step is one multi-sequence batch
-(:func:`redraft.decoding.llamacpp.decode_together`), as llama.cpp's own server batches its slots. llama.cpp runs
+(:func:`redraft.runtimes.llamacpp.target.decode_together`), as llama.cpp's own server batches its slots. llama.cpp runs
 such a batch in one pass per run of consecutive sequence ids with equal row counts (its per-stream split), so ids are
 handed out lowest first and laid out in order; a step whose sequences feed different row counts (a decode beside a
 verify) still takes several passes over the weights.
 
 - The context keeps one KV stream per sequence (``kv_unified`` off), so each sequence's cells lie in position order
   as in a context of its own; on a batch-invariant build (``make llama``) every row is then computed bit for bit
-  as that sequence alone computes it, whatever else the batch carries (tests/decoding/test_llama_batching.py checks
+  as that sequence alone computes it, whatever else the batch carries (tests/runtimes/test_llama_batching.py checks
   it against plain decoding on a context of one sequence).
 - A step takes the waiting forwards smallest first while their rows fit ``max_batch_tokens`` (at most ``n_batch``);
   a forward that waited a step goes first in the next, and one with more rows than fit (a long prompt) runs alone
   in its own ``n_batch`` pieces. No chunking beside others: llama.cpp's attention over a prompt chunk is the
   prompt's own, but a lone forward keeps plain decoding's prompt batches.
-- A forward asked for under :meth:`~redraft.decoding.target.Target.solo` (exact mode's recomputes) and a lone
+- A forward asked for under :meth:`~redraft.runtimes.transformers.target.Target.solo` (exact mode's recomputes) and a lone
   sequence run alone, in plain decoding's shape.
 """
 
@@ -26,8 +26,8 @@ import heapq
 import time
 from collections.abc import Sequence as Seq
 
-from redraft.decoding.llamacpp import LlamaCppTarget, decode_together
-from redraft.decoding.sequence import ForwardCall, Sequence, resume_waits, split_waits
+from redraft.runtimes.llamacpp.target import LlamaCppTarget, decode_together
+from redraft.runtimes.sequence import ForwardCall, Sequence, resume_waits, split_waits
 
 
 class LlamaStepBatcher:
@@ -79,7 +79,7 @@ class LlamaStepBatcher:
     def step(self, sequences: Seq[Sequence]) -> None:
         """One step: one ``llama_decode`` over the waiting calls that fit (see the module docstring), then each of
         those sequences is resumed with its logits. A forward that fails is raised inside every participant. A
-        sequence that waits (:func:`~redraft.decoding.sequence.wait_step`) is resumed after the decode."""
+        sequence that waits (:func:`~redraft.runtimes.sequence.wait_step`) is resumed after the decode."""
         live, waits = split_waits(sequences)
         self.active = (self._step(live) if live else 0) + resume_waits(waits)
 

@@ -1,4 +1,4 @@
-"""``redraft quantize`` (redraft/decoding/llamacpp_quantize.py, redraft/cli/quantize.py): bad input is refused
+"""``redraft quantize`` (redraft/runtimes/llamacpp/quantize.py, redraft/cli/quantize.py): bad input is refused
 before llama.cpp is touched; with the llama extra, a tiny GGUF written by the gguf package is requantized by
 llama.cpp's own quantizer into the cache, every weight in the type asked, and reused the next time."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from redraft.cli import main
-from redraft.decoding.llamacpp_quantize import QuantizeError, check_source, quantize, quantized_path
+from redraft.runtimes.llamacpp.quantize import QuantizeError, check_source, quantize, quantized_path
 from tests.llamakit import needs_llama
 
 

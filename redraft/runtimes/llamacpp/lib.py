@@ -1,6 +1,6 @@
 """llama.cpp's library as a process holds it: the import of llama-cpp-python's bindings, the backend's one-time set-up
 (its log silenced), and the process-wide switches a target's kernels depend on (ggml's tiled K-quant matmul,
-llama-cpp-python's default model parameters). :mod:`redraft.decoding.llamacpp` builds targets on it.
+llama-cpp-python's default model parameters). :mod:`redraft.runtimes.llamacpp.target` builds targets on it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import contextlib
 import ctypes
 import os
 
-from redraft.decoding.llamacpp_probe import TILED_ENV
+from redraft.runtimes.llamacpp.probe import TILED_ENV
 
 
 class LlamaCppError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Several sequences in one llama.cpp context (redraft.decoding.llamacpp_batching): each request a sequence id, one
+"""Several sequences in one llama.cpp context (redraft.runtimes.llamacpp.batching): each request a sequence id, one
 ``llama_decode`` per step over all of them.
 
 Every sequence's output is checked against redraft's plain decoding of the same prompt on a llama.cpp context of
@@ -69,7 +69,7 @@ def test_each_sequence_of_a_shared_context_decodes_as_a_context_of_its_own(multi
 def test_a_multi_sequence_batch_gives_each_sequence_its_own_rows(multi, prompts, reference):
     """Rows of two sequences decoded in one batch (a 1-row decode beside a 6-row verify) against the same rows of
     each decoded alone: bit for bit on the batch-invariant build, within rounding otherwise."""
-    from redraft.decoding.llamacpp import decode_together
+    from redraft.runtimes.llamacpp.target import decode_together
 
     a, b = multi.model.view(0), multi.model.view(1)
     for v, ids in ((a, prompts[0]), (b, prompts[1])):
@@ -104,8 +104,8 @@ def test_batched_requests_equal_plain_decoding(multi, prompts, reference):
     """Four requests through three sequences (the fourth starts when one ends), with the policy, n-gram drafts and
     staggered starts: every output is plain decoding's; steps carried several sequences; ids were handed back."""
     from redraft.compose.build import batched_policy
-    from redraft.decoding.llamacpp_batching import LlamaStepBatcher
-    from redraft.decoding.sequence import Sequence
+    from redraft.runtimes.llamacpp.batching import LlamaStepBatcher
+    from redraft.runtimes.sequence import Sequence
 
     batcher = LlamaStepBatcher(multi.model)
     eos = sorted(multi.eos_token_ids)
@@ -149,7 +149,7 @@ class _Seq:
 
 
 def _batcher(max_batch_tokens: int = 64):
-    from redraft.decoding.llamacpp_batching import LlamaStepBatcher
+    from redraft.runtimes.llamacpp.batching import LlamaStepBatcher
 
     b = object.__new__(LlamaStepBatcher)  # the planner only: no context
     b.max_batch_tokens, b._waited = max_batch_tokens, {}
@@ -170,7 +170,7 @@ def test_plan_takes_the_smallest_that_fit_then_what_waited_first():
 
 @needs_llama
 def test_batcher_hands_out_each_sequence_once(multi):
-    from redraft.decoding.llamacpp_batching import LlamaStepBatcher
+    from redraft.runtimes.llamacpp.batching import LlamaStepBatcher
 
     batcher = LlamaStepBatcher(multi.model, max_batch_tokens=10_000)
     assert batcher.max_batch_tokens == multi.model.n_batch
@@ -180,7 +180,7 @@ def test_batcher_hands_out_each_sequence_once(multi):
         batcher.new_target()
     views[1].release()
     views[1].release()  # once only: the id is handed back once
-    from redraft.decoding.llamacpp import LlamaCppError
+    from redraft.runtimes.llamacpp.target import LlamaCppError
 
     with pytest.raises(LlamaCppError, match="sequence 1 was released"):
         views[1].forward([1, 2])  # its id may serve another request now
@@ -192,7 +192,7 @@ def test_batcher_hands_out_each_sequence_once(multi):
 
 
 def test_batcher_refuses_a_context_of_one_sequence():
-    from redraft.decoding.llamacpp_batching import LlamaStepBatcher
+    from redraft.runtimes.llamacpp.batching import LlamaStepBatcher
 
     class One:
         n_seq_max, n_batch = 1, 512

@@ -9,7 +9,7 @@ The generator (a *step function*: :meth:`redraft.decoding.engine.Engine.steps`, 
 :class:`ForwardCall` per forward and is resumed with that forward's logits. Whoever drives it decides how the forward
 runs: :func:`drive` runs each call as :meth:`HFTarget.forward` on its own target (one sequence, bit for bit what a
 direct call computes), and a step loop packs the calls of every running sequence into one forward per step
-(:class:`redraft.decoding.batching.StepBatcher`). Iteration-level scheduling as in vLLM and SGLang, with the
+(:class:`redraft.runtimes.transformers.batching.StepBatcher`). Iteration-level scheduling as in vLLM and SGLang, with the
 sequence's state (context, KV cache, drafters, exact mode, statistics) held by its suspended generator: no thread
 per sequence.
 """
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from redraft.decoding.target import HFTarget
+from redraft.runtimes.transformers.target import HFTarget
 
 T = TypeVar("T")
 Steps = Generator["ForwardCall", torch.Tensor, T]  # a step function's type: yields calls, gets logits, returns T

@@ -1,4 +1,4 @@
-"""Continuous batching (redraft.decoding.batching, redraft.decoding.packing): several sequences' rows in one forward.
+"""Continuous batching (redraft.runtimes.transformers.batching, redraft.runtimes.transformers.packing): several sequences' rows in one forward.
 
 Checked: packed attention keeps sequences apart (a change to one sequence's cache never reaches another's logits)
 and leaves the model's own forward bit for bit, a
@@ -21,18 +21,24 @@ from hypothesis import strategies as st
 from redraft.compose import build_policy
 from redraft.compose.build import batched_policy
 from redraft.corpus import Corpus
-from redraft.decoding.batching import SequenceCancelled, StepBatcher, run_together
 from redraft.decoding.engine import Engine
 from redraft.decoding.exact_mode import ExactMode
-from redraft.decoding.packing import Block, causal_positions, enable_packed_attention, own_mask, packed_forward
 from redraft.decoding.sampling import GREEDY, TokenChooser
-from redraft.decoding.sequence import Sequence, forward
 from redraft.decoding.step import Draft, Step
-from redraft.decoding.target import HFTarget
 from redraft.decoding.verify import tree_attention_mask, tree_positions
 from redraft.drafters import AcceptanceGuard, CorpusDrafter, NgramDrafter
 from redraft.pricing import CostCurve
 from redraft.pricing.stepcost import StepCostFit, key_weight
+from redraft.runtimes.sequence import Sequence, forward
+from redraft.runtimes.transformers.batching import SequenceCancelled, StepBatcher, run_together
+from redraft.runtimes.transformers.packing import (
+    Block,
+    causal_positions,
+    enable_packed_attention,
+    own_mask,
+    packed_forward,
+)
+from redraft.runtimes.transformers.target import HFTarget
 from redraft.tree import TokenTree
 
 
@@ -586,7 +592,7 @@ def _waiting(rows, depth, order):
 
 def _plan_and_advance(pending, **kw):
     """One plan_step, then what the batcher does after it: rows done, skipped counts, finished requests gone."""
-    from redraft.decoding.batching import plan_step
+    from redraft.runtimes.transformers.batching import plan_step
 
     step = plan_step(pending, **kw)
     placed = {id(r) for r, _ in step}

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from redraft.decoding.kvcache import ROOM_MIN, GrowingLayer, growing_cache, held_views
-from redraft.decoding.target import HFTarget, PrefixKV, cache_kwarg
+from redraft.runtimes.transformers.kvcache import ROOM_MIN, GrowingLayer, growing_cache, held_views
+from redraft.runtimes.transformers.target import HFTarget, PrefixKV, cache_kwarg
 
 PROMPT = [5, 17, 3, 90, 42, 7, 7, 64, 12, 50, 8, 33]
 

@@ -13,7 +13,7 @@ each sequence's own positions, so each row is computed as in a forward of its se
 rather than paged attention.
 
 Functions over tensors, plus the process-wide registration :func:`enable_packed_attention` makes with
-transformers; the scheduling is :mod:`redraft.decoding.batching`.
+transformers; the scheduling is :mod:`redraft.runtimes.transformers.batching`.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def packed_forward(model, caches: Sequence, blocks: Sequence[Block], ids: Sequen
         blocks: per participant, its rows' positions and own mask (:class:`Block`).
         ids: per participant, the token ids of its new rows (len = ``blocks[i].rows``).
         wanted: per participant, the indices (within its new rows) whose logits are needed (may be empty).
-        cache_kwarg: the forward keyword for the cache (:func:`redraft.decoding.target.cache_kwarg`).
+        cache_kwarg: the forward keyword for the cache (:func:`redraft.runtimes.transformers.target.cache_kwarg`).
     Returns:
         per participant, FloatTensor [len(wanted[i]), vocab] in the model dtype on the CPU.
     Raises:

@@ -19,7 +19,7 @@ configuration wins unless its one-row step is more than :data:`INVARIANT_SLACK` 
 (:func:`choose`). Measured on SmolLM2 and Gemma 3 Q4_K_M files: extra buffers off and the tiled matmul off are
 invariant, at llama.cpp's own one-row speed (docs/llama-cpp.md).
 
-Nothing here imports llama.cpp or torch (numpy only): the child does (``redraft.decoding.llamacpp``), so the parent
+Nothing here imports llama.cpp or torch (numpy only): the child does (``redraft.runtimes.llamacpp.target``), so the parent
 can decide before it loads anything that may crash.
 """
 
@@ -56,8 +56,8 @@ INVARIANT_SLACK = 1.10  # a non-invariant configuration is chosen only when its 
 # line. A string, not an import: this module must not import llama.cpp (nor torch) itself.
 _CHILD = """
 import json, sys
-from redraft.decoding.llamacpp import LlamaCppTarget
-from redraft.decoding.llamacpp_probe import batch_report
+from redraft.runtimes.llamacpp.target import LlamaCppTarget
+from redraft.runtimes.llamacpp.probe import batch_report
 t = LlamaCppTarget(sys.argv[1], n_ctx=256, n_threads=int(sys.argv[2]), extra_bufts=sys.argv[3] == "1",
                    tiled_matmul=sys.argv[4] == "1")
 print(json.dumps(batch_report(t, batches=tuple(int(x) for x in sys.argv[5].split(",")), prefix=int(sys.argv[6]))))
@@ -162,7 +162,7 @@ def probe(gguf: str | os.PathLike, *, threads: int, config: Config = CONFIGS[0],
 
 
 def batch_report(target, batches=PROBE_BATCHES, prefix: int = PROBE_PREFIX, steps: int = 16) -> dict:
-    """How ``target`` (a :class:`~redraft.decoding.llamacpp.LlamaCppTarget`, or anything with its reset / forward /
+    """How ``target`` (a :class:`~redraft.runtimes.llamacpp.target.LlamaCppTarget`, or anything with its reset / forward /
     crop / vocab_size) computes verify batches of the given sizes, the measurement a child process reports:
     ``prefix`` tokens fed as one batch, then each batch against the same tokens fed one at a time, then ``steps``
     timed one-row forwards. The target's cache is reset after.

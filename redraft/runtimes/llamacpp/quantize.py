@@ -91,7 +91,7 @@ def quantize(src: str | os.PathLike, qtype: str, out: str | os.PathLike | None =
     dest = Path(out) if out is not None else quantized_path(path, name)
     if dest.is_file() and not force:
         return dest, False
-    from redraft.decoding.llamacpp_lib import import_llama_cpp, init_backend
+    from redraft.runtimes.llamacpp.lib import import_llama_cpp, init_backend
 
     lib = import_llama_cpp()
     init_backend(lib)  # silences llama.cpp's log of every tensor

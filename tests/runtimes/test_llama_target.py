@@ -1,4 +1,4 @@
-"""The llama.cpp target (redraft.decoding.llamacpp): the bundled GGUF run by llama.cpp as it is quantized.
+"""The llama.cpp target (redraft.runtimes.llamacpp.target): the bundled GGUF run by llama.cpp as it is quantized.
 
 Every draft path on it is checked against llama.cpp's own plain greedy decoding (llama-cpp-python's ``Llama.generate``
 with top_k 1, the same context length and threads), token for token. Skipped where the ``llama`` extra is not

@@ -7,13 +7,13 @@ verified_kv for drafters that read the target's cache).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
+
+from redraft.runtimes.base import PrefixKV, Target
 
 
 def cache_kwarg(model) -> str:
@@ -26,60 +26,6 @@ def cache_kwarg(model) -> str:
 @functools.cache
 def _cache_kwarg(cls) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
-
-
-@dataclass(frozen=True)
-class PrefixKV:
-    """The target's KV entries for the first tokens of a sequence, to start another sequence that begins with them.
-
-    Attributes:
-        ids: the tokens the entries belong to (length n).
-        kv: per decoder layer, (keys, values): FloatTensors [1, H_kv, n, D] in the model dtype, keys after the
-            rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: a target
-            seeded with them (:meth:`HFTarget.seed`) shares them and never writes into them, so one entry can seed
-            any number of sequences.
-
-    The entries were computed by whatever forwards built them (a prefill over an earlier prompt, verify forwards),
-    so their rows differ from plain decoding's by rounding: the engine treats rows computed on them as it treats
-    verify rows in exact mode.
-    """
-
-    ids: tuple[int, ...]
-    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-
-    @property
-    def length(self) -> int:
-        return len(self.ids)
-
-
-class Target:
-    """The interface every target implements (the engine, exact mode and the step loop use nothing else):
-    ``reset``, ``forward``, ``crop``, ``keep``, ``seed``, ``snapshot``, ``solo``, ``release`` and ``verified_kv`` as
-    :class:`HFTarget` documents them, and the attributes ``length``, ``vocab_size``, ``max_length``, ``dtype``,
-    ``numerics`` (the key of the runtime's measured noise in ``defaults.EXACT_ROW_NOISE``/``EXACT_GAP_NOISE``),
-    ``chain_only`` (True: the engine verifies chains only), ``last_forward_plain``, ``carried_rows`` and
-    ``solo_depth``, and ``runtime`` (its name). :class:`HFTarget` is transformers; :class:`redraft.decoding.llamacpp.LlamaCppTarget` is llama.cpp.
-    """
-
-    runtime = "transformers"
-    last_forward_plain = True
-    carried_rows = 1
-    solo_depth = 0
-
-    def release(self) -> None:
-        """The sequence ended: free its KV entries at once (a prefix-cache entry keeps its own views)."""
-        self.cache = None
-        self.length = 0
-
-    @contextlib.contextmanager
-    def solo(self):
-        """A context in which every forward asked for runs in plain decoding's shape, this sequence's rows alone
-        (:class:`redraft.decoding.sequence.ForwardCall` ``solo``: a step batcher never packs or chunks it)."""
-        self.solo_depth += 1
-        try:
-            yield self
-        finally:
-            self.solo_depth -= 1
 
 
 class HFTarget(Target):
@@ -95,7 +41,7 @@ class HFTarget(Target):
             (``chain_only``).
         numerics: the weights' dtype name ("float32", ...): the key of exact mode's measured noise.
         last_forward_plain: whether the last forward ran in plain decoding's own shape (always, here; a target
-            that packs several sequences' rows into one forward, :class:`redraft.decoding.batching.StepBatcher`,
+            that packs several sequences' rows into one forward, :class:`redraft.runtimes.transformers.batching.StepBatcher`,
             sets it False after such a forward, and exact mode then judges its rows like verify rows).
         carried_rows: rows the last forward carried for other sequences, plus one (1 alone; set by the batcher).
         solo_depth: > 0 inside :meth:`solo`: forwards asked for must run alone, in plain decoding's shape.
@@ -121,7 +67,7 @@ class HFTarget(Target):
         layers that forget old positions and cannot be cropped. Full layers can be cropped, and the model's own
         mask still limits attention to the window.
         """
-        from redraft.decoding.kvcache import growing_cache
+        from redraft.runtimes.transformers.kvcache import growing_cache
 
         self.cache = growing_cache()
         self.length = 0
@@ -132,7 +78,7 @@ class HFTarget(Target):
         Raises:
             ValueError: ``prefix.kv`` has another number of layers than the model, or entries of another length.
         """
-        from redraft.decoding.kvcache import growing_cache
+        from redraft.runtimes.transformers.kvcache import growing_cache
 
         n_layers = getattr(self.model.config, "num_hidden_layers", len(prefix.kv))
         if len(prefix.kv) != n_layers:
@@ -144,7 +90,7 @@ class HFTarget(Target):
             self.cache.update(k[:, :, :0], v[:, :, :0], i)  # creates layer i (its dtype and device) empty
             layer = self.cache.layers[i]
             # shared, not copied (copying every layer would cost each request time; docs/measurements.md): the
-            # first forward moves them into a buffer of the layer's own (redraft.decoding.kvcache), never writing
+            # first forward moves them into a buffer of the layer's own (redraft.runtimes.transformers.kvcache), never writing
             # into them
             layer.keys, layer.values = k, v
         self.length = prefix.length
@@ -152,7 +98,7 @@ class HFTarget(Target):
     def snapshot(self, ids: Sequence[int]) -> PrefixKV:
         """The cached entries of the first ``len(ids)`` positions, which must hold exactly ``ids``, as a
         :class:`PrefixKV`: views whose positions the cache never writes again (copy on write), or copies where a view
-        would keep much unused room allocated (:func:`redraft.decoding.kvcache.held_views`).
+        would keep much unused room allocated (:func:`redraft.runtimes.transformers.kvcache.held_views`).
 
         Raises:
             ValueError: more ids than cached positions.
@@ -160,7 +106,7 @@ class HFTarget(Target):
         n = len(ids)
         if not 0 < n <= self.length:
             raise ValueError(f"snapshot: {n} positions asked, {self.length} cached")
-        from redraft.decoding.kvcache import held_views
+        from redraft.runtimes.transformers.kvcache import held_views
 
         return PrefixKV(tuple(int(t) for t in ids), tuple(held_views(layer, n) for layer in self.cache.layers))
 

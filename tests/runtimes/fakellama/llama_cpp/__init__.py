@@ -1,4 +1,4 @@
-"""A stand-in for llama-cpp-python's C API bindings: the functions :class:`redraft.decoding.llamacpp.LlamaCppTarget`
+"""A stand-in for llama-cpp-python's C API bindings: the functions :class:`redraft.runtimes.llamacpp.target.LlamaCppTarget`
 calls, over a tiny deterministic "model" (each logit a function of the token, its position and the previous token),
 so the load probe is tested without building llama.cpp. ``FAKE_LLAMA`` chooses how it misbehaves:
 

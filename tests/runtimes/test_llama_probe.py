@@ -1,4 +1,4 @@
-"""The llama.cpp load probe (redraft/decoding/llamacpp_probe.py) against a stand-in llama_cpp (tests/fakellama): a
+"""The llama.cpp load probe (redraft/runtimes/llamacpp/probe.py) against a stand-in llama_cpp (tests/runtimes/fakellama): a
 build whose batched decode crashes never takes the loading process down, the configuration that runs and is
 batch-invariant is chosen, and the verdict is cached per build, CPU and file."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from redraft.decoding.llamacpp_probe import INVARIANT_SLACK, Config, ProbeFailed, ProbeResult, choose, settle
+from redraft.runtimes.llamacpp.probe import INVARIANT_SLACK, Config, ProbeFailed, ProbeResult, choose, settle
 
-FAKE = Path(__file__).resolve().parent.parent / "fakellama"
+FAKE = Path(__file__).resolve().parent / "fakellama"
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_choose_prefers_an_invariant_kernel_unless_it_is_clearly_slower():
 
 def test_a_process_that_loads_a_crashing_build_survives_and_decodes_batches(fake, tmp_path):
     """The whole path in a process of its own (as `redraft run` would): the target probes, then decodes 9 rows."""
-    code = ("from redraft.decoding.llamacpp import LlamaCppTarget\n"
+    code = ("from redraft.runtimes.llamacpp.target import LlamaCppTarget\n"
             "t = LlamaCppTarget(__import__('sys').argv[1], n_ctx=64, n_threads=1)\n"
             "rows = t.forward(list(range(3, 12)), n_logits=9)\n"
             "print(__import__('json').dumps([t.extra_bufts, t.tiled_matmul, t.numerics, list(rows.shape)]))\n")

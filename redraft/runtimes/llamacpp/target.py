@@ -1,6 +1,6 @@
 """The target model on llama.cpp: a GGUF file run as it is quantized, through llama.cpp's C API.
 
-The same interface as :class:`redraft.decoding.target.HFTarget` (reset, forward, crop, keep, seed, snapshot, solo),
+The same interface as :class:`redraft.runtimes.transformers.target.HFTarget` (reset, forward, crop, keep, seed, snapshot, solo),
 so the engine, its drafters, the cost-aware policy and exact mode run unchanged on llama.cpp's forward. It reaches
 llama.cpp through llama-cpp-python's ctypes bindings of the C API (``llama_decode`` on a ``llama_batch``,
 ``llama_get_logits_ith``, ``llama_memory_seq_rm``): the binding's high-level ``Llama`` class samples inside its own
@@ -16,7 +16,7 @@ a batch as they compute a single row, so a build without llamafile's sgemm (``-D
 ``make llama`` builds) gives verify rows bit-identical to plain decoding's at any batch size, and exact mode has
 nothing to settle. llamafile's sgemm (the binding's default build) computes batch rows from the fifth on another way:
 they move by up to ~1.4 logits on the bundled Q4_1 model (docs/llama-cpp.md); so do repacked kernels of some types
-(``q4_K_8x8``). A probe at load time, in a child process (:mod:`redraft.decoding.llamacpp_probe`), tells them apart,
+(``q4_K_8x8``). A probe at load time, in a child process (:mod:`redraft.runtimes.llamacpp.probe`), tells them apart,
 finds a build whose batched decode crashes (ggml's AMX kernels where they cannot run) before this process decodes
 anything, and chooses whether llama.cpp's extra weight buffers (repacked layouts, AMX) are used; ``numerics`` names
 the measured noise exact mode then uses: ``"llama.cpp batch-invariant"`` (zero) or ``"llama.cpp"``
@@ -39,15 +39,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from redraft.decoding.llamacpp_lib import (
+from redraft.runtimes.base import PrefixKV, Target
+from redraft.runtimes.llamacpp.lib import (
     LlamaCppError,
     import_llama_cpp,
     init_backend,
     set_tiled_matmul,
     tiled_matmul_fixed,
 )
-from redraft.decoding.llamacpp_probe import ProbeFailed, settle
-from redraft.decoding.target import PrefixKV, Target
+from redraft.runtimes.llamacpp.probe import ProbeFailed, settle
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class LlamaCppTarget(Target):
     """A GGUF model on llama.cpp with its own context and KV cache; this target is sequence 0 of the context.
 
     With ``n_seq_max`` > 1 the context holds that many sequences of ``n_ctx`` tokens each (:meth:`view` gives a
-    target on each, :mod:`redraft.decoding.llamacpp_batching` batches them); this object then only owns the model
+    target on each, :mod:`redraft.runtimes.llamacpp.batching` batches them); this object then only owns the model
     and the context: it must not decode while views are in use (sequence 0 may be one of them), and closing it
     frees the context under them.
 
@@ -73,7 +73,7 @@ class LlamaCppTarget(Target):
         n_seq_max: sequences in the context (1: one, whose cache is reset with ``llama_memory_clear``).
         extra_bufts: llama.cpp's extra weight buffer types (repacked ``*_8x8`` layouts, AMX) on or off
             (``llama_model_params.use_extra_bufts``; llama.cpp's ``--no-repack`` turns them off). None (the default):
-            as :func:`redraft.decoding.llamacpp_probe.settle` chose for this build, CPU and file, probing in a child
+            as :func:`redraft.runtimes.llamacpp.probe.settle` chose for this build, CPU and file, probing in a child
             process first, so that a build whose batched decode crashes never takes this process down. True or False:
             loaded so without a child probe, batch invariance probed in this process (:meth:`batch_invariant`).
         tiled_matmul: ggml's tiled K-quant matmul on or off (``GGML_CPU_TILED_MM``; process-wide and set once: the
