@@ -95,8 +95,13 @@ LLAMA_NO_AMX := $(if $(filter x86_64 amd64 i686,$(shell uname -m)),-mno-amx-tile
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF \
 	$(if $(LLAMA_NO_AMX),-DCMAKE_C_FLAGS='$(LLAMA_NO_AMX)' -DCMAKE_CXX_FLAGS='$(LLAMA_NO_AMX)')
-llama: $(STAMP)
+# Built once per .venv (the stamp); `rm .venv/.llama-installed` (or `make clean`) builds it again.
+LLAMA_STAMP := $(VENV)/.llama-installed
+$(LLAMA_STAMP): $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir -e '.[llama]'
+	touch $(LLAMA_STAMP)
+
+llama: $(LLAMA_STAMP)
 
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \

@@ -60,7 +60,8 @@ def add_threads_arg(p: argparse.ArgumentParser, *, top_level: bool = False) -> N
     only accepts it after its name too (``redraft bench run --threads 2``), hidden from its help; when not given
     it leaves the top-level value alone (argparse would otherwise overwrite it with the sub-command's default)."""
     p.add_argument("--threads", type=positive, default=None if top_level else argparse.SUPPRESS,
-                   help="torch CPU threads (default: torch's choice, one per core)" if top_level else argparse.SUPPRESS)
+                   help="CPU threads: torch's, and llama.cpp's with --runtime llama.cpp (default: one per core)"
+                   if top_level else argparse.SUPPRESS)
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:

@@ -115,6 +115,10 @@ def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, lea
     _learn(corpus, ids, res.output_ids, learn)
     tokens = args.tokens or os.environ.get("TOKENS") == "1"
     lines = run_report(res, frozen_ids=corpus.n_tokens if corpus is not None else None, tokens=tokens)
+    if res.stop_reason == "context":
+        hint = "; --n-ctx sets llama.cpp's context" if loaded.runtime == "llama.cpp" else ""
+        lines.insert(0, f"redraft run: the answer stopped at the end of the model's context ({len(ids)} prompt + "
+                        f"{len(res.output_ids)} generated tokens; --ngen asked for {args.ngen}){hint}")
     print("\n".join(lines), file=sys.stderr)
     return 0
 

@@ -92,3 +92,13 @@ def test_a_process_that_loads_a_crashing_build_survives_and_decodes_batches(fake
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True, "llama.cpp batch-invariant", [9, 64]]
     assert "SIGILL" in r.stderr  # the one warning line says what was avoided
+
+
+def test_a_file_llama_cpp_refuses_is_named_once_without_probing_every_kernel(fake, tmp_path, monkeypatch):
+    """A truncated or foreign file is not a build problem: one child, then the file's own fault in the message."""
+    monkeypatch.setenv("FAKE_LLAMA", "")
+    fake.write_bytes(b"GGUF bad, cut short")
+    with pytest.raises(ProbeFailed) as e:
+        settle(fake, threads=1, cache=tmp_path / "c")
+    assert e.value.file_refused and "not a complete GGUF file" in str(e.value)
+    assert "make llama" not in str(e.value) and "configurations" not in str(e.value)

@@ -59,6 +59,18 @@ def test_an_unknown_type_a_missing_file_and_a_file_that_is_not_gguf_are_refused(
         quantize(text, "q4_0")
 
 
+def test_a_truncated_gguf_and_a_directory_are_named_as_such(tmp_path):
+    whole = tmp_path / "whole.gguf"
+    tiny_llama_gguf(whole)
+    assert check_source(whole, "q8_0") == (whole, "q8_0")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[:len(whole.read_bytes()) // 2])
+    with pytest.raises(QuantizeError, match="not a complete GGUF file: truncated or damaged"):
+        check_source(cut, "q8_0")
+    with pytest.raises(QuantizeError, match="a directory"):
+        check_source(tmp_path, "q8_0")
+
+
 def test_the_command_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert main(["quantize", str(tmp_path / "absent.gguf"), "--type", "q4_0"]) == 1
     assert "model " in capsys.readouterr().err

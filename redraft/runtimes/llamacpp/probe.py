@@ -50,6 +50,7 @@ PROBE_BATCHES = (2, 3, 4, 5, 8, 9)  # verify batch sizes compared with one-row f
 PROBE_PREFIX = 64  # prompt tokens fed as one batch first (the crash of a batched kernel shows here)
 PROBE_TIMEOUT = 300.0  # seconds a child may take (loading a large file included)
 TILED_ENV = "GGML_CPU_TILED_MM"  # ggml's switch of its tiled K-quant matmul ("0": off), read once per process
+LOAD_FAILED = 3  # the child's exit status when llama.cpp refused the file itself (not a crash of a kernel)
 INVARIANT_SLACK = 1.10  # a non-invariant configuration is chosen only when its one-row step is this much faster
 
 # The child: constructs the target with the extra buffer types as asked (no probe of its own) and prints one JSON
@@ -57,9 +58,14 @@ INVARIANT_SLACK = 1.10  # a non-invariant configuration is chosen only when its 
 _CHILD = """
 import json, sys
 from redraft.runtimes.llamacpp.target import LlamaCppTarget
-from redraft.runtimes.llamacpp.probe import batch_report
-t = LlamaCppTarget(sys.argv[1], n_ctx=256, n_threads=int(sys.argv[2]), extra_bufts=sys.argv[3] == "1",
-                   tiled_matmul=sys.argv[4] == "1")
+from redraft.runtimes.llamacpp.lib import LlamaCppError
+from redraft.runtimes.llamacpp.probe import LOAD_FAILED, batch_report
+try:
+    t = LlamaCppTarget(sys.argv[1], n_ctx=256, n_threads=int(sys.argv[2]), extra_bufts=sys.argv[3] == "1",
+                       tiled_matmul=sys.argv[4] == "1")
+except LlamaCppError as e:
+    print(e, file=sys.stderr)
+    sys.exit(LOAD_FAILED)
 print(json.dumps(batch_report(t, batches=tuple(int(x) for x in sys.argv[5].split(",")), prefix=int(sys.argv[6]))))
 """
 
@@ -105,6 +111,7 @@ class ProbeResult:
     max_diff: dict | None = None
     step_ms: float = 0.0
     why: str = ""
+    load_failed: bool = False  # llama.cpp refused the file (truncated, foreign): no kernel choice helps
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,12 @@ class Verdict:
 
 class ProbeFailed(RuntimeError):
     """No configuration of this llama.cpp build ran the file: every child process died or failed (the message says
-    how each did and what to do)."""
+    how each did), or llama.cpp refused the file itself (``file_refused``: a truncated or foreign file, where no
+    build or kernel helps)."""
+
+    def __init__(self, message: str, *, file_refused: bool = False) -> None:
+        super().__init__(message)
+        self.file_refused = file_refused
 
 
 def probe(gguf: str | os.PathLike, *, threads: int, config: Config = CONFIGS[0], batches=PROBE_BATCHES,
@@ -148,6 +160,8 @@ def probe(gguf: str | os.PathLike, *, threads: int, config: Config = CONFIGS[0],
     except subprocess.TimeoutExpired:
         return ProbeResult(config, False, why=f"no verdict within {timeout:.0f} s")
     last = (r.stderr.strip().splitlines() or [""])[-1][:300]
+    if r.returncode == LOAD_FAILED:
+        return ProbeResult(config, False, why=last, load_failed=True)
     if r.returncode != 0:
         how = (f"killed by signal {-r.returncode} ({signal.Signals(-r.returncode).name})" if r.returncode < 0
                else f"exit status {r.returncode}")
@@ -283,6 +297,8 @@ def settle(gguf: str | os.PathLike, *, threads: int, tiled_matmul: bool | None =
         pass
     configs = [c for c in CONFIGS if tiled_matmul is None or c.tiled_matmul == tiled_matmul]
     results = [probe(gguf, threads=threads, config=configs[0])]
+    if results[0].load_failed:  # the file itself: say what is wrong with it, probe nothing else
+        raise ProbeFailed(gguf_problem(gguf) or results[0].why, file_refused=True)
     if not (results[0].runs and results[0].invariant):
         results += [probe(gguf, threads=threads, config=c) for c in configs[1:]]
     verdict = choose(results)
@@ -292,3 +308,18 @@ def settle(gguf: str | os.PathLike, *, threads: int, tiled_matmul: bool | None =
     except OSError as e:  # a read-only cache: probe again next time
         log.warning("llama.cpp probe verdict not cached (%s): %s", file, e)
     return verdict
+
+def gguf_problem(path: str | os.PathLike) -> str:
+    """Why ``path`` is not a complete GGUF file ("" when it is): its header, metadata and tensor table read by the
+    gguf package (memory-mapped; a truncated file fails there), and every tensor's data inside the file."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        size = os.path.getsize(path)
+        for t in reader.tensors:
+            if int(t.data_offset) + int(t.n_bytes) > size:
+                return f"truncated (tensor {t.name} ends past the file's {size} bytes)"
+    except Exception as e:  # the reader raises ValueError, IndexError, struct or numpy errors on a damaged file
+        return f"not a complete GGUF file: truncated or damaged ({type(e).__name__}: {str(e)[:120]})"
+    return ""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from redraft.io.atomic import temporary_name
 from redraft.io.loading import cache_dir
+from redraft.runtimes.llamacpp.probe import gguf_problem
 
 # type name -> (llama.cpp's LLAMA_FTYPE_* constant, pure): pure writes every tensor in that type, as measured
 QUANT_TYPES = {
@@ -60,6 +61,8 @@ def check_source(src: str | os.PathLike, qtype: str) -> tuple[Path, str]:
     if name not in QUANT_TYPES:
         raise QuantizeError(f"type {qtype!r}: expected one of {', '.join(QUANT_TYPES)}")
     path = Path(src)
+    if path.is_dir():
+        raise QuantizeError(f"model {path}: a directory (expected a .gguf file)")
     if not path.is_file():
         raise QuantizeError(f"model {path}: no such file (expected a .gguf file)")
     try:
@@ -69,8 +72,10 @@ def check_source(src: str | os.PathLike, qtype: str) -> tuple[Path, str]:
         raise QuantizeError(f"model {path}: cannot be read ({e.strerror or e})") from e
     if magic != b"GGUF":
         raise QuantizeError(f"model {path}: not a GGUF file (it does not start with the GGUF magic)")
+    why = gguf_problem(path)
+    if why:
+        raise QuantizeError(f"model {path}: {why}")
     return path, name
-
 
 def quantize(src: str | os.PathLike, qtype: str, out: str | os.PathLike | None = None, *, threads: int | None = None,
              force: bool = False) -> tuple[Path, bool]:

@@ -113,6 +113,8 @@ class LlamaCppTarget(Target):
             try:
                 verdict = settle(self.path, threads=threads, tiled_matmul=tiled_matmul_fixed())
             except ProbeFailed as e:
+                if e.file_refused:
+                    raise LlamaCppError(f"llama.cpp cannot load {self.path}: {e}") from e
                 raise LlamaCppError(f"llama.cpp cannot run {self.path} with this build on this CPU ({e}); "
                                     "rebuild the llama extra with `make llama` (docs/llama-cpp.md)") from e
             if verdict.note:

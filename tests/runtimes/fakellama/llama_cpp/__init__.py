@@ -69,6 +69,9 @@ def llama_context_default_params():
 
 
 def llama_model_load_from_file(path, params):
+    with open(path, "rb") as f:
+        if f.read(8) == b"GGUF bad":  # a file llama.cpp refuses (truncated, foreign)
+            return None
     return _Model(params.use_extra_bufts)
 
 
