@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from redraft.io.atomic import temporary_name
-from redraft.io.loading import cache_dir
+from redraft.io.loading import ModelLoadError, cache_dir, check_model_spec
 from redraft.runtimes.llamacpp.probe import gguf_problem
 
 # type name -> (llama.cpp's LLAMA_FTYPE_* constant, pure): pure writes every tensor in that type, as measured
@@ -66,12 +66,9 @@ def check_source(src: str | os.PathLike, qtype: str) -> tuple[Path, str]:
     if not path.is_file():
         raise QuantizeError(f"model {path}: no such file (expected a .gguf file)")
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise QuantizeError(f"model {path}: cannot be read ({e.strerror or e})") from e
-    if magic != b"GGUF":
-        raise QuantizeError(f"model {path}: not a GGUF file (it does not start with the GGUF magic)")
+        check_model_spec(path)  # readable, with the GGUF magic
+    except ModelLoadError as e:
+        raise QuantizeError(f"model {e}") from e
     why = gguf_problem(path)
     if why:
         raise QuantizeError(f"model {path}: {why}")

@@ -47,7 +47,7 @@ from redraft.runtimes.llamacpp.lib import (
     set_tiled_matmul,
     tiled_matmul_fixed,
 )
-from redraft.runtimes.llamacpp.probe import ProbeFailed, settle
+from redraft.runtimes.llamacpp.probe import ProbeFailed, batch_report, settle
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +169,8 @@ class LlamaCppTarget(Target):
         self.length = 0
         self.ids: list[int] = []  # the tokens the KV cache holds, in order
         self.solo_depth = 0
-        if verdict is not None and self.tiled_matmul == verdict.config.tiled_matmul:
-            self.invariant = verdict.invariant
-        else:  # chosen by the caller, or the process had the tiled matmul set otherwise already: measured here
-            self.invariant = self.batch_invariant()
+        # the probe was offered only this process's tiled-matmul setting; kernels the caller chose are measured here
+        self.invariant = verdict.invariant if verdict is not None else self.batch_invariant()
         self.numerics = INVARIANT_KEY if self.invariant else NOISE_KEY
 
     # -- the Target interface ---------------------------------------------------------------------------------------
@@ -285,14 +283,7 @@ class LlamaCppTarget(Target):
         tokens fed as one batch after a 4-token prefix against the same tokens fed one at a time (about ``2 *
         rows`` single-token forwards; the cache is reset after).
         """
-        ids = [(17 * i + 1) % self.vocab_size for i in range(4 + rows)]
-        self.reset()
-        self.forward(ids[:4])
-        batch = self.forward(ids[4:], n_logits=rows)
-        self.crop(4)
-        single = torch.cat([self.forward([t]) for t in ids[4:]])
-        self.reset()
-        return bool(torch.equal(batch, single))
+        return bool(batch_report(self, batches=(rows,), prefix=4, steps=1)["invariant"])
 
     # -- several sequences in one context ----------------------------------------------------------------------
 
