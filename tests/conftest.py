@@ -31,14 +31,19 @@ torch.set_num_threads(1)
 # CI (.ci/run) always installs the default model's package, so there a skipped real-model test means the suite
 # silently proved less than it claims: with this variable set to 1, a skip of any `slow` test is reported as a failure.
 # Tests marked `llama` need the optional llama extra, which CI does not build (a ~5 minute compile); their skips
-# count as failures only with REDRAFT_REQUIRE_LLAMA=1 (set it where `make llama` ran).
+# count as failures only with REDRAFT_REQUIRE_LLAMA=1 (set it where `make llama` ran). Tests marked `browser` drive
+# Debian's Chromium (/usr/bin/chromium); .ci/run installs it and sets REDRAFT_REQUIRE_BROWSER=1, so there their skips
+# are failures too.
 REQUIRE_REAL_MODEL = "REDRAFT_REQUIRE_REAL_MODEL"
 REQUIRE_LLAMA = "REDRAFT_REQUIRE_LLAMA"
+REQUIRE_BROWSER = "REDRAFT_REQUIRE_BROWSER"
 
 
 def _skip_is_a_failure(item) -> bool:
     if item.get_closest_marker("llama") is not None:
         return os.environ.get(REQUIRE_LLAMA) == "1"
+    if item.get_closest_marker("browser") is not None:
+        return os.environ.get(REQUIRE_BROWSER) == "1"
     return item.get_closest_marker("slow") is not None and os.environ.get(REQUIRE_REAL_MODEL) == "1"
 
 
@@ -49,7 +54,8 @@ def pytest_runtest_makereport(item, call):
     if rep.skipped and not hasattr(rep, "wasxfail") and _skip_is_a_failure(item):
         why = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"
-        rep.longrepr = f"this test was skipped where it is required ({REQUIRE_REAL_MODEL} / {REQUIRE_LLAMA}): {why}"
+        rep.longrepr = (f"this test was skipped where it is required ({REQUIRE_REAL_MODEL} / {REQUIRE_LLAMA} / "
+                        f"{REQUIRE_BROWSER}): {why}")
 
 
 def pytest_collection_modifyitems(config, items):

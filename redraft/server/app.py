@@ -348,8 +348,8 @@ class Server:
                 await asyncio.to_thread(self.scheduler.stop)
                 self.generator.corpora.close()
 
-        app = FastAPI(title="redraft", summary="OpenAI-compatible server whose corpus grows from its own answers",
-                      lifespan=lifespan)
+        app = openapi.application(title="redraft", lifespan=lifespan,
+                                  summary="OpenAI-compatible server whose corpus grows from its own answers")
         errors.install(app)
 
         @app.post("/v1/completions", **openapi.route("completion"))

@@ -1,4 +1,5 @@
-"""The served OpenAPI document (``/openapi.json``, ``/docs``): every route's request and response models.
+"""The served OpenAPI document (``/openapi.json``, ``/docs``, ``/redoc``): every route's request and response models,
+and the application whose documentation pages work without internet (:func:`application`).
 
 Request bodies are parsed by hand (:mod:`redraft.server.schemas`) so that every error is OpenAI's 400 with
 ``param``, so FastAPI cannot infer them from the handlers' signatures: each route declares its body model here
@@ -10,14 +11,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
 from .schemas import NOOP_FIELDS, ChatBody, CompletionBody
 
 _BODIES: dict[str, type[BaseModel]] = {}
+
+# Where the documentation pages' scripts, stylesheet and icon are served (a static mount of fastapi-offline's files)
+DOCS_STATIC = "/docs/static"
+
+
+def application(**kwargs: Any) -> FastAPI:
+    """``FastAPI(**kwargs)`` whose ``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) load their scripts, stylesheet and
+    icon from this server, under :data:`DOCS_STATIC`, instead of the CDN FastAPI's own pages name: on a machine
+    without internet those pages stay blank. The files are the ``fastapi-offline`` package's copies of Swagger UI and
+    ReDoc (a pinned dependency), so they change only with that package's version.
+
+    ``/redoc`` is served here rather than by fastapi-offline so that it can forbid images from other hosts: ReDoc's
+    side menu always loads Redocly's logo from Redocly's CDN, and with ``img-src 'self' data:`` the browser never asks
+    for it (the menu shows the "API docs by Redocly" link without the image)."""
+    app = FastAPIOffline(static_url=DOCS_STATIC, redoc_url=None, **kwargs)
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        page = get_redoc_html(openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{root}{DOCS_STATIC}/redoc.standalone.js",
+                              redoc_favicon_url=f"{root}{DOCS_STATIC}/favicon.png", with_google_fonts=False)
+        page.headers["Content-Security-Policy"] = "img-src 'self' data:"
+        return page
+
+    return app
 
 
 class _Open(BaseModel):
