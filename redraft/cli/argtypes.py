@@ -59,6 +59,24 @@ nonneg = int_at_least(0)
 positive = int_at_least(1)
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """argparse type: a size in bytes, >= 0: a number with an optional binary unit K, M, G or T (``512M``,
+    ``4G``, ``1.5G``; a trailing ``B``/``iB`` is allowed)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    try:
+        v = float(t[:len(t) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (a number of bytes, or with K, M, G or T: "
+                                         "512M, 4G)") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite size >= 0")
+    return int(v)
+
+
 def int_in(lo: int, hi: int, what: str):
     """argparse type factory: an integer in lo..hi; ``what`` names the quantity in the message."""
     def parse(text: str) -> int:

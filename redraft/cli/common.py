@@ -16,6 +16,7 @@ import sys
 
 # the argument types, re-exported for the command modules (which import only this module of redraft.cli)
 from redraft.cli.argtypes import (  # noqa: F401
+    byte_size,
     cape_bins,
     draft_depth,
     existing_dir,

@@ -17,6 +17,7 @@ from redraft.cli.common import (
     add_runtime_args,
     add_speculation_args,
     add_threads_arg,
+    byte_size,
     config_from_args,
     int_between,
     load_model_or_exit,
@@ -28,6 +29,7 @@ from redraft.io.loading import DEFAULT_MODEL_FILE, ModelLoadError, resolve_gguf
 
 DEFAULT_CAP_TOKENS = 1_000_000
 DEFAULT_PREFIX_CACHE_TOKENS = 16_384
+DEFAULT_PREFIX_DISK = "4G"
 DEFAULT_MAX_RUNNING = 16
 MAX_RUNNING = 256  # beyond a few dozen the step is compute-bound anyway
 DEFAULT_MAX_BATCH_TOKENS = 512
@@ -113,6 +115,14 @@ def register(sub) -> None:
                         f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
                         f"SmolLM2-135M takes ~46 KB a token; llama.cpp keeps the previous request's tokens in its own "
                         f"cache, and a request of the same tenant starts from up to N of them)")
+    p.add_argument("--prefix-disk-bytes", type=byte_size, default=byte_size(DEFAULT_PREFIX_DISK), metavar="SIZE",
+                   help=f"with --corpus-dir and the prefix cache on: also write each cached prefix of at least 128 "
+                        f"tokens to disk beside its tenant's corpus, so a restarted server, and every other server "
+                        f"on the directory, starts a request from it instead of prefilling; SIZE (bytes, or 512M, "
+                        f"4G) bounds all entries in the directory, least recently used removed first; 0 = memory "
+                        f"only (default {DEFAULT_PREFIX_DISK}; float32 SmolLM2-135M takes ~46 KB a token)")
+    p.add_argument("--prefix-disk-tenant-bytes", type=byte_size, default=None, metavar="SIZE",
+                   help="bound of one tenant's prefix entries on disk (default: --prefix-disk-bytes)")
     p.add_argument("--no-answer-cache", action="store_true",
                    help="decode every request; by default a greedy request (temperature 0, no logprobs, no "
                         "response_format, no tools) whose tenant was already answered for the identical "
@@ -238,11 +248,12 @@ def build_server(args, loaded=None):
                                 compact_tokens=args.compact_tokens)
     except CorporaError as e:
         raise _fail(str(e)) from None
-    prefix_cache = None
+    prefix_cache, disk = None, prefix_store(args, loaded)
     if args.prefix_cache_tokens and loaded.runtime == "transformers":
-        prefix_cache = PrefixCache(args.prefix_cache_tokens)
+        prefix_cache = PrefixCache(args.prefix_cache_tokens, disk=disk, layers=loaded.model.config.num_hidden_layers,
+                                   dtype=next(loaded.model.parameters()).dtype)
     elif args.prefix_cache_tokens and args.max_running == 1:  # llama.cpp: the tokens its one sequence holds
-        prefix_cache = HeldPrefix(loaded.model, args.prefix_cache_tokens)
+        prefix_cache = HeldPrefix(loaded.model, args.prefix_cache_tokens, disk=disk)
     budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
                           batcher=step_batcher(args, loaded),
@@ -254,6 +265,21 @@ def build_server(args, loaded=None):
     return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
                   max_running=args.max_running, options=options, tool_call_parser=args.tool_call_parser,
                   aliases=tuple(names[1:]), literal_content=not args.special_tokens_in_content)
+
+
+def prefix_store(args, loaded):
+    """The prefix cache's entries on disk (:class:`~redraft.runtimes.prefix_store.PrefixStore` under
+    ``--corpus-dir``), or None: no directory, the prefix cache off, ``--prefix-disk-bytes 0``, or a llama.cpp server
+    running several sequences (its prefix reuse needs ``--max-running 1``)."""
+    if not (args.corpus_dir and args.prefix_cache_tokens and args.prefix_disk_bytes):
+        return None
+    if loaded.runtime != "transformers" and args.max_running != 1:
+        return None
+    from redraft.runtimes.fingerprint import kv_fingerprint
+    from redraft.runtimes.prefix_store import PrefixStore
+
+    return PrefixStore(args.corpus_dir, kv_fingerprint(loaded.model), max_bytes=args.prefix_disk_bytes,
+                       tenant_max_bytes=args.prefix_disk_tenant_bytes)
 
 
 def kv_capacity(args, loaded) -> int:
@@ -367,6 +393,14 @@ def kv_gib(server) -> float | None:
     return g.budget.capacity * per / 2**30
 
 
+def disk_note(cache) -> str:
+    """The startup line's words on the prefix cache's disk entries ("" without them)."""
+    disk = getattr(cache, "disk", None)
+    if disk is None:
+        return ""
+    return f" (on disk too: up to {disk.max_bytes / 2**30:.1f} GiB in the corpus directory, shared with its other servers)"
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -393,7 +427,7 @@ def cmd_serve(args) -> int:
     print(f"redraft serve: {server.model_id} on http://{host}:{port}/v1 ({len(server.tenants.names)} tenant"
           f"{'s' if len(server.tenants.names) != 1 else ''}, learned corpus {learned} ids in {where}"
           f"{', not learning' if args.no_learn else ''}, prefix cache "
-          f"{prefix_text if args.prefix_cache_tokens else 'off'}, answer cache "
+          f"{prefix_text if args.prefix_cache_tokens else 'off'}{disk_note(server.generator.prefix_cache)}, answer cache "
           f"{'on' if server.generator.answers is not None else 'off'}, "
           f"{args.max_running} running at most, {kv_text}{note})", file=sys.stderr, flush=True)
     others = sum(c.stats()["journals"] for c in corpora.learned.values()) if args.corpus_dir else 0

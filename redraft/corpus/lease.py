@@ -52,10 +52,12 @@ class CompactionLock:
     Args:
         directory: the tenant directory. writer: this process's writer id (:func:`writer_id`).
         lease: seconds the lock stays valid after :meth:`acquire`.
+        name: the lock file's name in ``directory`` (another name: another lock, e.g. the prefix KV store's
+            eviction lock beside the corpora).
     """
 
-    def __init__(self, directory, writer: str, lease: float = LEASE_SECONDS) -> None:
-        self.path = os.path.join(os.fspath(directory), LOCK_FILE)
+    def __init__(self, directory, writer: str, lease: float = LEASE_SECONDS, name: str = LOCK_FILE) -> None:
+        self.path = os.path.join(os.fspath(directory), name)
         self.writer, self.lease = writer, lease
 
     def holder(self) -> dict | None:

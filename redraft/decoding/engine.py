@@ -58,6 +58,7 @@ class GenerationResult:
         settle_forwards: forwards exact mode ran to recompute such rows the way plain decoding does (draft-free
             recomputes and replays of the cache); included in ``forwards``.
         prefix_hit_tokens: prompt tokens whose KV entries came from ``generate(prefix=...)`` (not computed here).
+        prefix_disk_tokens: those of them read from disk (the prefix's ``origin`` is "disk"), else 0.
     """
 
     prompt_ids: list[int]
@@ -75,6 +76,7 @@ class GenerationResult:
     near_ties: int = 0
     settle_forwards: int = 0
     prefix_hit_tokens: int = 0
+    prefix_disk_tokens: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -184,6 +186,7 @@ class Engine:
         context[:len(prompt)] = prompt
         n_ctx = len(prompt)
         res.prefix_hit_tokens = self._begin(context[:n_ctx], prefix)
+        res.prefix_disk_tokens = res.prefix_hit_tokens if prefix is not None and prefix.origin == "disk" else 0
         pending = prompt[res.prefix_hit_tokens:]  # tokens not yet in the KV cache; the last is the tree's root
         t0 = time.perf_counter()
         while (remaining := max_new_tokens - len(res.output_ids)) > 0 and n_ctx < max_len:

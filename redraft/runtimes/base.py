@@ -23,6 +23,8 @@ class PrefixKV:
             rotary encoding (as :meth:`HFTarget.verified_kv` returns them). Never written in place: a target
             seeded with them (:meth:`HFTarget.seed`) shares them and never writes into them, so one entry can seed
             any number of sequences.
+        origin: where the entries came from: "memory" (this process computed them) or "disk" (an entry written
+            by this or another process, :mod:`redraft.runtimes.prefix_store`).
 
     The entries were computed by whatever forwards built them (a prefill over an earlier prompt, verify forwards),
     so their rows differ from plain decoding's by rounding: the engine treats rows computed on them as it treats
@@ -31,6 +33,7 @@ class PrefixKV:
 
     ids: tuple[int, ...]
     kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    origin: str = "memory"
 
     @property
     def length(self) -> int:

@@ -5,13 +5,15 @@ A pure ASGI middleware (streaming and disconnects pass through untouched). Each 
 one; every response carries it in ``x-request-id``. When the response ends, one line is written, e.g.::
 
     redraft serve: 127.0.0.1 "POST /v1/chat/completions" 200 tenant=default prompt_tokens=812 completion_tokens=64
-    tokens_per_forward=5.33 prefix_hit_tokens=748 answer_cache_hits=0 seconds=1.204 request_id=3f2a...
+    tokens_per_forward=5.33 prefix_hit_tokens=748 prefix_disk_tokens=0 answer_cache_hits=0 seconds=1.204
+    request_id=3f2a...
 
 (one line; ``-`` for what a request does not have: a health check has no tenant or tokens; a response the client
 left before it ended, e.g. a cancelled stream, is logged with nginx's 499 whatever status it had begun with, and
 one whose app failed after its headers as 500; such a line still counts the prompt tokens and the tokens generated
 until then).
-``answer_cache_hits``: the request's choices answered from the answer cache without a forward
+``prefix_disk_tokens``: those of the prefix-hit tokens read from the prefix cache's entries on disk (written before
+a restart, or by another server on the corpus directory). ``answer_cache_hits``: the request's choices answered from the answer cache without a forward
 (``tokens_per_forward`` is then ``-`` when none of them ran a forward). The route handler
 puts what it knows into the request's state (``request.state.tenant``, ``request.state.job`` whose ``outcome``
 holds the generation's result, or ``request.state.jobs`` and ``choices_per_prompt`` for a request of several
@@ -95,7 +97,8 @@ def access_line(scope, status: int, seconds: float, state: dict[str, Any]) -> st
     client = scope.get("client") or ("-", 0)
     path = scope.get("path", "")
     fields: dict[str, Any] = {"tenant": state.get("tenant", "-"), "prompt_tokens": "-", "completion_tokens": "-",
-                              "tokens_per_forward": "-", "prefix_hit_tokens": "-", "answer_cache_hits": "-"}
+                              "tokens_per_forward": "-", "prefix_hit_tokens": "-", "prefix_disk_tokens": "-",
+                              "answer_cache_hits": "-"}
     jobs = state.get("jobs") or [state.get("job")]
     n = state.get("choices_per_prompt", 1)
     outcomes = [getattr(j, "outcome", None) for j in jobs]
@@ -112,7 +115,8 @@ def access_line(scope, status: int, seconds: float, state: dict[str, Any]) -> st
         tpf = sum(len(r.output_ids) for r in done) / forwards if forwards else done[0].tokens_per_forward
         hits = sum(bool(getattr(o, "answer_cache_hit", False)) for o in outcomes if o is not None)
         fields.update(tokens_per_forward=f"{tpf:.2f}" if forwards or not hits else "-",
-                      prefix_hit_tokens=sum(r.prefix_hit_tokens for r in done), answer_cache_hits=hits)
+                      prefix_hit_tokens=sum(r.prefix_hit_tokens for r in done),
+                      prefix_disk_tokens=sum(r.prefix_disk_tokens for r in done), answer_cache_hits=hits)
     kv = " ".join(f"{k}={v}" for k, v in fields.items())
     return (f"redraft serve: {client[0]} \"{scope.get('method', '-')} {path}\" {status} {kv} "
             f"seconds={seconds:.3f} request_id={state.get('request_id', '-')}")

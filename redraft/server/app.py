@@ -336,7 +336,8 @@ class Server:
 
     # ---- application ----------------------------------------------------------------------------------------
     def app(self) -> FastAPI:
-        """The ASGI application (starts the scheduler loop at startup, stops it and closes corpora at exit)."""
+        """The ASGI application (starts the scheduler loop at startup, stops it and closes corpora and the prefix
+        store at exit)."""
         @asynccontextmanager
         async def lifespan(_app):
             self.scheduler.start()
@@ -346,7 +347,7 @@ class Server:
                 print(f"redraft serve: shutting down ({self.scheduler.running} running and {self.scheduler.waiting} "
                       "waiting requests are stopped)", file=sys.stderr, flush=True)
                 await asyncio.to_thread(self.scheduler.stop)
-                self.generator.corpora.close()
+                self.generator.close()
 
         app = openapi.application(title="redraft", lifespan=lifespan,
                                   summary="OpenAI-compatible server whose corpus grows from its own answers")

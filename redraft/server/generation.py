@@ -186,6 +186,13 @@ class Generator:
             return self.shared
         return HFTarget(self.model)
 
+    def close(self) -> None:
+        """Close the corpora, and write what the prefix cache's disk store has queued (then stop its thread)."""
+        self.corpora.close()
+        disk = getattr(self.prefix_cache, "disk", None)
+        if disk is not None:
+            disk.close()
+
     def drafters(self, tenant: str, constraint=None) -> list:
         """Draft sources in priority order: the request's output grammar (``constraint``, see
         :func:`redraft.compose.build.grammar_drafters`), the tenant's learned corpus, the shared corpus, n-gram

@@ -28,6 +28,16 @@ _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 3
 _TPF = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 49)
 
 
+PREFIX_DISK = {  # the prefix cache's disk entries (redraft.runtimes.prefix_store.StoreStats), counted since start
+    "hit_tokens": "Prompt tokens whose KV entries were read from the prefix cache's entries on disk.",
+    "reads": "Prefix KV entries read from disk.", "bytes_read": "Bytes of prefix KV entries read from disk.",
+    "writes": "Prefix KV entries written to disk.", "bytes_written": "Bytes of prefix KV entries written to disk.",
+    "evictions": "Prefix KV entries on disk removed by the disk budget.",
+    "rejected": "Prefix KV entries on disk that failed their checks (key, length, checksum) and were removed.",
+    "errors": "Prefix KV entries that could not be written (disk full, read-only directory).",
+}
+
+
 class ServerMetrics:
     """All metrics of one server, in their own registry (several servers can live in one process, as in tests).
 
@@ -82,6 +92,9 @@ class ServerMetrics:
         self.prefix_entries = Gauge("redraft:prefix_cache_entries", "Entries in the prefix cache, all tenants.", m,
                                     registry=r).labels(model_name)
         self._prefix_evicted = 0
+        self.prefix_disk = {name: Counter(f"redraft:prefix_disk_{name}", text, m, registry=r).labels(model_name)
+                            for name, text in PREFIX_DISK.items()}
+        self._disk_seen: dict[str, int] = {}
         self.answer_cache_hits = Counter("redraft:answer_cache_hits", "Greedy choices (each of a request's n) "
                                          "answered from the answer cache (the tenant's stored answer to the "
                                          "identical prompt), without a forward.", m, registry=r).labels(model_name)
@@ -131,6 +144,12 @@ class ServerMetrics:
         self._prefix_evicted = evicted
         self.prefix_tokens.set(cache.tokens)
         self.prefix_entries.set(len(cache))
+        disk = getattr(cache, "disk", None)
+        if disk is not None:
+            for name, counter in self.prefix_disk.items():
+                now = int(getattr(disk.stats, name))
+                counter.inc(max(0, now - self._disk_seen.get(name, 0)))
+                self._disk_seen[name] = now
 
     def corpus(self, tenant: str, corpus) -> None:
         """The gauges of one tenant's learned corpus (a :class:`redraft.corpus.online.OnlineCorpus`)."""

@@ -101,6 +101,7 @@ class RedraftStats(_Open):
     tokens_per_second: float | None
     learned: bool
     prefix_hit_tokens: int
+    prefix_disk_tokens: int
     answer_cache_hit: bool
     seed: int | None
     choices: list[RedraftStats] | None = None

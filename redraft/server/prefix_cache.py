@@ -16,6 +16,10 @@ does that for ``redraft serve``:
 - **Exact**: the entries were computed by other forward shapes than plain decoding of the new prompt would use,
   so the engine judges rows computed on them like verify rows (see ``Engine.generate(prefix=...)``).
 
+- **Durable** with a :class:`~redraft.runtimes.prefix_store.PrefixStore` (``--corpus-dir``): every entry stored
+  is also written to disk beside the tenant's corpus, and a lookup whose longest prefix is on disk (written before
+  a restart, or by another replica on the directory) reads it there and keeps it in memory from then on.
+
 Memory: an entry costs ``2 x layers x kv_heads x head_dim x dtype bytes`` per token (46 KB in float32 for the
 default SmolLM2-135M: 16,384 tokens take ~750 MB).
 
@@ -28,15 +32,20 @@ empties it for another tenant's).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from redraft.decoding.engine import GenerationResult
+from redraft.runtimes.prefix_store import PrefixStore, kv_entry, kv_tensors
 from redraft.runtimes.transformers.target import HFTarget, PrefixKV
+
+log = logging.getLogger("redraft.server")
 
 
 @dataclass
@@ -56,15 +65,19 @@ class PrefixCache:
     Args:
         max_tokens: token budget over all entries of all tenants (0 = store nothing).
         min_hit: shortest prefix worth reusing, in tokens (shorter matches start from an empty cache).
+        disk: entries on disk (see the module docstring), or None: memory only.
+        layers, dtype: the model's decoder layers and KV dtype (checked on every entry read from ``disk``).
 
     Attributes:
         stats: :class:`PrefixCacheStats`. tokens: tokens held now.
     """
 
-    def __init__(self, max_tokens: int, min_hit: int = 1) -> None:
+    def __init__(self, max_tokens: int, min_hit: int = 1, disk: PrefixStore | None = None, layers: int = 0,
+                 dtype=None) -> None:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         self.max_tokens, self.min_hit = int(max_tokens), max(1, int(min_hit))
+        self.disk, self.layers, self.dtype = disk, int(layers), dtype
         self.entries: OrderedDict[tuple[str, tuple[int, ...]], PrefixKV] = OrderedDict()  # oldest first
         self.tokens = 0
         self.stats = PrefixCacheStats()
@@ -74,9 +87,10 @@ class PrefixCache:
         return len(self.entries)
 
     def lookup(self, tenant: str, prompt: Sequence[int]) -> PrefixKV | None:
-        """The longest cached prefix of ``prompt`` among ``tenant``'s entries, cut to leave at least one prompt
-        token to feed (the engine needs a row to choose the first token from); None when shorter than ``min_hit``.
-        The entry used becomes the most recently used. Counts ``len(prompt)`` queried tokens and the hit."""
+        """The longest cached prefix of ``prompt`` among ``tenant``'s entries, in memory or on disk (an entry read
+        from disk stays in memory after), cut to leave at least one prompt token to feed (the engine needs a row to
+        choose the first token from); None when shorter than ``min_hit``. The entry used becomes the most recently
+        used. Counts ``len(prompt)`` queried tokens and the hit."""
         prompt = [int(t) for t in prompt]
         with self.lock:
             self.stats.queries += len(prompt)
@@ -87,21 +101,49 @@ class PrefixCache:
                 n = common_prefix(entry.ids, prompt, limit=len(prompt) - 1)
                 if n > best_n:
                     best, best_n = key, n
-            if best is None or best_n < self.min_hit:
+        found = self._from_disk(tenant, prompt, best_n) if self.disk is not None else None
+        if found is not None:
+            return found
+        with self.lock:
+            if best is None or best_n < self.min_hit or best not in self.entries:
                 return None
             self.entries.move_to_end(best)
             entry = self.entries[best]
             self.stats.hits += best_n
-        if best_n == entry.length:
-            return entry
-        return PrefixKV(entry.ids[:best_n], tuple((k[:, :, :best_n], v[:, :, :best_n]) for k, v in entry.kv))
+        return cut(entry, best_n)
+
+    def _from_disk(self, tenant: str, prompt: list[int], have: int) -> PrefixKV | None:
+        """The disk's entry for ``prompt`` when it shares more than ``have`` tokens (and at least ``min_hit``),
+        cut to them; None otherwise or when it fails its checks."""
+        assert self.disk is not None
+        name, n = self.disk.best(tenant, prompt, len(prompt) - 1)
+        if n <= have or n < self.min_hit:
+            return None
+        got = self.disk.read(tenant, name)
+        if got is None:
+            return None
+        try:
+            entry = kv_entry(got[0], got[1], self.layers, self.dtype)
+        except ValueError as e:
+            log.warning("prefix KV entry %s of tenant %s ignored: %s", name, tenant, e)
+            return None
+        if entry.ids[:n] != tuple(prompt[:n]):
+            return None
+        self.store(tenant, entry)
+        with self.lock:
+            self.stats.hits += n
+        self.disk.stats.hit_tokens += n
+        return cut(entry, n)
 
     def store(self, tenant: str, entry: PrefixKV, room: int | None = None) -> None:
         """Keep ``entry`` for ``tenant`` as the most recently used; drop the tenant's entries it extends, then the
         least recently used entries of any tenant until the budget holds. An entry longer than the whole budget
         is not kept. ``room``: a tighter budget for now (the tokens a shared KV budget leaves the cache, see
-        :class:`~redraft.server.admission.KVBudget`); None = ``max_tokens``."""
+        :class:`~redraft.server.admission.KVBudget`); None = ``max_tokens``. An entry computed here is also written
+        to ``disk`` (in its writer thread), whatever the memory budget keeps."""
         limit = self.max_tokens if room is None else min(self.max_tokens, max(0, int(room)))
+        if self.disk is not None and entry.origin != "disk" and entry.length:
+            self.disk.put(tenant, entry.ids, lambda: kv_tensors(entry))
         if entry.length == 0 or entry.length > limit:
             return
         with self.lock:
@@ -141,20 +183,27 @@ class HeldPrefix:
     of another tenant than the previous one. It holds no memory beyond the target's own cache, which the running
     request's reservation covers: ``tokens`` is 0 and eviction has nothing to free.
 
+    With a :class:`~redraft.runtimes.prefix_store.PrefixStore`, :meth:`store` also writes the sequence's state
+    (llama.cpp's ``llama_state_seq_get_data``) to disk, and :meth:`lookup` loads a longer prefix from there into
+    the target (``llama_state_seq_set_data``): after a restart, or one another replica wrote.
+
     Args:
-        target: the shared target (``ids``, ``length`` and ``snapshot`` are used).
+        target: the shared target (``ids``, ``length``, ``snapshot``; with ``disk`` also ``crop``,
+            ``save_state`` and ``load_state``).
         max_tokens: most held tokens one request may start from (0 = none).
         min_hit: shortest prefix worth reusing, in tokens.
+        disk: entries on disk, or None.
     Attributes:
         stats: :class:`PrefixCacheStats` (``evictions`` and ``replaced`` stay 0). tokens: 0 (see above).
     """
 
     tokens = 0
 
-    def __init__(self, target, max_tokens: int, min_hit: int = 1) -> None:
+    def __init__(self, target, max_tokens: int, min_hit: int = 1, disk: PrefixStore | None = None) -> None:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         self.target, self.max_tokens, self.min_hit = target, int(max_tokens), max(1, int(min_hit))
+        self.disk = disk
         self.stats = PrefixCacheStats()
         self.lock = threading.Lock()
 
@@ -163,20 +212,48 @@ class HeldPrefix:
 
     def lookup(self, tenant: str, prompt: Sequence[int]) -> PrefixKV | None:
         """The longest common prefix of ``prompt`` and the held tokens (at most ``max_tokens``, leaving at least one
-        prompt token to feed), None when shorter than ``min_hit``. ``tenant`` is not consulted: the target holds only
-        the current request's tenant's tokens (see the class docstring)."""
+        prompt token to feed), or of ``prompt`` and an entry of ``tenant`` on disk when that is longer (loaded into
+        the target); None when shorter than ``min_hit``. The held tokens are the current request's tenant's (see
+        the class docstring)."""
         prompt = [int(t) for t in prompt]
+        limit = min(len(prompt) - 1, self.max_tokens)
         with self.lock:
             self.stats.queries += len(prompt)
             held = self.target.ids[:self.target.length]
-            n = common_prefix(held, prompt, limit=min(len(prompt) - 1, self.max_tokens))
+            n = common_prefix(held, prompt, limit=limit)
+            origin = "memory"
+            if self.disk is not None:
+                name, n_disk = self.disk.best(tenant, prompt, limit)
+                if n_disk > n and n_disk >= self.min_hit and self._load(tenant, name):
+                    n, origin = n_disk, "disk"
+                    self.disk.stats.hit_tokens += n
             if n < self.min_hit:
                 return None
             self.stats.hits += n
-        return self.target.snapshot(prompt[:n])
+        entry = self.target.snapshot(prompt[:n])
+        return PrefixKV(entry.ids, entry.kv, origin=origin)
+
+    def _load(self, tenant: str, name: str) -> bool:
+        """Load a disk entry's state into the target; False (the target then empty) when it cannot be used."""
+        assert self.disk is not None
+        got = self.disk.read(tenant, name)
+        if got is None or "state" not in got[1]:
+            return False
+        try:
+            self.target.load_state(got[0], got[1]["state"].numpy().tobytes())
+        except Exception as e:  # noqa: BLE001 (the runtime's own error type; the request then prefills)
+            log.warning("prefix KV entry %s of tenant %s not loaded: %s", name, tenant, e)
+            return False
+        return True
 
     def store(self, tenant: str, entry: PrefixKV, room: int | None = None) -> None:
-        """Nothing to keep: the target's cache still holds the entry's tokens until the next request."""
+        """Nothing to keep in memory: the target's cache still holds the entry's tokens until the next request. With
+        ``disk``, the sequence's state of the entry's tokens is copied now and written in the store's thread."""
+        if self.disk is None or entry.length < self.disk.min_tokens or not self.disk.writable:
+            return
+        self.target.crop(entry.length)  # tokens past the entry (cut by a stop) are never reused
+        state = self.target.save_state()
+        self.disk.put(tenant, entry.ids, lambda: {"state": torch.frombuffer(bytearray(state), dtype=torch.uint8)})
 
     def evict_to(self, limit: int) -> None:
         """Nothing to free: the held tokens are in the memory the next request runs in."""
@@ -184,6 +261,13 @@ class HeldPrefix:
     def tenant_tokens(self, tenant: str) -> int:
         """0: the held tokens take no memory of their own (see the class docstring)."""
         return 0
+
+
+def cut(entry: PrefixKV, n: int) -> PrefixKV:
+    """``entry``'s first ``n`` positions (views; the entry itself when it holds exactly ``n``)."""
+    if n == entry.length:
+        return entry
+    return PrefixKV(entry.ids[:n], tuple((k[:, :, :n], v[:, :, :n]) for k, v in entry.kv), origin=entry.origin)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:

@@ -66,7 +66,8 @@ def stats(job: Job, out: Outcome) -> dict[str, Any]:
             "sources": {name: st.to_dict(digits=4) for name, st in res.sources.items()},
             "queue_seconds": round(job.queue_seconds, 4), "generation_seconds": round(res.seconds, 4),
             "tokens_per_second": round(res.tokens_per_second, 2) if ran else None, "learned": out.learned,
-            "prefix_hit_tokens": res.prefix_hit_tokens, "answer_cache_hit": out.answer_cache_hit,
+            "prefix_hit_tokens": res.prefix_hit_tokens, "prefix_disk_tokens": res.prefix_disk_tokens,
+            "answer_cache_hit": out.answer_cache_hit,
             "seed": job.payload.sampling.seed}
 
 

@@ -181,6 +181,30 @@ def test_llama_server_decodes_again_from_its_held_prefix_per_tenant(llama, sessi
         assert [float(line.split()[-1]) for line in hits] == [len(ids) - 1]
 
 
+SYSTEM = ("You are a careful assistant. Answer in one short sentence, name your source, and never guess. "
+          "Rules: be brief; prefer facts; say 'I do not know' when unsure; use plain words; no lists. ") * 3
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_llama_server_restarted_on_its_corpus_dir_loads_the_prefix_state_from_disk(llama, session_cache, tmp_path):
+    """llama.cpp's sequence state written after a request (``llama_state_seq_get_data``) is what a restarted
+    server starts the next request under the same system prompt from; the answer is plain decoding's."""
+    tok = llama.tokenizer
+    second = SYSTEM + "Question: what is the capital of Italy?"
+    want = plain_text(llama, tok(second)["input_ids"], N)
+    args = serve_args("--no-answer-cache", "--corpus-dir", str(tmp_path / "c"))
+    with live_server(args, llama) as srv:
+        srv.client().completions.create(model=srv.server.model_id, prompt=SYSTEM + "Question: what is the capital "
+                                        "of France?", max_tokens=N, temperature=0)
+    llama.model.reset()  # the next server shares this target: nothing of the first request stays held in it
+    with live_server(args, llama) as srv:
+        r = srv.client().completions.create(model=srv.server.model_id, prompt=second, max_tokens=N, temperature=0)
+        stats = r.model_extra["redraft"]
+    assert r.choices[0].text == want
+    assert stats["prefix_disk_tokens"] == stats["prefix_hit_tokens"] >= len(tok(SYSTEM)["input_ids"]) - 2
+
+
 @pytest.mark.slow
 @pytest.mark.llama
 def test_llama_server_batches_requests_as_sequences_of_one_context(llama, session_cache):

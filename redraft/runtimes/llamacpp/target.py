@@ -48,6 +48,7 @@ from redraft.runtimes.llamacpp.lib import (
     tiled_matmul_fixed,
 )
 from redraft.runtimes.llamacpp.probe import ProbeFailed, batch_report, settle
+from redraft.runtimes.llamacpp.state import SequenceState
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ INVARIANT_KEY = "llama.cpp batch-invariant"  # the entry for a build whose rows 
 PROBE_ROWS = 8  # batch rows of the load-time probe (a build with llamafile's sgemm differs from row 4 on)
 
 
-class LlamaCppTarget(Target):
+class LlamaCppTarget(SequenceState, Target):
     """A GGUF model on llama.cpp with its own context and KV cache; this target is sequence 0 of the context.
 
     With ``n_seq_max`` > 1 the context holds that many sequences of ``n_ctx`` tokens each (:meth:`view` gives a
