@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy
+from redraft.defaults import PREFIX_CACHE_TOKENS, PREFIX_DISK_BYTES
 
 
 @dataclass
@@ -31,8 +32,9 @@ class Generation:
         text: the generated text (special tokens skipped).
         stats: ``tokens``, ``forwards`` (target forwards, prefill included), ``tokens_per_forward``, ``proposed`` /
             ``accepted`` draft tokens, ``acceptance`` (accepted / proposed, 0 when nothing was proposed),
-            ``seconds`` (wall clock), ``stop_reason`` ("eos", "length", "context" or "stop") and ``sources``
-            ({source: {"proposed", "accepted"}}).
+            ``seconds`` (wall clock), ``stop_reason`` ("eos", "length", "context" or "stop"), ``sources``
+            ({source: {"proposed", "accepted"}}), ``prefix_hit_tokens`` (prompt tokens started from cached KV
+            entries, with ``prefix_dir``) and ``prefix_disk_tokens`` (those read from disk).
         result: the engine's :class:`~redraft.decoding.engine.GenerationResult` (per-forward detail).
     """
 
@@ -51,7 +53,8 @@ def stats_of(res) -> dict:
     return {"tokens": len(res.output_ids), "forwards": res.forwards, "tokens_per_forward": res.tokens_per_forward,
             "proposed": proposed, "accepted": accepted, "acceptance": accepted / proposed if proposed else 0.0,
             "seconds": res.seconds, "stop_reason": res.stop_reason,
-            "sources": {name: {"proposed": s.proposed, "accepted": s.accepted} for name, s in res.sources.items()}}
+            "sources": {name: {"proposed": s.proposed, "accepted": s.accepted} for name, s in res.sources.items()},
+            "prefix_hit_tokens": res.prefix_hit_tokens, "prefix_disk_tokens": res.prefix_disk_tokens}
 
 
 class Redraft:
@@ -67,15 +70,20 @@ class Redraft:
         learn: with a corpus file, :meth:`generate` adds each new answer (prompt + answer) to the corpus, in memory
             at once and on disk atomically (its own format, text or binary), so later prompts and later runs replay
             it; a missing file is then created.
+        prefix_dir: a corpus directory (as ``redraft serve --corpus-dir``; created if missing) whose prefix KV
+            entries start each prompt from the longest prefix an earlier call, process or server on it computed,
+            and where this object's entries of at least 128 tokens are written (the default tenant's; up to 4 GiB,
+            least recently used removed first). None: no prefix reuse.
     Raises:
         FileNotFoundError: a corpus file that does not exist (without ``learn``).
         redraft.corpus.CorpusError: a malformed corpus, ids outside the model's vocabulary, or (binary) another
-            tokenizer's fingerprint unless ``config.force``.
+            tokenizer's fingerprint unless ``config.force``; a ``prefix_dir`` that cannot be used or was made for
+            another tokenizer.
         ValueError: a bad config field (the message names it).
     """
 
     def __init__(self, model, tokenizer, *, corpus=None, config: SpeculationConfig | None = None,
-                 learn: bool = False, **config_kw) -> None:
+                 learn: bool = False, prefix_dir: str | os.PathLike | None = None, **config_kw) -> None:
         from redraft.io.loading import LoadedModel
 
         if config is not None and config_kw:
@@ -87,11 +95,21 @@ class Redraft:
         self.corpus_path: str | None = None
         self.corpus = self._open(corpus if corpus is not None else self.config.corpus)
         self.policy = (build_policy(model, max_nodes=self.config.policy_nodes) if self.config.policy_on else None)
+        self.prefix_cache = self._prefixes(prefix_dir) if prefix_dir is not None else None
+
+    def _prefixes(self, directory):
+        from redraft.corpus import tokenizer_fingerprint
+        from redraft.corpus.directory import check_meta
+        from redraft.server.prefix_cache import open_prefix_cache
+
+        check_meta(directory, self.loaded.vocab_size, tokenizer_fingerprint(self.loaded.tokenizer))
+        return open_prefix_cache(self.loaded.model, PREFIX_CACHE_TOKENS, directory, disk_bytes=PREFIX_DISK_BYTES,
+                                 background=False)
 
     @classmethod
     def from_pretrained(cls, model_or_path=None, tokenizer=None, *, corpus=None,
                         config: SpeculationConfig | None = None, dtype: str = "float32", learn: bool = False,
-                        **config_kw) -> Redraft:
+                        prefix_dir: str | os.PathLike | None = None, **config_kw) -> Redraft:
         """A :class:`Redraft` from a model directory or ``.gguf`` file (None = the bundled SmolLM2-135M-Instruct,
         :func:`redraft.io.loading.load_model`), or from an already loaded transformers model and its tokenizer.
 
@@ -108,7 +126,7 @@ class Redraft:
             model = model_or_path
             if tokenizer is None:
                 raise ValueError("Redraft.from_pretrained: a loaded model needs its tokenizer (tokenizer=...)")
-        return cls(model, tokenizer, corpus=corpus, config=config, learn=learn, **config_kw)
+        return cls(model, tokenizer, corpus=corpus, config=config, learn=learn, prefix_dir=prefix_dir, **config_kw)
 
     def _open(self, corpus):
         from redraft.corpus import Corpus, load_corpus, tokenizer_fingerprint
@@ -172,7 +190,11 @@ class Redraft:
         if not ids:
             raise ValueError("prompt: encodes to no tokens")
         stops = StopStrings(self.loaded.tokenizer, stop or [])
-        res = self.engine().generate(ids, max_new_tokens, on_tokens, sampling=sampling, stop=stops if stops else None)
+        from redraft.server.prefix_cache import generate_cached
+        from redraft.server.tenants import DEFAULT_TENANT
+
+        res = generate_cached(self.engine(), self.prefix_cache, DEFAULT_TENANT, ids, max_new_tokens,
+                              on_tokens=on_tokens, sampling=sampling, stop=stops if stops else None)
         text = (stops.text if res.stop_reason == "stop" else
                 self.loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True))
         if self.learn and self.corpus is not None and res.output_ids:

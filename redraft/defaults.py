@@ -156,3 +156,8 @@ def check_depth(name: str | None, value, *, hi: int = MAX_DRAFT_DEPTH, note: str
         print(f"redraft: warning: {who}{value} is outside 1..{hi} (a draft depth in tokens{note}); using {c}",
               file=sys.stderr)
     return c
+
+# Prefix reuse (redraft serve, redraft run --prefix-dir, the Python API's prefix_dir): tokens of KV entries kept in
+# memory, and bytes of entries kept on disk in a corpus directory (least recently used removed first).
+PREFIX_CACHE_TOKENS = 16_384
+PREFIX_DISK_BYTES = 4 << 30

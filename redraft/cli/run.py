@@ -4,6 +4,8 @@
 The reply goes to stdout as it is generated; the end-of-run report (tokens/forward, acceptance per draft source,
 speed, and with ``--tokens`` the id lines ``redraft freeze --from-log`` reads) goes to stderr. With ``--learn`` each
 new answer joins the ``--corpus`` file (rewritten atomically in its format), so later prompts and later runs replay it.
+With ``--prefix-dir DIR`` (a corpus directory, as ``redraft serve --corpus-dir``) each prompt starts from the longest
+prefix whose KV entries this run, an earlier run or a server on that directory computed, and its own are kept there.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from redraft.corpus import CorpusError
 from redraft.decoding.runstats import RunSummary, run_report, speculation_line
 from redraft.decoding.stopping import StopStrings
 from redraft.decoding.textstream import TextStream
+from redraft.defaults import PREFIX_CACHE_TOKENS, PREFIX_DISK_BYTES
 from redraft.io.prompts import encode_prompt
 
 
@@ -66,17 +69,18 @@ def cmd_run(args) -> int:
 
         corpus = Corpus.from_spans([], vocab_size=loaded.vocab_size, fingerprint=tokenizer_fingerprint(loaded.tokenizer))
     engine = engine_from_args(args, loaded, corpus, config=config)
+    cache = _prefix_cache_or_exit(args.prefix_dir, loaded)
     chat = False if args.no_chat else None
     where = (lambda i: f"{args.prompts}: prompt {i}") if args.prompts is not None else (lambda i: "PROMPT")
     encoded = [prompt_fits_or_exit(encode_prompt(loaded.tokenizer, p, chat=chat), loaded, where(i), "run")
                for i, p in enumerate(prompts, 1)]  # every prompt checked before the first generation
     learn = corpus_path if args.learn else None
     if args.prompts is None:
-        return _answer_streamed(args, loaded, engine, encoded[0], sampling, corpus, learn)
+        return _answer_streamed(args, loaded, engine, encoded[0], sampling, corpus, learn, cache)
     results = []
     for text, ids in zip(prompts, encoded, strict=True):
         stop = StopStrings(loaded.tokenizer, args.stop)
-        res = engine.generate(ids, args.ngen, sampling=sampling, stop=stop if stop else None)
+        res = _generate(engine, cache, ids, args.ngen, sampling=sampling, stop=stop if stop else None)
         out = stop.text if res.stop_reason == "stop" else loaded.tokenizer.decode(res.output_ids,
                                                                                   skip_special_tokens=True)
         learned = _learn(corpus, ids, res.output_ids, learn)
@@ -84,7 +88,44 @@ def cmd_run(args) -> int:
                           **stats_of(res), "learned": learned}), flush=True)
         results.append(res)
     print(speculation_line(RunSummary.of(results)) + f" over {len(results)} prompts", file=sys.stderr)
+    if cache is not None:
+        print(prefix_line(cache, results), file=sys.stderr)
     return 0
+
+
+def _prefix_cache_or_exit(directory: str | None, loaded):
+    """``--prefix-dir``'s prefix cache (memory, and the directory's entries on disk, written in this thread), or
+    None without the flag. Exits naming the flag when the directory cannot be used or belongs to another
+    tokenizer."""
+    if directory is None:
+        return None
+    from redraft.corpus import tokenizer_fingerprint
+    from redraft.corpus.directory import check_meta
+    from redraft.server.prefix_cache import open_prefix_cache
+
+    try:
+        check_meta(directory, loaded.vocab_size, tokenizer_fingerprint(loaded.tokenizer))
+    except CorpusError as e:
+        raise SystemExit(f"redraft run: error: --prefix-dir {e}") from None
+    return open_prefix_cache(loaded.model, PREFIX_CACHE_TOKENS, directory, disk_bytes=PREFIX_DISK_BYTES, background=False)
+
+
+def _generate(engine, cache, ids: list[int], n: int, **kw):
+    """``engine.generate`` from the cache's longest prefix of ``ids`` (the default tenant's, as an open server's)."""
+    from redraft.server.prefix_cache import generate_cached
+    from redraft.server.tenants import DEFAULT_TENANT
+
+    return generate_cached(engine, cache, DEFAULT_TENANT, ids, n, **kw)
+
+
+def prefix_line(cache, results) -> str:
+    """The end-of-run line on prefix reuse: prompt tokens started from cached entries, and from disk."""
+    hit = sum(r.prefix_hit_tokens for r in results)
+    disk = sum(r.prefix_disk_tokens for r in results)
+    prompt = sum(len(r.prompt_ids) for r in results)
+    written = cache.disk.stats.writes if getattr(cache, "disk", None) is not None else 0
+    return (f"prefix cache: {hit} of {prompt} prompt tokens reused ({disk} read from disk), {written} entries "
+            "written")
 
 
 def _learn(corpus, ids: list[int], output: list[int], path: str | None) -> bool:
@@ -98,7 +139,7 @@ def _learn(corpus, ids: list[int], output: list[int], path: str | None) -> bool:
         return False
 
 
-def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, learn: str | None) -> int:
+def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, learn: str | None, cache) -> int:
     """One PROMPT: the reply streamed to stdout as it is generated, the report to stderr."""
     stop = StopStrings(loaded.tokenizer, args.stop)
     stream = TextStream(loaded.tokenizer, stop)
@@ -109,7 +150,7 @@ def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, lea
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-    res = engine.generate(ids, args.ngen, on_tokens=show, sampling=sampling, stop=stop if stop else None)
+    res = _generate(engine, cache, ids, args.ngen, on_tokens=show, sampling=sampling, stop=stop if stop else None)
     sys.stdout.write(stream.finish() + "\n")
     sys.stdout.flush()
     _learn(corpus, ids, res.output_ids, learn)
@@ -119,6 +160,8 @@ def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, lea
         hint = "; --n-ctx sets llama.cpp's context" if loaded.runtime == "llama.cpp" else ""
         lines.insert(0, f"redraft run: the answer stopped at the end of the model's context ({len(ids)} prompt + "
                         f"{len(res.output_ids)} generated tokens; --ngen asked for {args.ngen}){hint}")
+    if cache is not None:
+        lines.append(prefix_line(cache, [res]))
     print("\n".join(lines), file=sys.stderr)
     return 0
 
@@ -144,6 +187,11 @@ def register(sub) -> None:
                    help="add each new answer (prompt + answer) to the --corpus file, rewritten atomically in its "
                         "format, so later prompts and later runs replay it; a missing file is created: text for a .txt "
                         "name, binary otherwise")
+    p.add_argument("--prefix-dir", default=None, metavar="DIR",
+                   help="a corpus directory (as redraft serve --corpus-dir, created if missing): each prompt starts "
+                        "from the longest prefix whose KV cache an earlier prompt, an earlier run or a server on DIR "
+                        "computed (entries of at least 128 tokens, kept on disk for this model, build and thread "
+                        "count; least recently used removed beyond 4 GiB), instead of prefilling it")
     p.add_argument("prompt", metavar="PROMPT", nargs="?", default=None,
                    help="the user prompt ('-' reads stdin); or --prompts FILE")
     p.set_defaults(func=cmd_run)

@@ -24,12 +24,11 @@ from redraft.cli.common import (
     nonneg,
     positive,
 )
-from redraft.defaults import TOOL_CALL_PARSERS
+from redraft.defaults import PREFIX_CACHE_TOKENS, PREFIX_DISK_BYTES, TOOL_CALL_PARSERS
 from redraft.io.loading import DEFAULT_MODEL_FILE, ModelLoadError, resolve_gguf
 
 DEFAULT_CAP_TOKENS = 1_000_000
-DEFAULT_PREFIX_CACHE_TOKENS = 16_384
-DEFAULT_PREFIX_DISK = "4G"
+DEFAULT_PREFIX_CACHE_TOKENS = PREFIX_CACHE_TOKENS
 DEFAULT_MAX_RUNNING = 16
 MAX_RUNNING = 256  # beyond a few dozen the step is compute-bound anyway
 DEFAULT_MAX_BATCH_TOKENS = 512
@@ -115,12 +114,12 @@ def register(sub) -> None:
                         f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
                         f"SmolLM2-135M takes ~46 KB a token; llama.cpp keeps the previous request's tokens in its own "
                         f"cache, and a request of the same tenant starts from up to N of them)")
-    p.add_argument("--prefix-disk-bytes", type=byte_size, default=byte_size(DEFAULT_PREFIX_DISK), metavar="SIZE",
+    p.add_argument("--prefix-disk-bytes", type=byte_size, default=PREFIX_DISK_BYTES, metavar="SIZE",
                    help=f"with --corpus-dir and the prefix cache on: also write each cached prefix of at least 128 "
                         f"tokens to disk beside its tenant's corpus, so a restarted server, and every other server "
                         f"on the directory, starts a request from it instead of prefilling; SIZE (bytes, or 512M, "
                         f"4G) bounds all entries in the directory, least recently used removed first; 0 = memory "
-                        f"only (default {DEFAULT_PREFIX_DISK}; float32 SmolLM2-135M takes ~46 KB a token)")
+                        f"only (default {PREFIX_DISK_BYTES >> 30}G; float32 SmolLM2-135M takes ~46 KB a token)")
     p.add_argument("--prefix-disk-tenant-bytes", type=byte_size, default=None, metavar="SIZE",
                    help="bound of one tenant's prefix entries on disk (default: --prefix-disk-bytes)")
     p.add_argument("--no-answer-cache", action="store_true",
@@ -219,7 +218,7 @@ def build_server(args, loaded=None):
     from redraft.server.corpora import CorporaError, TenantCorpora
     from redraft.server.generation import Generator
     from redraft.server.options import ServerOptions
-    from redraft.server.prefix_cache import HeldPrefix, PrefixCache
+    from redraft.server.prefix_cache import open_prefix_cache
     from redraft.server.tenants import Tenants, TenantsError
 
     config = speculation_config(args)
@@ -248,12 +247,12 @@ def build_server(args, loaded=None):
                                 compact_tokens=args.compact_tokens)
     except CorporaError as e:
         raise _fail(str(e)) from None
-    prefix_cache, disk = None, prefix_store(args, loaded)
-    if args.prefix_cache_tokens and loaded.runtime == "transformers":
-        prefix_cache = PrefixCache(args.prefix_cache_tokens, disk=disk, layers=loaded.model.config.num_hidden_layers,
-                                   dtype=next(loaded.model.parameters()).dtype)
-    elif args.prefix_cache_tokens and args.max_running == 1:  # llama.cpp: the tokens its one sequence holds
-        prefix_cache = HeldPrefix(loaded.model, args.prefix_cache_tokens, disk=disk)
+    prefix_cache = None
+    if args.prefix_cache_tokens and (loaded.runtime == "transformers" or args.max_running == 1):
+        # llama.cpp: the tokens its one sequence holds (several sequences: no prefix reuse)
+        prefix_cache = open_prefix_cache(loaded.model, args.prefix_cache_tokens, args.corpus_dir,
+                                         disk_bytes=args.prefix_disk_bytes,
+                                         tenant_bytes=args.prefix_disk_tenant_bytes)
     budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
                           batcher=step_batcher(args, loaded),
@@ -265,21 +264,6 @@ def build_server(args, loaded=None):
     return Server(generator, tenants, model_id_of(loaded, names), max_queue=args.max_queue,
                   max_running=args.max_running, options=options, tool_call_parser=args.tool_call_parser,
                   aliases=tuple(names[1:]), literal_content=not args.special_tokens_in_content)
-
-
-def prefix_store(args, loaded):
-    """The prefix cache's entries on disk (:class:`~redraft.runtimes.prefix_store.PrefixStore` under
-    ``--corpus-dir``), or None: no directory, the prefix cache off, ``--prefix-disk-bytes 0``, or a llama.cpp server
-    running several sequences (its prefix reuse needs ``--max-running 1``)."""
-    if not (args.corpus_dir and args.prefix_cache_tokens and args.prefix_disk_bytes):
-        return None
-    if loaded.runtime != "transformers" and args.max_running != 1:
-        return None
-    from redraft.runtimes.fingerprint import kv_fingerprint
-    from redraft.runtimes.prefix_store import PrefixStore
-
-    return PrefixStore(args.corpus_dir, kv_fingerprint(loaded.model), max_bytes=args.prefix_disk_bytes,
-                       tenant_max_bytes=args.prefix_disk_tenant_bytes)
 
 
 def kv_capacity(args, loaded) -> int:

@@ -263,6 +263,40 @@ class HeldPrefix:
         return 0
 
 
+def generate_cached(engine, cache: PrefixCache | HeldPrefix | None, tenant: str, ids: list[int], n: int,
+                    **kw) -> GenerationResult:
+    """One generation as a process without a step loop runs it (``redraft run``, the Python API): ``engine.generate``
+    from ``cache``'s longest prefix of ``ids`` for ``tenant``, then prompt + answer remembered (``cache`` None: a
+    plain ``engine.generate``). ``kw``: :meth:`~redraft.decoding.engine.Engine.generate`'s."""
+    hit = cache.lookup(tenant, ids) if cache is not None else None
+    res = engine.generate(ids, n, prefix=hit, **kw)
+    if cache is not None:
+        remember(cache, tenant, engine.target, res)
+    return res
+
+
+def open_prefix_cache(model, max_tokens: int, directory=None, *, disk_bytes: int = 0,
+                      tenant_bytes: int | None = None, background: bool = True) -> PrefixCache | HeldPrefix:
+    """The prefix cache of ``model``: a :class:`PrefixCache` for a transformers causal LM, a :class:`HeldPrefix`
+    for a target that keeps one sequence in its own cache (llama.cpp's); with ``directory`` (a corpus directory)
+    and ``disk_bytes`` > 0 its entries are also kept on disk there
+    (:class:`~redraft.runtimes.prefix_store.PrefixStore`, ``tenant_bytes`` per tenant, ``background`` writes).
+
+    Raises:
+        ValueError: max_tokens < 0.
+    """
+    disk = None
+    if directory is not None and disk_bytes > 0:
+        from redraft.runtimes.fingerprint import kv_fingerprint
+
+        disk = PrefixStore(directory, kv_fingerprint(model), max_bytes=disk_bytes, tenant_max_bytes=tenant_bytes,
+                           background=background)
+    if getattr(model, "runtime", "transformers") != "transformers":
+        return HeldPrefix(model, max_tokens, disk=disk)
+    return PrefixCache(max_tokens, disk=disk, layers=model.config.num_hidden_layers,
+                       dtype=next(model.parameters()).dtype)
+
+
 def cut(entry: PrefixKV, n: int) -> PrefixKV:
     """``entry``'s first ``n`` positions (views; the entry itself when it holds exactly ``n``)."""
     if n == entry.length:

@@ -162,3 +162,19 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch):
     for block in readme_python_blocks():
         exec(compile(block, str(README), "exec"), scope)  # its own asserts check ids against plain generate
     assert (tmp_path / "answers.corpus").is_file()
+
+
+def test_prefix_dir_starts_a_new_object_from_the_prefix_on_disk(tiny, tmp_path):
+    """``prefix_dir``: one object writes its prompt's KV entries; a new object (what a new process has) starts the
+    next prompt under the same long prefix from disk, with plain greedy's ids."""
+    import random
+
+    d, model, tok = tiny
+    rng = random.Random(8)
+    system = [rng.randrange(2, 64) for _ in range(150)]
+    first = Redraft(model, tok, prefix_dir=tmp_path / "p").generate(system + [5, 6, 7], 20)
+    assert first.result.prefix_hit_tokens == 0
+    prompt = system + [30, 31]
+    out = Redraft(model, tok, prefix_dir=tmp_path / "p").generate(prompt, 20)
+    assert out.ids == plain_greedy(model, prompt, 20, eos=[EOS])
+    assert out.result.prefix_disk_tokens >= len(system)

@@ -89,3 +89,29 @@ def test_prompts_without_learning_and_bad_input(tiny, tmp_path, capsys):
     bad.write_text('{"text": "x"}\n')
     with pytest.raises(SystemExit, match="bad.jsonl:1"):
         main(["run", "--model", str(d), "--prompts", str(bad)])
+
+
+def test_prefix_dir_starts_later_runs_from_the_prefix_on_disk(tiny, tmp_path, capsys):
+    """``--prefix-dir``: the first run writes its prompts' KV entries; a later run (a new process's cache) starts
+    from them, with plain greedy's ids; a directory of another tokenizer is refused by name."""
+    import random
+
+    d, model = tiny
+    rng = random.Random(3)
+    system = [rng.randrange(2, 64) for _ in range(150)]  # entries of >= 128 tokens go to disk
+    prompts = [system + [5, 6, 7], system + [20, 21]]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(words(p) for p in prompts) + "\n")
+    want = [plain_greedy(model, p, 30, eos=[EOS]) for p in prompts]
+    pdir = tmp_path / "prefixes"
+    first = run_prompts(capsys, d, path, "--prefix-dir", str(pdir))
+    assert [r["ids"] for r in first] == want
+    assert first[0]["prefix_hit_tokens"] == 0 and first[1]["prefix_hit_tokens"] >= len(system)  # in memory
+    assert first[1]["prefix_disk_tokens"] == 0
+    again = run_prompts(capsys, d, path, "--prefix-dir", str(pdir))
+    assert [r["ids"] for r in again] == want
+    assert again[0]["prefix_disk_tokens"] >= len(system)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "meta.json").write_text('{"fingerprint": null, "vocab_size": 5}')
+    with pytest.raises(SystemExit, match="--prefix-dir .*another tokenizer"):
+        main(["run", "--model", str(d), "--no-chat", "--prompts", str(path), "--prefix-dir", str(tmp_path / "other")])
