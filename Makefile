@@ -24,10 +24,11 @@ $(LINT_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,lint]'
 	touch $(LINT_STAMP)
 
-# ruff (pyflakes, import order, bugbear, pyupgrade; 120 columns) over the code and tests, mypy over the torch-free
-# packages (the files listed in pyproject.toml's [tool.mypy]). The same hooks run at commit time: pre-commit install.
+# ruff (pyflakes, import order, bugbear, pyupgrade; 120 columns) over the code, tests and benchmarks, mypy over the
+# torch-free packages (the files listed in pyproject.toml's [tool.mypy]). The same hooks run at commit time:
+# pre-commit install.
 lint: $(LINT_STAMP)
-	$(BIN)/ruff check redraft tests
+	$(BIN)/ruff check redraft tests benchmarks
 	$(BIN)/mypy
 
 demo: $(STAMP)
@@ -105,13 +106,13 @@ llama: $(LLAMA_STAMP)
 
 vllm-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
-	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_check --model "$$MODEL" $(VLLM_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python benchmarks/vllm/vllm_check.py --model "$$MODEL" $(VLLM_CHECK_ARGS)
 
 # A redraft server and a vLLM engine with the redraft proposer learning into one corpus directory, each replaying
 # the other's answers (the server runs in .venv, vLLM in its own environment).
 vllm-fleet-check: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
-	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m redraft.integrations.vllm_fleet_check --model "$$MODEL" \
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python benchmarks/vllm/vllm_fleet_check.py --model "$$MODEL" \
 		--server-python $(abspath $(BIN))/python $(VLLM_CHECK_ARGS)
 
 # The same mixed fleet under load: 300 requests over the server and the vLLM engine, the engine killed -9 twice while
@@ -119,7 +120,7 @@ vllm-fleet-check: $(STAMP) $(VLLM_STAMP)
 # VLLM_LOAD_ARGS passes options, e.g. VLLM_LOAD_ARGS="--requests 60 --workdir D".
 vllm-fleet-load: $(STAMP) $(VLLM_STAMP)
 	MODEL=$$($(BIN)/python -c "from redraft.io.loading import resolve_model_dir; print(resolve_model_dir(None, quiet=True)[1])") && \
-	$(BIN)/python -m redraft.integrations.vllm_fleet_load --model "$$MODEL" \
+	$(BIN)/python benchmarks/vllm/vllm_fleet_load.py --model "$$MODEL" \
 		--vllm-python $(VLLM_VENV)/bin/python $(VLLM_LOAD_ARGS)
 
 clean:

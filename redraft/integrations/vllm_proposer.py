@@ -30,7 +30,7 @@ REDRAFT_POLICY              0 = fixed depth and guards (Colibri's); default 1: t
                             REDRAFT_CORPUS_K, REDRAFT_CORPUS_K_MAX or REDRAFT_CORPUS_MINACC is set (fixed
                             settings, as on the CLI)
 REDRAFT_COST_CURVE          JSON cost curve of vLLM's step over its rows ({"sizes": [0, ...], "costs": [1, ...]}:
-                            c(n) = time of a step over 1 + n rows / a one-row step; ``vllm_check`` writes one);
+                            c(n) = time of a step over 1 + n rows / a one-row step; ``make vllm-check`` writes one);
                             unset: a flat curve (a step costs the same whatever its rows, as on a GPU)
 =========================  =========================================================================================
 

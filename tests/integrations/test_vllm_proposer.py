@@ -360,27 +360,6 @@ def test_no_torch_or_transformers_import():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def check_result(outputs, seconds, spec=None):
-    return {"prompts": [[1, 2]] * len(outputs), "outputs": outputs, "seconds": seconds,
-            "tokens": sum(map(len, outputs)), "spec": spec or {}}
-
-
-def test_vllm_check_report_says_whether_ids_are_identical(tmp_path, capsys):
-    from redraft.integrations.vllm_check import report
-
-    args = SimpleNamespace(model="m", ngen=4, batch=False, dtype="float32", k=8, no_policy=False)
-    plain = check_result([[5, 6, 7, 8], [9, 9]], 2.0)
-    spec = {"vllm:spec_decode_num_drafts": 2, "vllm:spec_decode_num_draft_tokens": 16,
-            "vllm:spec_decode_num_accepted_tokens": 12}
-    same = report("replay", plain, check_result([[5, 6, 7, 8], [9, 9]], 0.5, spec), args, tmp_path)
-    assert same["identical"] == same["questions"] == 2 and same["speedup"] == 4.0 and same["accepted"] == 12
-    out = capsys.readouterr().out
-    assert "identical ids: 2/2" in out and "mean acceptance length 7.00" in out and "(4.00x)" in out
-    differ = report("novel", plain, check_result([[5, 6, 0, 8], [9, 9]], 0.5, spec), args, tmp_path)
-    assert differ["identical"] == 1
-    assert "question 0: first difference at output token 2" in capsys.readouterr().out
-
-
 def test_vllm_check_fits_the_step_curve_through_noisy_differences():
     from redraft.pricing import CostCurve
     from redraft.pricing.fit import fit_step_curve
@@ -398,13 +377,6 @@ def test_vllm_check_fits_the_step_curve_through_noisy_differences():
     assert slowed["fit"]["a_seconds"] == pytest.approx(0.05, rel=0.05)
     assert slowed["fit"]["b_seconds_per_row"] == pytest.approx(0.002, rel=0.05)
     assert fit_step_curve(rows, [0.001 * t for t in rows])["costs"][-1] == pytest.approx(128.0)
-
-
-def test_vllm_check_refuses_a_model_that_is_not_a_directory(tmp_path, capsys):
-    from redraft.integrations.vllm_check import main
-
-    assert main(["--model", str(tmp_path / "nope")]) == 2
-    assert "not a Hugging Face model directory" in capsys.readouterr().err
 
 
 ALIVE: list = []  # what vLLM's model runner does: it holds the proposer until the process ends
@@ -432,36 +404,6 @@ def test_requests_still_tracked_are_learned_when_the_worker_process_exits(tmp_pa
     proc.join(60)
     assert proc.exitcode == 0
     assert learned_spans(learn) == [prompt + out]
-
-
-def test_vllm_check_merges_processes_by_their_median_and_refuses_differing_outputs():
-    from redraft.integrations.vllm_check import merge_processes
-
-    def engine(seconds, outputs=((1, 2), (3,))):
-        one = {"outputs": [list(o) for o in outputs], "seconds": seconds, "round_seconds": [seconds, seconds + 1],
-               "tokens": 3, "spec": {"drafts": 1}}
-        return {"replay": one, "novel": dict(one), "curve": None}
-
-    merged = merge_processes([engine(7.0), engine(5.0), engine(9.0)])
-    assert merged["replay"]["seconds"] == 7.0 and merged["novel"]["process_seconds"] == [7.0, 5.0, 9.0]
-    assert merged["replay"]["round_seconds"] == [7.0, 8.0, 5.0, 6.0, 9.0, 10.0]
-    with pytest.raises(RuntimeError, match="novel"):
-        bad = engine(6.0)
-        bad["novel"] = dict(bad["novel"], outputs=[[1, 2], [4]])
-        merge_processes([engine(7.0), bad])
-
-
-def test_vllm_check_refuses_bad_counts_and_missing_files_before_any_engine_runs(capsys, tmp_path):
-    from redraft.integrations.vllm_check import main
-
-    for argv, says in ((["--processes", "0"], "--processes 0: expected an integer >= 1"),
-                       (["--k", "0"], "--k 0: expected an integer >= 1"), (["--n", "0"], "--n 0: expected"),
-                       (["--ngen", "-1"], "--ngen -1: expected"),
-                       (["--questions", str(tmp_path / "no.jsonl")], "no.jsonl: no such file"),
-                       (["--cost-curve", str(tmp_path / "no.json")], "no.json: no such file")):
-        with pytest.raises(SystemExit) as e:
-            main(["--model", str(tmp_path), *argv])
-        assert e.value.code == 2 and says in capsys.readouterr().err, argv
 
 
 @pytest.mark.parametrize("k_max", [None, 16])

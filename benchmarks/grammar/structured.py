@@ -2,7 +2,7 @@
 
 Run (the default model; figures in docs/serving.md come from this command)::
 
-    python -m redraft.bench.structured --max-new-tokens 96 --rounds 2
+    python benchmarks/grammar/structured.py --max-new-tokens 96 --rounds 2
 
 Each prompt asks the model for a JSON record; every method decodes it under the same JSON schema
 (:class:`redraft.grammar.Constraint`), greedily, side by side (the methods alternate per prompt and round, so
@@ -95,7 +95,7 @@ def run(max_new_tokens: int = 96, rounds: int = 2, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m redraft.bench.structured", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/grammar/structured.py", description=__doc__.split("\n")[0])
     p.add_argument("--max-new-tokens", type=int, default=96, help="token cap per answer (default 96)")
     p.add_argument("--rounds", type=int, default=2, help="passes over the 6 prompts (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

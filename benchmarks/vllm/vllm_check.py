@@ -9,15 +9,15 @@ questions of the file, not in the corpus). Prints tokens/s both ways per set, vL
 are identical. Each engine runs in its own process (a fresh vLLM engine); ``--processes P`` starts each engine P
 times, alternating (plain, proposer, plain, ...), and compares the medians over processes: on a shared CPU a fresh
 process's steps can run faster or slower than another's for the whole of its life, which rounds within one
-process do not average out (Measurements: docs/measurements.md#redraft-integrations-vllm_check).
+process do not average out (Measurements: docs/measurements.md#benchmarks-vllm-vllm_check).
 
 The proposer drafts under the cost-aware policy with the cost curve of vLLM's step measured by the plain engine
 after its passes (:func:`measure_step_curve`: decode steps over 1..64 rows fitted as a line, REDRAFT_COST_CURVE for the proposer),
 unless ``--cost-curve FILE`` gives one or ``--no-policy`` asks for the fixed depth K.
 
 Exit status: 0 identical ids on every question; 1 some differ; 2 vLLM could not run (the reason is printed).
-Run it with the vLLM environment's python and this checkout on PYTHONPATH:
-``python -m redraft.integrations.vllm_check --model DIR``.
+Run it from the repository root with the vLLM environment's python and this checkout on PYTHONPATH:
+``PYTHONPATH=$PWD ../vllm-venv/bin/python benchmarks/vllm/vllm_check.py --model DIR``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import redraft
 from redraft.io.atomic import write_json
 from redraft.pricing.fit import fit_step_curve
 
 PROPOSER = "redraft.integrations.vllm_proposer.RedraftProposer"
-QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench_question.jsonl"
+QUESTIONS = Path(redraft.__file__).resolve().parent / "data" / "spec_bench_question.jsonl"  # the bundled copy
 # A small shared CPU: one OpenMP thread, no core pinning, 1 GiB of KV cache, the engine in this process (no busy
 # engine-core process competing for the second core). Any of them set in the environment wins.
 CPU_DEFAULTS = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -198,7 +199,7 @@ def child(args) -> int:
 
 
 def spawn(args, k: int, result: Path, env: dict, cost_out: Path | None = None) -> dict | None:
-    cmd = [sys.executable, "-m", "redraft.integrations.vllm_check", "--child", "--result", str(result),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--result", str(result),
            "--k", str(k), "--model", args.model, "--questions", str(args.questions), "--n", str(args.n),
            "--ngen", str(args.ngen), "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
            "--rounds", str(args.rounds)]

@@ -2,9 +2,9 @@
 same sequences one at a time (ids, aggregate tokens/s), the cost of a packed decode step against one sequence's
 step alone, and how far packed rows are from plain decoding's (docs/architecture.md, "Continuous batching").
 
-    python -m redraft.bench.batching_probe concurrent --sequences 4 --max-tokens 64
-    python -m redraft.bench.batching_probe step --sequences 1 4 16 --tokens 500
-    python -m redraft.bench.batching_probe noise --sequences 4 --max-tokens 32
+    python benchmarks/batching/batching_probe.py concurrent --sequences 4 --max-tokens 64
+    python benchmarks/batching/batching_probe.py step --sequences 1 4 16 --tokens 500
+    python benchmarks/batching/batching_probe.py noise --sequences 4 --max-tokens 32
 
 Figures are ratios measured side by side in one run (the machine is noisy).
 """
@@ -201,7 +201,7 @@ def row_noise(n: int, max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m redraft.bench.batching_probe", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/batching/batching_probe.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     c = sub.add_parser("concurrent", help="N questions at once through a StepBatcher vs one at a time")
     c.add_argument("--sequences", type=int, default=4)

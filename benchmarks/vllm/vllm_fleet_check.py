@@ -1,8 +1,10 @@
 """A mixed fleet on one corpus directory: a ``redraft serve`` replica and a vLLM engine with redraft's proposer
 learn into the same directory and replay each other's answers (``make vllm-fleet-check``).
 
-Run with the vLLM environment's python and this checkout on PYTHONPATH; the server runs in redraft's own
-environment (``--server-python``), because vLLM pins another transformers. In one run:
+Run from the repository root with the vLLM environment's python and this checkout on PYTHONPATH
+(``PYTHONPATH=$PWD ../vllm-venv/bin/python benchmarks/vllm/vllm_fleet_check.py --model DIR --server-python
+.venv/bin/python``); the server runs in redraft's own environment (``--server-python``), because vLLM pins another
+transformers. In one run:
 
 1. the server answers question set A (greedy ``/v1/completions`` on the chat-templated prompt ids), learning each
    answer into ``D``; then the vLLM engine (``REDRAFT_LEARN_CORPUS=D``) generates A, drafting from the server's
@@ -34,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from redraft.integrations.vllm_check import CPU_DEFAULTS, PROPOSER, QUESTIONS, spec_counters
+from vllm_check import CPU_DEFAULTS, PROPOSER, QUESTIONS, spec_counters  # benchmarks/vllm/vllm_check.py, beside this
 
 FOLLOW_WAIT = 2.0  # seconds a replica may take to see the other's answer (the corpus follows every 0.2 s)
 

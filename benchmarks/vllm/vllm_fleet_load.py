@@ -3,7 +3,8 @@ learning into one corpus directory while mixed requests run, the vLLM engine kil
 generates (its answers being learned) and a member killed once while it holds the compaction lock
 (``make vllm-fleet-load``).
 
-Run in redraft's environment; the vLLM engine runs in a child process of vLLM's environment (``--vllm-python``) that
+Run in redraft's environment (``python benchmarks/vllm/vllm_fleet_load.py --model DIR --vllm-python
+../vllm-venv/bin/python``); the vLLM engine runs in a child process of vLLM's environment (``--vllm-python``) that
 reads batches of prompts on stdin and writes each finished request on stdout, so that it can be killed and started
 again (a new writer on the same directory). Requests: every distinct question once (phase 1, during which the kills
 happen), then repeats after a settle time (phase 2), alternating between the members, ``--requests`` in all. A
@@ -56,7 +57,7 @@ class VllmWorker:
 
     def start(self) -> None:
         """Start the child and wait for its ready line. Raises RuntimeError: it ended or did not get ready."""
-        from redraft.integrations.vllm_check import CPU_DEFAULTS
+        from vllm_check import CPU_DEFAULTS  # benchmarks/vllm/vllm_check.py, beside this
 
         env = dict(os.environ, REDRAFT_LEARN_CORPUS=str(self.corpus_dir),
                    PYTHONPATH=str(Path(__file__).resolve().parents[2]))
@@ -65,7 +66,7 @@ class VllmWorker:
         self.starts += 1
         self.ready = False
         logf = open(self.log.with_suffix(f".{self.starts}.log"), "w")  # noqa: SIM115 - the child's stderr
-        self.proc = subprocess.Popen([self.python, "-m", "redraft.integrations.vllm_fleet_load", "--worker",
+        self.proc = subprocess.Popen([self.python, str(Path(__file__).resolve()), "--worker",
                                       "--model", self.model, "--k", str(self.k)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=logf, text=True, env=env)
         try:
@@ -125,8 +126,7 @@ def _fire(fired: threading.Event, worker: VllmWorker) -> None:
 def worker_main(args) -> int:
     """The child: a vLLM engine with redraft's proposer; one JSON batch per stdin line, one JSON line per request."""
     from vllm import LLM, SamplingParams
-
-    from redraft.integrations.vllm_check import PROPOSER
+    from vllm_check import PROPOSER  # benchmarks/vllm/vllm_check.py, beside this
 
     spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": args.k}
     llm = LLM(model=args.model, dtype="float32", max_model_len=2048, max_num_seqs=BATCH, enforce_eager=True,

@@ -1,6 +1,6 @@
 """Templated replays through ``redraft serve``: harness-shaped prompts that all end in the same instruction.
 
-``python -m redraft.bench.templated [--questions N] [--max-tokens T] [--out FILE.json]``
+``python benchmarks/serve/templated.py --work DIR [--questions N] [--max-tokens T] [--out FILE.json]``
 
 Spec-Bench questions (all categories, round-robin) are wrapped in one fixed few-shot template whose last ~15 tokens
 (an instruction and "Answer:") follow every question, as evaluation harnesses write them. A fresh ``redraft serve``
@@ -100,7 +100,7 @@ def engine_side_by_side(prompts: list[str], max_tokens: int, corpus_dir: str) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m redraft.bench.templated", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/serve/templated.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=20, help="Spec-Bench questions (default 20)")
     ap.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request (default 128)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads of the server (default torch's)")
