@@ -29,6 +29,25 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def add_subparsers(self, **kwargs):
+        """argparse's sub-parsers, each a :class:`CommandParser` (so nested sub-commands are too)."""
+        kwargs.setdefault("parser_class", CommandParser)
+        return super().add_subparsers(**kwargs)
+
+
+class CommandParser(Parser):
+    """A sub-command's parser: an argument it does not know is its own error, ``redraft run: error: unrecognized
+    arguments: --bogus (see redraft run --help)``. argparse hands a sub-parser's leftovers up to the top-level
+    parser, whose message names only ``redraft`` and points at ``redraft --help``, where the sub-command's options
+    are not listed. Everything after a sub-command's name is that sub-command's to parse (argparse gives the
+    top-level parser nothing past it), so a leftover is always unknown to it."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``redraft`` parser with every command registered; each parsed command sets ``func(args) -> int``."""

@@ -178,6 +178,19 @@ PARSER = [
 ]
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["run", "--bogus", "p"], "redraft run: error: unrecognized arguments: --bogus (see redraft run --help)"),
+    (["corpus", "stats", "c.rdc", "--bogus", "x"],
+     "redraft corpus stats: error: unrecognized arguments: --bogus x (see redraft corpus stats --help)"),
+    (["bench", "run", "--bogus"], "redraft bench run: error: unrecognized arguments: --bogus (see redraft bench run --help)"),
+    (["--bogus", "run", "p"], "redraft: error: unrecognized arguments: --bogus (see redraft --help)"),
+])
+def test_an_unknown_option_names_the_command_that_refused_it(no_load, capsys, argv, line):
+    """A sub-command's unknown option is that sub-command's error, pointing at its own --help (where its options
+    are listed); one before the sub-command is still the top-level parser's."""
+    assert refusal(capsys, argv) == (2, line)
+
+
 @pytest.mark.parametrize("argv,msg", PARSER)
 def test_refused_by_the_parser(tmp_path, no_load, capsys, argv, msg):
     (tmp_path / "afile").write_text("x")
