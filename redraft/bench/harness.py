@@ -29,8 +29,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tqdm import tqdm
-
 from redraft.bench.ceiling import CeilingTimer
 from redraft.bench.methods import ALL_METHODS, Method, MethodConfig, build_methods
 from redraft.bench.report import BASELINE, differing, markdown, summarize, write_plots
@@ -39,6 +37,7 @@ from redraft.bench.workloads import Encoder, Workload, build_workloads, item_for
 from redraft.corpus import Corpus
 from redraft.decoding.runstats import RunSummary
 from redraft.io.atomic import write_json, write_text
+from redraft.io.progress import Progress
 
 SCHEMA = "redraft-bench/1"
 
@@ -121,8 +120,7 @@ def run_methods(workloads: Sequence[Workload], methods: Sequence[Method], ngen: 
             m.generate(ids, min(8, ngen))
         if ceiling is not None:
             ceiling(ids, list(ids[:min(8, ngen)]))
-    bar = tqdm(total=len(items) * len(methods), desc=desc, unit="run", file=sys.stderr, disable=not progress,
-               dynamic_ncols=True)
+    bar = Progress(total=len(items) * len(methods), desc=desc, unit="run", enabled=progress, dynamic_ncols=True)
     out: dict[str, dict] = {}
     qn = 0
     for w in workloads:
@@ -176,7 +174,7 @@ def freeze_answers(model, eos_token_ids, encoder: Encoder, questions: Sequence[d
 
     plain = plain_engine(model, eos_token_ids=list(eos_token_ids))
     frozen, spans = [], []
-    for q in tqdm(questions, desc="freeze (plain greedy)", unit="q", file=sys.stderr, disable=not progress):
+    for q in Progress(questions, desc="freeze (plain greedy)", unit="q", noun="question", enabled=progress):
         ids = item_for(q, encoder, max_prompt_tokens).prompt_ids
         res = plain.generate(ids, ngen)
         frozen.append((q, list(res.output_ids)))

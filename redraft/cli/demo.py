@@ -11,8 +11,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from redraft.cli.common import (
     add_model_args,
     announce_generation_config,
@@ -32,6 +30,7 @@ from redraft.decoding.runstats import RunSummary
 from redraft.defaults import MAX_DRAFT_DEPTH
 from redraft.io.atomic import write_json
 from redraft.io.loading import cache_dir
+from redraft.io.progress import Progress
 from redraft.io.prompts import encode_prompt
 
 
@@ -102,7 +101,7 @@ def run_demo(args) -> int:
     plain.generate(encode(qs[0]), 8)  # warm-up: first-call allocations should not land on question 1
 
     base = [plain.generate(encode(q), args.ngen)
-            for q in tqdm(replay_q, desc="1/3 plain greedy", unit="q", file=sys.stderr)]
+            for q in Progress(replay_q, desc="1/3 plain greedy", unit="q", noun="question")]
 
     default_name = "corpus.txt" if loaded.runtime == "transformers" else f"corpus-{loaded.runtime}.txt"
     corpus_path = Path(args.corpus_out) if args.corpus_out else cache_dir() / "demo" / default_name
@@ -121,10 +120,10 @@ def run_demo(args) -> int:
         return build_engine(loaded.model, cfg, eos_token_ids=loaded.eos_token_ids, corpus=corpus, policy=policy)
 
     replay = [spec_engine().generate(encode(q), args.ngen)
-              for q in tqdm(replay_q, desc="2/3 replay", unit="q", file=sys.stderr)]
+              for q in Progress(replay_q, desc="2/3 replay", unit="q", noun="question")]
 
     other_base, other = [], []
-    for q in tqdm(other_q, desc="3/3 other questions", unit="q", file=sys.stderr):
+    for q in Progress(other_q, desc="3/3 other questions", unit="q", noun="question"):
         ids = encode(q)
         other_base.append(plain.generate(ids, args.ngen))  # interleaved A B A B: machine noise hits both alike
         other.append(spec_engine().generate(ids, args.ngen))

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import sys
 
-from tqdm import tqdm
-
 from redraft.cli.common import (
     NGEN_DEFAULT,
     add_model_args,
@@ -26,6 +24,7 @@ from redraft.corpus import CorpusError, load_corpus, tokenizer_fingerprint
 from redraft.corpus.format import sniff
 from redraft.corpus.tools import append_to_corpus
 from redraft.io.freeze import PromptFileError, append_spans, parse_token_log
+from redraft.io.progress import Progress
 from redraft.io.prompts import encode_prompt
 
 
@@ -85,7 +84,7 @@ def freeze_prompts(args) -> int:
     total = done = 0
     try:
         try:
-            for ids in tqdm(encoded, desc="freeze", unit="prompt", file=sys.stderr):
+            for ids in Progress(encoded, desc="freeze", unit="prompt"):
                 res = engine.generate(ids, args.ngen or NGEN_DEFAULT)
                 if binary is not None:
                     binary.append(ids + res.output_ids)

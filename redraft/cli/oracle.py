@@ -13,9 +13,6 @@ the first divergent position with the plain top-2 gap there, tokens per forward 
 from __future__ import annotations
 
 import argparse
-import sys
-
-from tqdm import tqdm
 
 from redraft.cli.common import (
     add_model_args,
@@ -35,6 +32,7 @@ from redraft.decoding.runstats import RunSummary
 from redraft.defaults import MAX_DRAFT_DEPTH, TREE_BUDGET
 from redraft.io.atomic import write_json
 from redraft.io.loading import DTYPES
+from redraft.io.progress import Progress
 from redraft.io.prompts import encode_prompt
 
 
@@ -97,7 +95,7 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
     prompts = [encode_prompt(loaded.tokenizer, q["turns"][0], chat=False if args.no_chat else None) for q in qs]
     plain = plain_engine(loaded.model, eos_token_ids=loaded.eos_token_ids, generation_config=use_gc)
     refs = [plain.generate(p, args.ngen, sampling=sampling, record_margins=True)
-            for p in tqdm(prompts, desc=f"{dtype} plain", unit="q", file=sys.stderr)]
+            for p in Progress(prompts, desc=f"{dtype} plain", unit="q", noun="question")]
     corpus = Corpus.from_spans([r.prompt_ids + r.output_ids for r in refs], vocab_size=loaded.vocab_size)
 
     configs = [(f"chain K={k}", dict(k=k, tree=0, corpus=True)) for k in ks]
@@ -119,8 +117,8 @@ def _run_dtype(args, dtype: str, qs: list[dict], sampling) -> dict:
             engine = build_engine(loaded.model, spec, eos_token_ids=loaded.eos_token_ids,
                                   corpus=corpus if cfg["corpus"] else None)
             match, identical, first, run, ties, settle = 0, 0, None, RunSummary(), 0, 0
-            for q, p, ref in tqdm(list(zip(qs, prompts, refs, strict=True)), desc=f"{dtype} {name} exact={exact}",
-                                  unit="q", file=sys.stderr):
+            for q, p, ref in Progress(list(zip(qs, prompts, refs, strict=True)),
+                                      desc=f"{dtype} {name} exact={exact}", unit="q", noun="question"):
                 res = engine.generate(p, args.ngen, sampling=sampling)
                 m = common_prefix(ref.output_ids, res.output_ids)
                 same = m == len(ref.output_ids) == len(res.output_ids)
@@ -159,7 +157,7 @@ def _noise(loaded, refs, dtype: str) -> dict:
     from redraft.runtimes.transformers.target import HFTarget
 
     target, worst = HFTarget(loaded.model), {}
-    for r in tqdm(refs, desc=f"{dtype} row noise", unit="q", file=sys.stderr):
+    for r in Progress(refs, desc=f"{dtype} row noise", unit="q", noun="question"):
         if len(r.output_ids) < 2:
             continue
         for kind, (rel, _) in measure_row_noise(target, r.prompt_ids + r.output_ids, len(r.prompt_ids)).items():

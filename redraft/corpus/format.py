@@ -418,4 +418,4 @@ def _bar(total: int, enabled: bool, desc: str):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False, delay=1.0)
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False, delay=1.0, disable=None)

@@ -201,4 +201,4 @@ def _progress(items, enabled, desc):
         return items
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, leave=False, delay=1.0)
+    return tqdm(items, desc=desc, leave=False, delay=1.0, disable=None)

@@ -16,7 +16,6 @@ positions come in as a function (``tree_inputs``) rather than from :mod:`redraft
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -56,7 +55,8 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
         ValueError: empty sizes, a size < 1, repeats < 1 or an empty prefix.
     """
     import torch
-    from tqdm import tqdm
+
+    from redraft.io.progress import Progress
 
     sizes = [int(s) for s in sizes]
     if not sizes or min(sizes) < 1 or repeats < 1 or len(prefix_ids) == 0:
@@ -101,8 +101,8 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
         target.crop(n_prefix)
         return elapsed
 
-    bar = tqdm(total=repeats * len(sizes) * len(variants), desc=desc, unit="fwd", file=sys.stderr,
-               disable=not progress)
+    bar = Progress(total=repeats * len(sizes) * len(variants), desc=desc, unit="fwd", noun="forward",
+                   enabled=progress)
     ref = timed(draft[:1])
     for _ in range(repeats):
         for s in order_rng.permutation(sorted(set(sizes))).tolist():

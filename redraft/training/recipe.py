@@ -86,9 +86,9 @@ def build_training_data(loaded, *, n_layers: int = 1, data_minutes: float = 90.0
     if data_minutes > 0:
         print(f"glide data: generating training answers for up to {data_minutes:g} min into {root} "
               f"(a started batch is finished)", file=log)
-        from tqdm import tqdm
+        from redraft.io.progress import Progress
 
-        bar = tqdm(desc="glide data", unit="tok", file=log, disable=not progress, dynamic_ncols=True)
+        bar = Progress(desc="glide data", unit="tok", noun="token", file=log, enabled=progress, dynamic_ncols=True)
         budget_end = time.perf_counter() + data_minutes * 60
         if self_store is not None:
             from redraft.training.selfprompt import load_or_make

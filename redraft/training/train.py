@@ -255,15 +255,15 @@ class Trainer:
         ``until`` stops earlier, at that step, without changing the schedule (as an interruption would).
         """
         log = sys.stderr if log is None else log  # the stream current at the call
-        from tqdm import tqdm
+        from redraft.io.progress import Progress
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed + self.state.step)
         self.draft.train()
         t_start = time.perf_counter()
         sec0 = self.state.seconds
-        bar = tqdm(total=cfg.max_steps, initial=self.state.step, desc="glide train" if not cfg.vanilla else
-                   "vanilla train", unit="step", file=log, disable=not progress, dynamic_ncols=True)
+        bar = Progress(total=cfg.max_steps, initial=self.state.step, desc="glide train" if not cfg.vanilla else
+                   "vanilla train", unit="step", file=log, enabled=progress, dynamic_ncols=True)
         stream = self._batches()
         last_ckpt = self.state.step
         try:
@@ -285,9 +285,9 @@ class Trainer:
                     est = self.checkpoint()
                     last_ckpt = self.state.step
                     if est:
-                        bar.write(_est_line(self.state, est), file=log)
+                        bar.write(_est_line(self.state, est))
         except KeyboardInterrupt:
-            bar.write("interrupted: writing a checkpoint", file=log)
+            bar.write("interrupted: writing a checkpoint")
         finally:
             bar.close()
         if self.state.step != last_ckpt or not (self.out / STATE_FILE).is_file():
