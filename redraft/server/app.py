@@ -125,7 +125,7 @@ class Server:
         return t
 
     async def body(self, request: Request) -> dict:
-        return await read_json_body(request.stream(), request.headers.get("content-length"), self.max_body)
+        return await read_json_body(request.stream(), request.headers, self.max_body)
 
     def model_name(self, requested: str | None) -> str:
         """The id to answer with: the requested one when it is served (404 otherwise), else the main one."""

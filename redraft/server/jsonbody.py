@@ -1,6 +1,7 @@
 """The raw request body as a JSON object, refused (APIError 400 naming the field where there is one) when it is not
 valid JSON (NaN and Infinity included), not an object, nested deeper than :data:`MAX_JSON_DEPTH` levels, holding a
-string that is not valid Unicode (a lone UTF-16 surrogate), or holding a number too large to hold.
+string that is not valid Unicode (a lone UTF-16 surrogate), or holding a number too large to hold; refused with a 415
+when its ``Content-Type`` is not JSON (:func:`unsupported_type`).
 """
 
 from __future__ import annotations
@@ -8,36 +9,68 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from .schemas import APIError, type_name
 
 MAX_JSON_DEPTH = 32  # nesting levels of a request body (the deepest valid request needs 5)
-DRAIN_BYTES = 64 * 2**20  # most bytes of a body past the limit read and dropped before the 413 is sent
+DRAIN_BYTES = 64 * 2**20  # most bytes of a refused body read and dropped before the 413 / 415
 
 
-async def read_json_body(stream: AsyncIterator[bytes], declared: str | None, max_body: int) -> dict:
-    """The body of a request as a JSON object (:func:`parse_json`), read from ``stream`` (the ASGI body chunks).
+async def read_json_body(stream: AsyncIterator[bytes], headers: Mapping[str, str], max_body: int) -> dict:
+    """The body of a request as a JSON object (:func:`parse_json`), read from ``stream`` (the ASGI body chunks);
+    ``headers`` are the request's (lower-case names, or Starlette's case-insensitive ``Headers``).
 
-    A body over ``max_body`` bytes (by its ``Content-Length`` header, ``declared``, or as read) is an APIError 413.
-    The rest of such a body is read and dropped first, up to :data:`DRAIN_BYTES` more, as nginx's lingering close
-    does: answering while the client still sends makes the server close a socket with unread bytes, and the client
-    gets a connection reset instead of the 413.
+    A body whose ``Content-Type`` is not JSON is an APIError 415 (:func:`unsupported_type`). A body over
+    ``max_body`` bytes (by its ``Content-Length`` header or as read) is an APIError 413. The rest of such a body is
+    read and dropped first, up to :data:`DRAIN_BYTES` more, as nginx's lingering close does: answering while the
+    client still sends makes the server close a socket with unread bytes, and the client gets a connection reset
+    instead of the error.
     """
+    refused = unsupported_type(headers.get("content-type"))
+    declared = headers.get("content-length")
     over = declared is not None and declared.isdigit() and int(declared) > max_body
     raw, seen = bytearray(), 0
     async for chunk in stream:
         seen += len(chunk)
-        if not over:
+        if not over and refused is None:
             raw += chunk
             over = len(raw) > max_body
-        if over and seen > max_body + DRAIN_BYTES:
+        if (over or refused is not None) and seen > max_body + DRAIN_BYTES:
             break
+    if refused is not None:
+        raise refused
     if over:
         size = f"is {declared} bytes" if declared is not None and declared.isdigit() else "exceeds the limit"
         raise APIError(413, f"the request body {size}; the limit is {max_body} bytes")
     return parse_json(bytes(raw))
+
+
+JSON_MEDIA_TYPE = "application/json"
+
+
+def unsupported_type(content_type: str | None) -> APIError | None:
+    """The refusal of a request body declared as anything but JSON (an APIError 415, ``code:
+    "unsupported_content_type"``, its message naming the expected type and the one sent), None for a JSON body. OpenAI
+    and vLLM refuse such a body too, instead of reading it as JSON anyway.
+
+    Accepted: ``application/json`` with or without parameters (``application/json; charset=utf-8``) and any
+    ``application/<name>+json`` (RFC 6839's structured syntax suffix). ``curl -d`` sends
+    ``application/x-www-form-urlencoded`` unless told otherwise: refused, with the header to add. A request with no
+    ``Content-Type`` at all (or an empty one) is read as JSON, as FastAPI reads it: nothing then says the body is
+    anything else (vLLM refuses it; every client of the API, the openai package, lm-eval and httpx's ``json=``
+    among them, sends ``application/json``).
+    """
+    if content_type is None or not content_type.strip():
+        return None
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == JSON_MEDIA_TYPE or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    hint = (" (curl -d sends that type: add -H 'Content-Type: application/json')"
+            if media == "application/x-www-form-urlencoded" else "")
+    return APIError(415, f"unsupported content type {content_type.strip()!r}: the request body must be JSON, sent as "
+                        f"'Content-Type: {JSON_MEDIA_TYPE}'{hint}", code="unsupported_content_type")
 
 
 class TooLarge:

@@ -269,6 +269,7 @@ _STREAMED = [CompletionChunk, ChatCompletionChunk, ResponseEvent]
 
 _WHY = {400: "invalid request (``param`` names the field)", 401: "missing or unknown API key",
         404: "unknown model or object", 413: "request body too large",
+        415: "the body is not sent as JSON (``Content-Type`` other than ``application/json``)",
         429: "queue full (``Retry-After``: seconds)", 503: "shutting down"}
 
 
@@ -285,13 +286,13 @@ def _sse(model: type[BaseModel]) -> dict:
 
 
 def error_responses(*codes: int) -> dict:
-    """``responses=`` entries (:class:`ErrorResponse` bodies) for the given HTTP error codes (400 401 404 413 429
-    503)."""
+    """``responses=`` entries (:class:`ErrorResponse` bodies) for the given HTTP error codes (400 401 404 413 415
+    429 503)."""
     return {code: {"model": ErrorResponse, "description": _WHY[code]} for code in codes}
 
 
 _ERRORS = error_responses(400, 401)
-_GEN_ERRORS = error_responses(400, 401, 404, 413, 429, 503)
+_GEN_ERRORS = error_responses(400, 401, 404, 413, 415, 429, 503)
 
 
 def request_body(model_cls: type[BaseModel]) -> dict:

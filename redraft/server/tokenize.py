@@ -124,7 +124,7 @@ def add_routes(app: FastAPI, server) -> None:
     tok = server.generator.tokenizer
 
     @app.post("/tokenize", response_model=TokenizeResponse, openapi_extra=request_body(TokenizeRequest),
-              responses=error_responses(400, 401, 404, 413),
+              responses=error_responses(400, 401, 404, 413, 415),
               summary="Token ids of a prompt or a conversation (vLLM's route)")
     async def tokenize(request: Request):
         server.tenant(request)
@@ -149,7 +149,7 @@ def add_routes(app: FastAPI, server) -> None:
                 "token_strs": strs}
 
     @app.post("/detokenize", response_model=DetokenizeResponse, openapi_extra=request_body(DetokenizeRequest),
-              responses=error_responses(400, 401, 404, 413),
+              responses=error_responses(400, 401, 404, 413, 415),
               summary="Text of token ids (vLLM's route)")
     async def detokenize(request: Request):
         server.tenant(request)

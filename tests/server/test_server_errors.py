@@ -1,5 +1,5 @@
-"""Bad input to ``redraft serve``: an OpenAI-style error body with the right status (400, 401, 404, 405, 413, 429, 503)
-naming the field, never a 422 or a 500, and never a dead server."""
+"""Bad input to ``redraft serve``: an OpenAI-style error body with the right status (400, 401, 404, 405, 413, 415, 429,
+503) naming the field, never a 422 or a 500, and never a dead server."""
 
 from __future__ import annotations
 
@@ -107,6 +107,38 @@ def test_bad_request_gets_an_openai_error(live, endpoint, body, status, param, s
         assert err["param"] == param and param.split(".")[0].split("[")[0] in err["message"]
 
 
+JSON_ROUTES = [("/v1/completions", {"prompt": "t05", "max_tokens": 2}),
+               ("/v1/chat/completions", {"messages": OK_CHAT, "max_tokens": 2}),
+               ("/v1/responses", {"input": "t05", "max_output_tokens": 2}),
+               ("/tokenize", {"prompt": "t05"}), ("/detokenize", {"tokens": [5]})]
+
+
+@pytest.mark.parametrize("path,body", JSON_ROUTES, ids=[r[0] for r in JSON_ROUTES])
+@pytest.mark.parametrize("sent", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x",
+                                  "application/jsonp", "json"])
+def test_a_body_not_sent_as_json_is_a_415_naming_both_types(live, path, body, sent):
+    """A valid JSON body declared as another type is refused, as OpenAI and vLLM refuse it, not read as JSON."""
+    r = httpx.post(live.base + path, content=json.dumps(body).encode(), headers={"content-type": sent}, timeout=30)
+    assert r.status_code == 415, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == "unsupported_content_type", err
+    assert f"'{sent}'" in err["message"] and "'Content-Type: application/json'" in err["message"], err
+    assert ("curl -d" in err["message"]) == (sent == "application/x-www-form-urlencoded"), err
+    op = httpx.get(live.base + "/openapi.json").json()["paths"][path]["post"]["responses"]
+    assert op["415"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse"), op
+
+
+@pytest.mark.parametrize("path,body", JSON_ROUTES, ids=[r[0] for r in JSON_ROUTES])
+@pytest.mark.parametrize("sent", ["application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json",
+                                  None, ""])
+def test_json_types_and_a_missing_content_type_are_read_as_json(live, path, body, sent):
+    """``application/json`` with parameters, any ``application/*+json``, and no Content-Type at all (what httpx
+    sends for raw ``content=``) are read as JSON."""
+    headers = {} if sent is None else {"content-type": sent}
+    r = httpx.post(live.base + path, content=json.dumps(body).encode(), headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+
+
 def test_openai_message_fields_at_their_empty_values_are_accepted(live):
     """What the openai client's ``message.model_dump()`` sends back as the next turn's assistant message."""
     turn = {"role": "assistant", "content": "t06", "refusal": None, "annotations": [], "audio": None,
@@ -174,6 +206,10 @@ def test_large_body_over_the_limit_is_read_then_413(live):
         live.server.max_body = saved
     assert e.value.code == 413 and "4194" in json.loads(e.value.read())["error"]["message"]
     assert chunked.status_code == 413 and "exceeds the limit" in chunked.json()["error"]["message"]
+    req = urllib.request.Request(live.url + COMPLETIONS, data=body, headers={"Content-Type": "text/plain"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # drained as well: the 415 arrives, not a connection reset
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 415 and "text/plain" in json.loads(e.value.read())["error"]["message"]
 
 
 def test_unknown_route_and_method_get_error_bodies(live):
