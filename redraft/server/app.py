@@ -193,7 +193,7 @@ class Server:
         """The request's tools (:class:`~redraft.server.tools.ToolRequest` or None) and response format
         (:class:`~redraft.server.structured.ResponseFormat` or None), checked; the history's tool calls checked."""
         if req.kind != "chat":
-            return None, None
+            return None, parse_response_format(req.response_format)
         tools = parse_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
         fmt = parse_response_format(req.response_format)
         check_combination(fmt, tools)

@@ -113,6 +113,7 @@ class _Common(_Strict):
     top_k: WholeInt | None = _doc(minimum=-1)
     repetition_penalty: float | None = _doc(exclusiveMinimum=0)
     user: str | None = None  # an end-user id for the caller's own records; no effect on output
+    response_format: dict | None = None  # checked by server/structured.py
 
 
 class CompletionBody(_Common):
@@ -155,7 +156,6 @@ class ChatBody(_Common):
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict | None = None
 
 
 _EXPECTED = {"prompt": "a string, a list of token ids, or a list holding one of those", "messages":
@@ -174,8 +174,8 @@ class ParsedRequest:
             (several give several choices). messages: [{role, content}] with text content (chat).
         max_tokens: the cap asked for (None = the endpoint's default). sampling: :class:`SamplingParams`.
         stop: stop strings. stream, include_usage: SSE streaming, and a final usage chunk in it.
-        tools, tool_choice, parallel_tool_calls, response_format: the chat fields as sent (None = not sent);
-            the server checks them with :func:`redraft.server.tools.parse_tools` and
+        tools, tool_choice, parallel_tool_calls: the chat fields as sent (None = not sent); response_format:
+            as sent on either endpoint. The server checks them with :func:`redraft.server.tools.parse_tools` and
             :func:`redraft.server.structured.parse_response_format`.
         n: choices per prompt. logprobs: None, or how many alternatives per token to report with each token's
             log-probability (completions ``logprobs``; chat ``top_logprobs`` when ``logprobs`` is true).
@@ -267,7 +267,7 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
     out = ParsedRequest(kind=kind, model=req.model, sampling=_sampling(req), max_tokens=max_tokens,
                         max_tokens_param=param, stop=stop, stream=stream,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                        n=n, logprobs=logprobs, echo=echo)
+                        n=n, logprobs=logprobs, echo=echo, response_format=req.response_format)
     if kind == "completion":
         out.prompts = _prompts(req.prompt)
         out.prompt = out.prompts[0]
@@ -280,7 +280,7 @@ def parse_request(body: dict, kind: Literal["completion", "chat"]) -> ParsedRequ
         if n > 1 and req.tools and req.tool_choice != "none":
             raise APIError(400, "'n' > 1 with 'tools' is not supported by redraft (one choice per tool-calling "
                                 "request)", param="n", code="unsupported_parameter")
-        out.parallel_tool_calls, out.response_format = req.parallel_tool_calls, req.response_format
+        out.parallel_tool_calls = req.parallel_tool_calls
     return out
 
 

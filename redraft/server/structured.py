@@ -1,6 +1,7 @@
-"""Structured output on ``/v1/chat/completions``: ``response_format`` and forced tool calls as one grammar.
+"""Structured output on ``/v1/chat/completions`` and ``/v1/completions``: ``response_format`` and forced tool calls
+as one grammar.
 
-``response_format`` (OpenAI's chat completions API):
+``response_format`` (OpenAI's chat completions API; vLLM and llama.cpp take it on completions too):
 
 - ``{"type": "text"}`` (default): free text.
 - ``{"type": "json_object"}``: the answer is one JSON object.
@@ -8,6 +9,10 @@
   value valid under ``schema`` (``name`` is required, as OpenAI requires it; without ``schema``, any JSON
   value). redraft always enforces the schema (``strict: false`` is enforced too: a grammar
   costs nothing extra and an answer that does not validate helps nobody).
+- llama.cpp's server's forms (its ``tools/server/README.md``), for clients written for it:
+  ``{"type": "json_object", "schema": {...}}`` (llama.cpp's, llama-cpp-python's and Together's JSON mode with a
+  schema) and ``{"type": "json_schema", "schema": {...}}`` (the schema without OpenAI's ``json_schema`` wrapper,
+  so without a name): the answer is one JSON value valid under ``schema``, exactly as with ``json_schema``.
 
 ``tool_choice`` ``required`` or a named function compiles the tool-call format's grammar (one call or, with
 ``parallel_tool_calls``, several; arguments valid under each tool's ``parameters``). Both give a
@@ -28,32 +33,43 @@ from .tools import ToolRequest
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """A checked ``response_format``: kind "text", "json_object" or "json_schema" (then ``schema`` and ``name``)."""
+    """A checked ``response_format``: kind "json_object" or "json_schema" as sent; ``schema`` (None: any JSON
+    object) and ``name`` of the schema; ``param``: the field the schema came from, named when it cannot be
+    enforced (``response_format.json_schema.schema``, or ``response_format.schema`` in llama.cpp's forms)."""
 
     kind: str = "text"
     schema: dict | None = None
     name: str = "response"
+    param: str = "response_format.json_schema.schema"
+
+
+_FORMS = ("{\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., "
+          "\"schema\": {...}}} (llama.cpp's {\"type\": \"json_object\" or \"json_schema\", \"schema\": {...}} too)")
 
 
 def parse_response_format(value) -> ResponseFormat | None:
-    """Check ``response_format``; None for text. Raises APIError 400 naming the field, also for a property OpenAI
-    does not define for the type (``response_format.foo``, ``response_format.json_schema.foo``)."""
+    """Check ``response_format``; None for text. Raises APIError 400 naming the field, also for a property neither
+    OpenAI nor llama.cpp defines for the type (``response_format.foo``, ``response_format.json_schema.foo``)."""
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
-        raise APIError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                            "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
-                       param="response_format")
+        raise APIError(400, f"'response_format' must be {_FORMS}", param="response_format")
     kind = value["type"]
-    check_fields(value, ("type", "json_schema") if kind == "json_schema" else ("type",), {}, "response_format.")
+    known = {"text": ("type",), "json_object": ("type", "schema"), "json_schema": ("type", "json_schema", "schema")}
+    check_fields(value, known[kind], {}, "response_format.")
     if kind == "text":
         return None
+    if "schema" in value:  # llama.cpp's forms: the schema at the top, no name
+        if kind == "json_schema" and "json_schema" in value:
+            raise APIError(400, "'response_format.schema' and 'response_format.json_schema' both give a schema: send "
+                                "one (OpenAI's json_schema object or llama.cpp's schema)", param="response_format.schema")
+        return ResponseFormat(kind, _schema(value["schema"], "response_format.schema"), param="response_format.schema")
     if kind == "json_object":
         return ResponseFormat("json_object")
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
-        raise APIError(400, "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"}",
-                       param="response_format.json_schema")
+        raise APIError(400, "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"} (or "
+                            "give llama.cpp's 'response_format.schema')", param="response_format.json_schema")
     check_fields(spec, ("name", "description", "schema", "strict"), {}, "response_format.json_schema.")
     if "name" not in spec:  # required, as OpenAI and vLLM require it
         raise APIError(400, "'response_format.json_schema.name' is required: the schema's name, a non-empty string",
@@ -62,14 +78,17 @@ def parse_response_format(value) -> ResponseFormat | None:
     if not isinstance(name, str) or not name:
         raise APIError(400, "'response_format.json_schema.name' must be a non-empty string",
                        param="response_format.json_schema.name")
-    schema = spec.get("schema", {})
-    if not isinstance(schema, dict):
-        raise APIError(400, "'response_format.json_schema.schema' must be a JSON schema object",
-                       param="response_format.json_schema.schema")
+    schema = _schema(spec.get("schema", {}), "response_format.json_schema.schema")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise APIError(400, "'response_format.json_schema.strict' must be a boolean",
                        param="response_format.json_schema.strict")
     return ResponseFormat("json_schema", schema, name)
+
+
+def _schema(schema, param: str) -> dict:
+    if not isinstance(schema, dict):
+        raise APIError(400, f"'{param}' must be a JSON schema object", param=param)
+    return schema
 
 
 def check_combination(fmt: ResponseFormat | None, tools: ToolRequest | None) -> None:
@@ -103,13 +122,12 @@ def constraint_for(fmt: ResponseFormat | None, tools: ToolRequest | None, call_f
         raise APIError(400, f"'{param}' cannot be honoured: structured output is not available for this model ({e})",
                        param=param) from e
     try:
-        if fmt is not None and fmt.kind == "json_object":
+        if fmt is not None and fmt.schema is None:
             return Constraint.json_object(tok, vocab_size)
         if fmt is not None:
             return Constraint.json_schema(fmt.schema, tok, vocab_size, f"JSON schema {fmt.name!r}")
     except GrammarError as e:
-        raise APIError(400, f"'response_format.json_schema.schema' cannot be enforced: {e}",
-                       param="response_format.json_schema.schema") from e
+        raise APIError(400, f"'{fmt.param}' cannot be enforced: {e}", param=fmt.param) from e
     if auto:  # free text, but a call that begins must be a valid call
         marker = call_format.begin.strip()
         special = bool(marker) and marker in getattr(tokenizer, "get_added_vocab", dict)()

@@ -60,6 +60,8 @@ CASES = [
     # the word-level test tokenizer cannot spell JSON: structured output is refused, not silently ignored
     (CHAT, {"messages": OK_CHAT, "response_format": {"type": "json_object"}}, 400, "response_format",
      "not available for this model"),
+    (COMPLETIONS, {"prompt": "t05", "response_format": {"type": "json_schema", "schema": {}}}, 400, "response_format",
+     "not available for this model"),
     (CHAT, {"messages": OK_CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     (COMPLETIONS, {"prompt": "t05", "foo": 1}, 400, "foo", "unrecognized"),
     (COMPLETIONS, {"prompt": "t05", "max_tokens": 0}, 400, "max_tokens", "at least 1"),

@@ -68,6 +68,29 @@ def test_json_schema_answer_parses_validates_and_uses_grammar_drafts(live):
     assert g["proposed"] > 0 and g["accepted"] > 0
 
 
+OPENAI_FORM = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+LLAMA_CPP_FORMS = [{"type": "json_object", "schema": PERSON}, {"type": "json_schema", "schema": PERSON}]
+
+
+@pytest.mark.parametrize("form", LLAMA_CPP_FORMS, ids=["json_object+schema", "json_schema+schema"])
+def test_llama_cpp_response_formats_constrain_as_json_schema_does(live, form):
+    """llama.cpp's server's forms (the schema at the top of ``response_format``), sent by clients written for it,
+    through the openai client's ``response_format`` and ``extra_body``: on chat and on completions the answer
+    validates and is the one OpenAI's ``json_schema`` form gives (the same grammar)."""
+    client, model = live.client(), live.server.model_id
+    answers = []
+    for fmt in (form, OPENAI_FORM):
+        direct = chat(live, response_format=fmt).choices[0]
+        extra = chat(live, extra_body={"response_format": fmt}).choices[0]
+        text = client.completions.create(model=model, prompt="a person:", max_tokens=90,
+                                         extra_body={"response_format": fmt}).choices[0]
+        for c, content in ((direct, direct.message.content), (extra, extra.message.content), (text, text.text)):
+            assert c.finish_reason == "stop", content
+            jsonschema.validate(json.loads(content), PERSON)
+        answers.append((direct.message.content, extra.message.content, text.text))
+    assert answers[0] == answers[1]
+
+
 def test_json_object_answer_is_an_object(live):
     r = chat(live, response_format={"type": "json_object"}, max_tokens=200)
     text = r.choices[0].message.content
@@ -171,6 +194,12 @@ def test_grammar_drafts_do_not_change_answers(bpe_dir, bpe_loaded, live):
     ({"tools": [BAD_TOOL] + TOOLS, "tool_choice": {"type": "function", "function": {"name": "broken"}}},
      "tools[0].function.parameters", "cannot be enforced"),
     ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo", "unrecognized"),
+    ({"response_format": {"type": "json_object", "schema": 3}}, "response_format.schema", "schema object"),
+    ({"response_format": {"type": "json_schema", "schema": PERSON, "json_schema": {"name": "p", "schema": PERSON}}},
+     "response_format.schema", "send one"),
+    ({"response_format": {"type": "json_schema", "schema": {"$ref": "#"}}}, "response_format.schema",
+     "no output satisfies it"),
+    ({"response_format": {"type": "text", "schema": PERSON}}, "response_format.schema", "unrecognized"),
     ({"response_format": {"type": "text", "json_schema": {}}}, "response_format.json_schema", "unrecognized"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": PERSON, "strict": True,
                                                                  "foo": 1}}},
