@@ -277,7 +277,7 @@ class Server:
                 if role:
                     delta = {"role": "assistant", "content": ""}
                 if calls:
-                    delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+                    delta = {"tool_calls": calls}
                 choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             else:
                 choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
@@ -302,8 +302,8 @@ class Server:
                         continue
                     if kind == "done":
                         outcomes.append(value)
-                        if value.tool_calls:
-                            yield chunk(index, None, calls=value.tool_calls)
+                        for i, call in enumerate(value.tool_calls or ()):  # one chunk per call, as OpenAI's
+                            yield chunk(index, None, calls=[{"index": i, **call}])
                         yield chunk(index, None, value.finish_reason, logprobs=lp.finish(value.result.logprobs),
                                     redraft=stats(job, value))
                     elif kind == "error":

@@ -135,6 +135,34 @@ def test_streamed_tool_call_equals_the_whole_one(live):
     assert (parts[0]["name"], parts[0]["arguments"]) == (whole.function.name, whole.function.arguments)
 
 
+def test_streamed_parallel_calls_come_one_chunk_each(live):
+    """Several calls stream as docs/serving.md says: after any content, one chunk per call, in order, each holding
+    one ``tool_calls`` entry with its ``index``, ``id``, ``type`` and ``function`` (name and whole arguments, valid
+    JSON); together they equal the non-streamed answer's calls. A cut-off last call (``length``) is in neither."""
+    kw = dict(tools=TOOLS, tool_choice="required", max_tokens=200)  # parallel: calls until max_tokens cuts one off
+    whole = chat(live, **kw).choices[0]
+    assert len(whole.message.tool_calls) >= 2, whole
+    seen, finish = [], []
+    for chunk in chat(live, stream=True, **kw):
+        for ch in chunk.choices:
+            assert not ch.delta.content
+            if ch.finish_reason:
+                finish.append(ch.finish_reason)
+            if ch.delta.tool_calls:
+                assert not finish, "a call after the finishing chunk"
+                (tc,) = ch.delta.tool_calls  # one call per chunk
+                seen.append(tc)
+    assert finish == [whole.finish_reason]
+    assert [tc.index for tc in seen] == list(range(len(seen)))  # each index once, in order
+    for tc in seen:
+        assert tc.id.startswith("call_") and tc.type == "function" and tc.function.name
+        schema = {"get_weather": WEATHER, "get_time": TIME}[tc.function.name]
+        jsonschema.validate(json.loads(tc.function.arguments), schema)
+    assert [(tc.function.name, tc.function.arguments) for tc in seen] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert len({tc.id for tc in seen}) == len(seen)
+
+
 def test_tool_round_trip_with_null_content_and_a_tool_message(live):
     first = chat(live, tools=TOOLS, tool_choice="required", parallel_tool_calls=False).choices[0].message
     call = first.tool_calls[0]
