@@ -8,6 +8,7 @@ over the same questions in the same run.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -214,12 +215,55 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path, legend_from=None) -> None:
+    """Fit ``fig`` inside its canvas and write it to ``path`` (atomically), then close it.
+
+    The figure is laid out by matplotlib's constrained layout (created with ``layout="constrained"``), which keeps
+    every title, label and legend inside the figure; a title too wide for its place is wrapped
+    (:func:`_wrap_titles`). The legend of ``legend_from`` (an axes), if any, goes below the panels, centred,
+    where it covers no data and constrained layout makes room for it.
+    """
+    if legend_from is not None:
+        handles, labels = legend_from.get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="outside lower center", ncol=min(len(handles), 4), fontsize=7,
+                       frameon=False)
+    _wrap_titles(fig)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
+    plt.close(fig)
+
+
+def _wrap_titles(fig, margin: float = 3.0) -> None:
+    """Wrap panel titles (at spaces, textwrap) until each lies inside the figure, ``margin`` pixels from its edges,
+    clear of its neighbour's (the panels are one row, left to right). Measured on the laid-out figure: a title is
+    centred on its panel, which constrained layout places, and a title wider than its room gets ~15% narrower per
+    round."""
+    titles = [ax.title for ax in fig.axes if ax.get_title()]
+    lines = [t.get_text().split("\n") for t in titles]  # the lines as written: each is wrapped on its own
+    for _ in range(12):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        boxes = [t.get_window_extent(renderer) for t in titles]
+        crowded = set()
+        for i, b in enumerate(boxes):
+            if b.x0 < fig.bbox.x0 + margin or b.x1 > fig.bbox.x1 - margin:
+                crowded.add(i)
+            if i + 1 < len(boxes) and b.x1 > boxes[i + 1].x0 - margin:
+                crowded |= {i, i + 1}
+        if not crowded:
+            return
+        for i in crowded:
+            chars = max(8, int(0.85 * max(len(line) for line in titles[i].get_text().split("\n"))))
+            titles[i].set_text("\n".join(textwrap.fill(line, chars, break_on_hyphens=False) for line in lines[i]))
+
+
 def plot_speedup(results: dict, path: Path) -> None:
     """Grouped bars: speedup over plain greedy per workload (groups) and method (bars); hatched = output differs."""
     plt = _plt()
     wls = list(results["workloads"])
     methods = [m for m in results["methods"] if m != BASELINE]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(wls) + 2), 3.4), dpi=80)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(wls) + 2), 3.4), dpi=80, layout="constrained")
     width = 0.8 / max(1, len(methods))
     cmap = plt.get_cmap("tab10")
     for j, m in enumerate(methods):
@@ -235,14 +279,10 @@ def plot_speedup(results: dict, path: Path) -> None:
             if h:
                 b.set_hatch("//")
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set_xticks(range(len(wls)), wls)
+    ax.set_xticks(range(len(wls)), [textwrap.fill(w, 18) for w in wls])
     ax.set_ylabel("speedup over plain greedy")
-    ax.set_title(f"{results['model'].get('name')} — ratio of median tok/s (hatched: output differs)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    ax.set_title(f"{results['model'].get('name')}\nratio of median tok/s (hatched: output differs)", fontsize=9)
+    _save(plt, fig, path, legend_from=ax)
 
 
 def _drafting(runs: list[dict], m: str) -> bool:
@@ -262,7 +302,8 @@ def plot_tokens_per_forward(results: dict, path: Path) -> None:
     plt = _plt()
     wls = list(results["workloads"])
     top = _deepest(results) + 1
-    fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
+    fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False,
+                             layout="constrained")
     for ax, w in zip(axes[0], wls, strict=True):
         runs = results["workloads"][w]["runs"]
         for m in results["methods"]:
@@ -280,11 +321,7 @@ def plot_tokens_per_forward(results: dict, path: Path) -> None:
         ax.set_title(w, fontsize=9)
         ax.set_xlabel("tokens per forward")
     axes[0][0].set_ylabel("share of forwards")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    _save(plt, fig, path, legend_from=axes[0][-1])
 
 
 def acceptance_by_position(accepted_per_forward: Sequence[Sequence[int]], depth: int,
@@ -316,7 +353,8 @@ def plot_acceptance_by_position(results: dict, path: Path) -> None:
     wls = list(results["workloads"])
     depth = max(_deepest(results), 1)
     conditional = True
-    fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False)
+    fig, axes = plt.subplots(1, len(wls), figsize=(3.0 * len(wls) + 0.5, 2.8), dpi=80, squeeze=False,
+                             layout="constrained")
     for ax, w in zip(axes[0], wls, strict=True):
         runs = results["workloads"][w]["runs"]
         for m in results["methods"]:
@@ -332,17 +370,13 @@ def plot_acceptance_by_position(results: dict, path: Path) -> None:
         ax.set_title(w, fontsize=9)
         ax.set_xlabel("draft position d")
     axes[0][0].set_ylabel("P(d-th draft token accepted)" if conditional else "forwards accepting ≥ d")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    _save(plt, fig, path, legend_from=axes[0][-1])
 
 
 def plot_cost(cost: dict, path: Path) -> None:
     """The verify cost curve c(S) = time(S) / time(1)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=80)
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=80, layout="constrained")
     top = 2.0
     for name, curve in cost["curves"].items():
         ax.plot(curve["s"], curve["c"], marker=".", ms=3, label=name)
@@ -351,13 +385,9 @@ def plot_cost(cost: dict, path: Path) -> None:
     ax.set_ylim(0, top)
     ax.set_xlabel("tokens in the forward (S)")
     ax.set_ylabel("c(S) = time(S) / time(1)")
-    ax.set_title(f"{cost['model']}: after a {cost['prefix']}-token prefix, t(1) = "
+    ax.set_title(f"{cost['model']}\nafter a {cost['prefix']}-token prefix, t(1) = "
                  f"{1000 * cost['t1_s']:.1f} ms", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp)
-    plt.close(fig)
+    _save(plt, fig, path, legend_from=ax)
 
 
 def plot_policy(results: dict, method: str, path: Path) -> None:
@@ -367,7 +397,8 @@ def plot_policy(results: dict, method: str, path: Path) -> None:
     plt = _plt()
     wls = list(results["workloads"])
     curve = results["cost_curves"][method]
-    fig, axes = plt.subplots(1, len(wls) + 1, figsize=(3.0 * (len(wls) + 1) + 0.5, 2.8), dpi=80, squeeze=False)
+    fig, axes = plt.subplots(1, len(wls) + 1, figsize=(3.0 * (len(wls) + 1) + 0.5, 2.8), dpi=80, squeeze=False,
+                             layout="constrained")
     ax = axes[0][0]
     ax.plot(curve["sizes"], curve["costs"], marker="o", ms=3)
     ax.set_xlabel("draft tokens n")
@@ -387,9 +418,7 @@ def plot_policy(results: dict, method: str, path: Path) -> None:
         ax.set_title(f"{w}: depth chosen", fontsize=9)
         ax.set_xlabel("output position (tokens)")
     axes[0][1].set_ylabel("draft depth verified")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def write_plots(results: dict, out: Path) -> list[Path]:
