@@ -56,6 +56,24 @@ GENERATION_CONFIG_HELP = (
     "exponential_decay_length_penalty; its sampling settings (do_sample, temperature, top_k, top_p) never turn "
     "sampling on: decoding stays greedy unless --temperature > 0")
 
+def log_to_stderr(command: str) -> None:
+    """Show what redraft's modules log at WARNING and above (the llama.cpp load probe, the prefix store on disk) as
+    ``redraft COMMAND: warning: ...`` lines on stderr, like the commands' own warnings (once per process)."""
+    import logging
+
+    class Lower(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"redraft {command}: {record.levelname.lower()}: {record.getMessage()}"
+
+    log = logging.getLogger("redraft")
+    if not any(getattr(h, "redraft_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.redraft_cli = True  # type: ignore[attr-defined]
+        handler.setFormatter(Lower())
+        handler.setLevel(logging.WARNING)
+        log.addHandler(handler)
+
+
 def add_threads_arg(p: argparse.ArgumentParser, *, top_level: bool = False) -> None:
     """``--threads N`` (torch CPU threads), documented once, on ``redraft`` itself. A sub-command that adds it
     only accepts it after its name too (``redraft bench run --threads 2``), hidden from its help; when not given

@@ -26,6 +26,7 @@ from redraft.cli.common import (
     corpus_fits_model_or_exit,
     engine_from_args,
     load_model_or_exit,
+    log_to_stderr,
     open_corpus_or_exit,
     prompt_fits_or_exit,
     prompt_text_or_exit,
@@ -42,6 +43,7 @@ from redraft.io.prompts import encode_prompt
 
 
 def cmd_run(args) -> int:
+    log_to_stderr("run")
     # everything that can be checked without the model is, before it loads (and before torch is imported)
     config = config_from_args(args)  # flags, then REDRAFT_*, then COLI_*, then the defaults (redraft.compose)
     corpus_path, k, minacc = resolve_draft_args(args, config)

@@ -21,6 +21,7 @@ from redraft.cli.common import (
     config_from_args,
     int_between,
     load_model_or_exit,
+    log_to_stderr,
     nonneg,
     positive,
 )
@@ -114,7 +115,7 @@ def register(sub) -> None:
                         f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
                         f"SmolLM2-135M takes ~46 KB a token; llama.cpp keeps the previous request's tokens in its own "
                         f"cache, and a request of the same tenant starts from up to N of them)")
-    p.add_argument("--prefix-disk-bytes", type=byte_size, default=PREFIX_DISK_BYTES, metavar="SIZE",
+    p.add_argument("--prefix-disk-bytes", type=byte_size, default=None, metavar="SIZE",
                    help=f"with --corpus-dir and the prefix cache on: also write each cached prefix of at least 128 "
                         f"tokens to disk beside its tenant's corpus, so a restarted server, and every other server "
                         f"on the directory, starts a request from it instead of prefilling; SIZE (bytes, or 512M, "
@@ -229,6 +230,11 @@ def build_server(args, loaded=None):
     for path in args.corpus:
         if not os.path.isfile(path):
             raise _fail(f"--corpus {path}: no such file")
+    for flag in ("prefix_disk_bytes", "prefix_disk_tenant_bytes"):
+        if getattr(args, flag) is not None and not args.corpus_dir:
+            raise _fail(f"--{flag.replace('_', '-')}: no effect without --corpus-dir (entries on disk live there)")
+    if args.prefix_disk_tenant_bytes is not None and args.prefix_disk_bytes == 0:
+        raise _fail("--prefix-disk-tenant-bytes: no effect with --prefix-disk-bytes 0 (no entries on disk)")
     if args.max_running <= 1 and args.max_batch_tokens is not None:
         raise _fail(f"--max-batch-tokens {args.max_batch_tokens}: no effect with --max-running 1 (requests run one "
                     "at a time, unbatched)")
@@ -251,7 +257,8 @@ def build_server(args, loaded=None):
     if args.prefix_cache_tokens and (loaded.runtime == "transformers" or args.max_running == 1):
         # llama.cpp: the tokens its one sequence holds (several sequences: no prefix reuse)
         prefix_cache = open_prefix_cache(loaded.model, args.prefix_cache_tokens, args.corpus_dir,
-                                         disk_bytes=args.prefix_disk_bytes,
+                                         disk_bytes=PREFIX_DISK_BYTES if args.prefix_disk_bytes is None
+                                         else args.prefix_disk_bytes,
                                          tenant_bytes=args.prefix_disk_tenant_bytes)
     budget = KVBudget(kv_capacity(args, loaded), prefix_cache)
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
@@ -382,12 +389,21 @@ def disk_note(cache) -> str:
     disk = getattr(cache, "disk", None)
     if disk is None:
         return ""
-    return f" (on disk too: up to {disk.max_bytes / 2**30:.1f} GiB in the corpus directory, shared with its other servers)"
+    return f" (on disk too: up to {human_bytes(disk.max_bytes)} in the corpus directory, shared with its other servers)"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as the largest binary unit that leaves at least 1 (``512 MiB``, ``4 GiB``, ``1.5 KiB``)."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def cmd_serve(args) -> int:
     import uvicorn
 
+    log_to_stderr("serve")
     sock = listen(args.host, args.port)  # before the model load: a busy port fails in a second
     server = build_server(args)
     host, port = sock.getsockname()[:2]
@@ -416,8 +432,9 @@ def cmd_serve(args) -> int:
           f"{args.max_running} running at most, {kv_text}{note})", file=sys.stderr, flush=True)
     others = sum(c.stats()["journals"] for c in corpora.learned.values()) if args.corpus_dir else 0
     if others:
-        print(f"redraft serve: {args.corpus_dir} is shared: following {others} other writer journal"
-              f"{'s' if others != 1 else ''} (servers or vLLM proposers learning into it)", file=sys.stderr, flush=True)
+        print(f"redraft serve: {args.corpus_dir}: also reading {others} journal{'s' if others != 1 else ''} of other "
+              f"writers (earlier processes not yet compacted, or servers and vLLM proposers learning into it now)",
+              file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -11,6 +11,7 @@ import platform
 import torch
 
 from redraft.pricing.cache import cpu_model, hf_model, model_fingerprint
+from redraft.runtimes.llamacpp.probe import cpu_signature
 
 SCHEMA = "redraft-kv-key/1"
 
@@ -32,7 +33,8 @@ def weights_digest(model, samples: int = 4096) -> str:
 def kv_fingerprint(model) -> dict:
     """The KV key of a transformers causal LM (or an HFTarget): model identity and weights, dtype, device, the
     libraries that compute the forward, intra-op threads (a reduction split another way rounds another way) and the
-    CPU (model and architecture); of a llama.cpp target: :func:`llama_fingerprint`."""
+    CPU (model, architecture and feature flags: oneDNN and MKL pick their kernels by them); of a llama.cpp target:
+    :func:`llama_fingerprint`."""
     if getattr(model, "runtime", None) == "llama.cpp":
         return llama_fingerprint(model)
     import transformers
@@ -42,7 +44,8 @@ def kv_fingerprint(model) -> dict:
     return {"schema": SCHEMA, "runtime": "transformers", "model": model_fingerprint(inner),
             "weights": weights_digest(inner), "dtype": str(param.dtype), "device": str(param.device),
             "threads": int(torch.get_num_threads()), "torch": torch.__version__,
-            "transformers": transformers.__version__, "cpu": cpu_model(), "arch": platform.machine()}
+            "transformers": transformers.__version__, "cpu": cpu_model(), "arch": platform.machine(),
+            "cpu_flags": hashlib.sha256(cpu_signature().encode()).hexdigest()[:16]}
 
 
 def llama_fingerprint(target) -> dict:

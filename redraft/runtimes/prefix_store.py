@@ -105,7 +105,8 @@ class StoreStats:
     """Counts since start: ``hit_tokens`` prompt tokens served from disk entries, ``reads`` entries read,
     ``bytes_read``, ``writes`` entries written, ``bytes_written``, ``evictions`` entries removed by the budget (by
     this process), ``replaced`` entries removed because a written one extends them, ``rejected`` entries that failed
-    their checks (removed), ``dropped`` writes skipped because the write queue was full, ``errors`` failed writes."""
+    their checks (removed), ``dropped`` writes skipped because the write queue was full, ``errors`` failed writes, ``too_large`` entries
+    not written because one alone would exceed the directory's or the tenant's budget."""
 
     hit_tokens: int = 0
     reads: int = 0
@@ -117,6 +118,7 @@ class StoreStats:
     rejected: int = 0
     dropped: int = 0
     errors: int = 0
+    too_large: int = 0
 
 
 class PrefixStore:
@@ -147,6 +149,7 @@ class PrefixStore:
         self.writer = writer_id()
         self.stats = StoreStats()
         self.writable = True
+        self.entry_bytes = 0.0  # bytes per token of the last entry written (0: none yet)
         self._index: dict[str, dict[str, np.ndarray]] = {}  # tenant -> file name -> ids
         self._lock = threading.Lock()
         self._queue: queue.Queue | None = None
@@ -274,6 +277,9 @@ class PrefixStore:
         ids = tuple(int(t) for t in ids)
         if len(ids) < self.min_tokens or not self.writable:
             return False
+        if self.entry_bytes and len(ids) * self.entry_bytes > min(self.max_bytes, self.tenant_max_bytes):
+            self.stats.too_large += 1  # it would evict everything and itself at once
+            return False
         if self._queue is None:
             self._write(tenant, ids, tensors)
             return True
@@ -332,15 +338,18 @@ class PrefixStore:
                     tmp.write_text(json.dumps(self.fingerprint, indent=2, sort_keys=True, default=str) + "\n")
             with atomic_path(path) as tmp:
                 save_file(tensors, tmp, metadata=meta)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 (OSError, or safetensors' own error on a full disk)
             self.stats.errors += 1
             if self.writable:
                 self.writable = False
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
                 log.warning("prefix KV on disk: cannot write %s (%s); prefixes are kept in memory only from now on",
-                            e.filename or d, e.strerror or e)
+                            getattr(e, "filename", None) or d, why)
             return
         self.stats.writes += 1
-        self.stats.bytes_written += os.path.getsize(path)
+        size = os.path.getsize(path)
+        self.stats.bytes_written += size
+        self.entry_bytes = size / len(ids)  # per token, for the budget check of the next entries
         self._replace(tenant, name, ids)
         self.evict()
 

@@ -35,6 +35,8 @@ PREFIX_DISK = {  # the prefix cache's disk entries (redraft.runtimes.prefix_stor
     "evictions": "Prefix KV entries on disk removed by the disk budget.",
     "rejected": "Prefix KV entries on disk that failed their checks (key, length, checksum) and were removed.",
     "errors": "Prefix KV entries that could not be written (disk full, read-only directory).",
+    "dropped": "Prefix KV entries not written because the write queue was full.",
+    "too_large": "Prefix KV entries not written because one alone exceeds the disk budget.",
 }
 
 
@@ -144,6 +146,11 @@ class ServerMetrics:
         self._prefix_evicted = evicted
         self.prefix_tokens.set(cache.tokens)
         self.prefix_entries.set(len(cache))
+        self.prefix_disk_counts(cache)
+
+    def prefix_disk_counts(self, cache) -> None:
+        """Bring the counters of the prefix cache's disk entries up to its store's counts (after each request and at
+        each scrape: the store writes in a thread of its own)."""
         disk = getattr(cache, "disk", None)
         if disk is not None:
             for name, counter in self.prefix_disk.items():
@@ -164,6 +171,7 @@ class ServerMetrics:
         """Read the KV budget (a :class:`~redraft.server.admission.KVBudget` or None) and the step batcher's counts
         (``steps``, ``rows``; None without one) into their metrics (at each scrape)."""
         if budget is not None:
+            self.prefix_disk_counts(budget.prefix_cache)
             used = budget.used
             self.kv_used.set(used)
             self.kv_capacity.set(budget.capacity)

@@ -117,7 +117,7 @@ class PrefixCache:
         cut to them; None otherwise or when it fails its checks."""
         assert self.disk is not None
         name, n = self.disk.best(tenant, prompt, len(prompt) - 1)
-        if n <= have or n < self.min_hit:
+        if n <= have or n < max(self.min_hit, self.disk.min_tokens):  # a short overlap is not worth a read
             return None
         got = self.disk.read(tenant, name)
         if got is None:
@@ -129,7 +129,7 @@ class PrefixCache:
             return None
         if entry.ids[:n] != tuple(prompt[:n]):
             return None
-        self.store(tenant, entry)
+        self._keep(tenant, PrefixKV(entry.ids, entry.kv), None)  # in memory from now on: later hits are memory's
         with self.lock:
             self.stats.hits += n
         self.disk.stats.hit_tokens += n
@@ -141,9 +141,13 @@ class PrefixCache:
         is not kept. ``room``: a tighter budget for now (the tokens a shared KV budget leaves the cache, see
         :class:`~redraft.server.admission.KVBudget`); None = ``max_tokens``. An entry computed here is also written
         to ``disk`` (in its writer thread), whatever the memory budget keeps."""
-        limit = self.max_tokens if room is None else min(self.max_tokens, max(0, int(room)))
         if self.disk is not None and entry.origin != "disk" and entry.length:
             self.disk.put(tenant, entry.ids, lambda: kv_tensors(entry))
+        self._keep(tenant, entry, room)
+
+    def _keep(self, tenant: str, entry: PrefixKV, room: int | None) -> None:
+        """:meth:`store` in memory only."""
+        limit = self.max_tokens if room is None else min(self.max_tokens, max(0, int(room)))
         if entry.length == 0 or entry.length > limit:
             return
         with self.lock:
@@ -224,7 +228,7 @@ class HeldPrefix:
             origin = "memory"
             if self.disk is not None:
                 name, n_disk = self.disk.best(tenant, prompt, limit)
-                if n_disk > n and n_disk >= self.min_hit and self._load(tenant, name):
+                if n_disk > n and n_disk >= max(self.min_hit, self.disk.min_tokens) and self._load(tenant, name):
                     n, origin = n_disk, "disk"
                     self.disk.stats.hit_tokens += n
             if n < self.min_hit:

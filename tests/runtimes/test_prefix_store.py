@@ -176,13 +176,17 @@ def test_a_failed_write_logs_once_and_keeps_prefixes_in_memory_only(tmp_path, ca
     assert caplog.text.count("kept in memory only") == 1
 
 
-def test_disk_full_is_a_failed_write(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("error", ["oserror", "safetensors"])
+def test_disk_full_is_a_failed_write(tmp_path, monkeypatch, caplog, error):
+    """A full disk raises OSError from the rename or the sync, and safetensors' own error from its write."""
     import errno
 
     import safetensors.torch
 
     def full(*a, **k):
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+        if error == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+        raise safetensors.SafetensorError("Error while serializing: No space left on device (os error 28)")
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)
     s = store(tmp_path)
@@ -243,3 +247,16 @@ def test_kill_9_while_writing_leaves_no_torn_entry(tmp_path, after, delay):
         seen += 1
     assert after < seen < 100, "the writer was not killed while writing: the test would prove nothing"
     assert s.stats.rejected == 0
+
+
+def test_an_entry_larger_than_the_budget_is_not_written(tmp_path):
+    """Once the store knows an entry's size per token, one that alone would exceed a budget is skipped (it would
+    evict everything, itself included)."""
+    s = store(tmp_path)
+    put(s, "t", entry(range(10, 30)))
+    per_token = s.entry_bytes
+    small = store(tmp_path, max_bytes=int(per_token * 100), tenant_max_bytes=int(per_token * 40))
+    small.entry_bytes = per_token
+    assert not small.put("t", tuple(range(100, 150)), lambda: pytest.fail("a too large entry was built"))
+    assert small.stats.too_large == 1
+    assert small.put("t", tuple(range(200, 230)), lambda: kv_tensors(entry(range(200, 230))))

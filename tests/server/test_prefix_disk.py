@@ -61,6 +61,44 @@ def test_a_second_server_on_the_directory_reads_the_first_ones_entries(model_dir
     assert hits and float(hits[0].split()[-1]) == got["prefix_disk_tokens"]
 
 
+def test_disk_counters_reach_metrics_without_another_request_and_short_overlaps_read_nothing(model_dir, loaded,
+                                                                                              tmp_path):
+    args = serve_args(model_dir, "--corpus-dir", str(tmp_path / "c"))
+    with live_server(args, loaded) as srv:
+        ask(srv, SYSTEM + Q1)
+        disk(srv).flush()
+        metrics = httpx.get(f"{srv.base}/metrics").text  # the write happened after the request: seen at the scrape
+        writes = [ln for ln in metrics.splitlines() if ln.startswith("redraft:prefix_disk_writes_total")]
+        assert writes and float(writes[0].split()[-1]) == 1
+    with live_server(args, loaded) as srv:
+        _, short = ask(srv, SYSTEM[:20] + [3, 4, 5])  # 20 shared tokens: not worth reading a file
+        assert short["prefix_hit_tokens"] == 0 and disk(srv).stats.reads == 0
+
+
+def test_the_entry_read_from_disk_serves_later_hits_from_memory(model_dir, loaded, tmp_path):
+    args = serve_args(model_dir, "--corpus-dir", str(tmp_path / "c"))
+    with live_server(args, loaded) as srv:
+        ask(srv, SYSTEM + Q1)
+    with live_server(args, loaded) as srv:
+        _, first = ask(srv, SYSTEM + Q2)
+        _, later = ask(srv, SYSTEM + [40, 41])
+    assert first["prefix_disk_tokens"] >= len(SYSTEM)
+    assert later["prefix_hit_tokens"] >= len(SYSTEM) and later["prefix_disk_tokens"] == 0
+
+
+def test_disk_flags_without_a_corpus_dir_are_refused(model_dir, loaded, tmp_path):
+    import pytest
+
+    from redraft.cli.serve import build_server
+
+    for flags in (["--prefix-disk-bytes", "1G"], ["--prefix-disk-tenant-bytes", "1G"]):
+        with pytest.raises(SystemExit, match="no effect without --corpus-dir"):
+            build_server(serve_args(model_dir, *flags), loaded)
+    with pytest.raises(SystemExit, match="no effect with --prefix-disk-bytes 0"):
+        build_server(serve_args(model_dir, "--corpus-dir", str(tmp_path / "c"), "--prefix-disk-bytes", "0",
+                                "--prefix-disk-tenant-bytes", "1G"), loaded)
+
+
 def test_tenants_never_start_from_each_others_entries(model_dir, loaded, tmp_path, tenants_file):
     args = serve_args(model_dir, "--corpus-dir", str(tmp_path / "c"), "--tenants", str(tenants_file))
     with live_server(args, loaded) as srv:
