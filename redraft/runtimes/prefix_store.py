@@ -106,7 +106,8 @@ class StoreStats:
     ``bytes_read``, ``writes`` entries written, ``bytes_written``, ``evictions`` entries removed by the budget (by
     this process), ``replaced`` entries removed because a written one extends them, ``rejected`` entries that failed
     their checks (removed), ``dropped`` writes skipped because the write queue was full, ``errors`` failed writes, ``too_large`` entries
-    not written because one alone would exceed the directory's or the tenant's budget."""
+    not written because one alone would exceed the directory's or the tenant's budget, ``covered`` entries not
+    written because an entry on disk already shares all but fewer than ``min_tokens`` of their tokens."""
 
     hit_tokens: int = 0
     reads: int = 0
@@ -119,6 +120,7 @@ class StoreStats:
     dropped: int = 0
     errors: int = 0
     too_large: int = 0
+    covered: int = 0
 
 
 class PrefixStore:
@@ -273,12 +275,17 @@ class PrefixStore:
     def put(self, tenant: str, ids: Sequence[int], tensors: Callable[[], dict[str, torch.Tensor]]) -> bool:
         """Write an entry for ``tenant``: ``ids`` and the tensors ``tensors()`` returns (called in the writer
         thread, so it may copy). Skipped when shorter than ``min_tokens``, when the store is no longer writable,
-        or when the write queue is full. Returns whether it was queued (or written)."""
+        when one entry alone would exceed a budget, when an entry on disk already shares all but fewer than
+        ``min_tokens`` of its tokens (requests under one system prompt or few-shot block write it once, not once
+        each), or when the write queue is full. Returns whether it was queued (or written)."""
         ids = tuple(int(t) for t in ids)
         if len(ids) < self.min_tokens or not self.writable:
             return False
         if self.entry_bytes and len(ids) * self.entry_bytes > min(self.max_bytes, self.tenant_max_bytes):
             self.stats.too_large += 1  # it would evict everything and itself at once
+            return False
+        if len(ids) - self.best(tenant, ids, len(ids))[1] < self.min_tokens:
+            self.stats.covered += 1  # the disk already starts it but for a short tail: not worth a file
             return False
         if self._queue is None:
             self._write(tenant, ids, tensors)

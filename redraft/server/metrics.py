@@ -37,6 +37,7 @@ PREFIX_DISK = {  # the prefix cache's disk entries (redraft.runtimes.prefix_stor
     "errors": "Prefix KV entries that could not be written (disk full, read-only directory).",
     "dropped": "Prefix KV entries not written because the write queue was full.",
     "too_large": "Prefix KV entries not written because one alone exceeds the disk budget.",
+    "covered": "Prefix KV entries not written because an entry on disk already holds all but a short tail of them.",
 }
 
 

@@ -260,3 +260,14 @@ def test_an_entry_larger_than_the_budget_is_not_written(tmp_path):
     assert not small.put("t", tuple(range(100, 150)), lambda: pytest.fail("a too large entry was built"))
     assert small.stats.too_large == 1
     assert small.put("t", tuple(range(200, 230)), lambda: kv_tensors(entry(range(200, 230))))
+
+
+def test_an_entry_the_disk_already_starts_but_for_a_short_tail_is_not_written(tmp_path):
+    """Requests under one long system prompt write it once: a later entry sharing all but fewer than min_tokens
+    of its tokens with one on disk is skipped; one adding min_tokens or more is written."""
+    s = store(tmp_path, min_tokens=8)
+    put(s, "t", entry(range(10, 40)))
+    assert not s.put("t", tuple(range(10, 35)) + (90, 91, 92), lambda: pytest.fail("a covered entry was built"))
+    assert s.stats.covered == 1
+    assert s.put("t", tuple(range(10, 35)) + tuple(range(90, 100)), lambda: kv_tensors(entry(range(35))))
+    assert s.stats.writes == 2
