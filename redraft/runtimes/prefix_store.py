@@ -17,9 +17,8 @@ written under a temporary name, synced and renamed (:func:`redraft.io.atomic.ato
 writing leaves only a temporary, never a torn entry under a real name. A read checks the key, the token count and
 every tensor's CRC-32; an entry that fails is removed and never used. A read refreshes the file's modification time,
 so the disk budget evicts the least recently used entries first (per directory and per tenant), by whichever
-process holds the eviction lock. safetensors reads each tensor in one pass from a memory map (no parsing of the
-payload). The idea follows vLLM's filesystem KV tier and llama.cpp's slot save/restore; here the entries are keyed by
-tenant beside that tenant's corpus.
+process holds the eviction lock. safetensors reads each tensor in one pass from a memory map. The idea follows vLLM's
+filesystem KV tier and llama.cpp's slot save/restore; here the entries are kept per tenant beside its corpus.
 
 What cannot be promised across builds: an entry is reused only by the same build (torch and transformers versions,
 or the llama.cpp libraries), CPU model and flags, and thread count; any other process computes and writes its own.
@@ -27,6 +26,7 @@ or the llama.cpp libraries), CPU model and flags, and thread count; any other pr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -444,8 +444,7 @@ class PrefixStore:
 
 def with_suppressed_unlink(path: str) -> bool:
     """Remove ``path``; False when it was already gone or cannot be removed."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
         return True
-    except OSError:
-        return False
+    return False
