@@ -29,7 +29,6 @@ from redraft.defaults import PREFIX_CACHE_TOKENS, PREFIX_DISK_BYTES, TOOL_CALL_P
 from redraft.io.loading import DEFAULT_MODEL_FILE, ModelLoadError, resolve_gguf
 
 DEFAULT_CAP_TOKENS = 1_000_000
-DEFAULT_PREFIX_CACHE_TOKENS = PREFIX_CACHE_TOKENS
 DEFAULT_MAX_RUNNING = 16
 MAX_RUNNING = 256  # beyond a few dozen the step is compute-bound anyway
 DEFAULT_MAX_BATCH_TOKENS = 512
@@ -108,11 +107,11 @@ def register(sub) -> None:
                         f"{DEFAULT_KV_TOKENS:,} and one context; float32 SmolLM2-135M takes ~46 KB a token, and a "
                         f"running sequence's cache up to a quarter more for room to grow; llama.cpp: its --n-ctx, "
                         f"one sequence's cache)")
-    p.add_argument("--prefix-cache-tokens", type=nonneg, default=DEFAULT_PREFIX_CACHE_TOKENS,
+    p.add_argument("--prefix-cache-tokens", type=nonneg, default=PREFIX_CACHE_TOKENS,
                    metavar="N",
                    help=f"keep the KV cache of recent requests (prompt + answer), per tenant, up to N tokens over "
                         f"all tenants (least recently used evicted first), and start each request from the longest "
-                        f"cached prefix of its prompt; 0 = off (default {DEFAULT_PREFIX_CACHE_TOKENS:,}; float32 "
+                        f"cached prefix of its prompt; 0 = off (default {PREFIX_CACHE_TOKENS:,}; float32 "
                         f"SmolLM2-135M takes ~46 KB a token; llama.cpp keeps the previous request's tokens in its own "
                         f"cache, and a request of the same tenant starts from up to N of them)")
     p.add_argument("--prefix-disk-bytes", type=byte_size, default=None, metavar="SIZE",

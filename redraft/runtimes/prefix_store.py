@@ -284,7 +284,7 @@ class PrefixStore:
         if self.entry_bytes and len(ids) * self.entry_bytes > min(self.max_bytes, self.tenant_max_bytes):
             self.stats.too_large += 1  # it would evict everything and itself at once
             return False
-        if len(ids) - self.best(tenant, ids, len(ids))[1] < self.min_tokens:
+        if self.covered(tenant, ids):
             self.stats.covered += 1  # the disk already starts it but for a short tail: not worth a file
             return False
         if self._queue is None:
@@ -296,6 +296,10 @@ class PrefixStore:
             self.stats.dropped += 1
             return False
         return True
+
+    def covered(self, tenant: str, ids: Sequence[int]) -> bool:
+        """Whether an entry of ``tenant`` on disk already shares all but fewer than ``min_tokens`` of ``ids``."""
+        return len(ids) - self.best(tenant, ids, len(ids))[1] < self.min_tokens
 
     def flush(self) -> None:
         """Wait until every queued entry is written."""
@@ -374,13 +378,12 @@ class PrefixStore:
 
     # -- the budget -----------------------------------------------------------------------------------------------
 
-    def usage(self) -> tuple[int, dict[str, int]]:
-        """Bytes of entries under the root (every tenant and key) and per tenant."""
-        total, per = 0, {}
-        for tenant, _, size, _ in self._files():
-            total += size
+    def usage(self, files: list[tuple[str, str, int, float]] | None = None) -> tuple[int, dict[str, int]]:
+        """Bytes of entries under the root (every tenant and key) and per tenant, of ``files`` (default: now's)."""
+        per: dict[str, int] = {}
+        for tenant, _, size, _ in self._files() if files is None else files:
             per[tenant] = per.get(tenant, 0) + size
-        return total, per
+        return sum(per.values()), per
 
     def _files(self) -> list[tuple[str, str, int, float]]:
         """(tenant, path, bytes, last use) of every entry under the root; stale temporaries are removed."""
@@ -417,10 +420,7 @@ class PrefixStore:
         """Remove the least recently used entries until the directory and every tenant are within budget, under
         the eviction lock (another process evicting now: nothing is done). Returns the entries removed."""
         files = self._files()
-        total = sum(f[2] for f in files)
-        per: dict[str, int] = {}
-        for t, _, size, _ in files:
-            per[t] = per.get(t, 0) + size
+        total, per = self.usage(files)
         if total <= self.max_bytes and all(v <= self.tenant_max_bytes for v in per.values()):
             return 0
         lock = CompactionLock(self.root, self.writer, name=EVICT_LOCK)

@@ -255,7 +255,7 @@ class HeldPrefix:
         ``disk``, the sequence's state of the entry's tokens is copied now and written in the store's thread."""
         if self.disk is None or entry.length < self.disk.min_tokens or not self.disk.writable:
             return
-        if entry.length - self.disk.best(tenant, entry.ids, entry.length)[1] < self.disk.min_tokens:
+        if self.disk.covered(tenant, entry.ids):
             return  # the disk already starts it (PrefixStore.put would skip it): no state copy
         self.target.crop(entry.length)  # tokens past the entry (cut by a stop) are never reused
         state = self.target.save_state()
