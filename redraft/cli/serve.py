@@ -263,7 +263,7 @@ def build_server(args, loaded=None):
     generator = Generator(loaded, corpora, config, prefix_cache=prefix_cache, budget=budget,
                           batcher=step_batcher(args, loaded),
                           answers=None if args.no_answer_cache else AnswerCache())
-    generator.warm_up()
+    generator.warm_up(tenants.names)
     options = ServerOptions(access_log=not args.quiet, cors_origins=list(args.cors_origins),
                             max_tokens_default=args.max_tokens_default,
                             tokenizer_info=args.enable_tokenizer_info_endpoint)

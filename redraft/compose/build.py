@@ -12,7 +12,7 @@ Torch is imported only by the functions that need it (the engine, a GliDe draft,
 
 from __future__ import annotations
 
-import weakref
+import functools
 from collections.abc import Sequence
 
 from redraft.compose.config import SpeculationConfig
@@ -187,7 +187,13 @@ def build_load_policy(pricing, tracker):
     return LoadAwarePolicy(pricing, tracker=tracker)
 
 
-_PRICING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a shared policy -> its LoadPricing
+@functools.lru_cache(maxsize=8)
+def _load_pricing(curve, n_max: int):
+    """The :class:`~redraft.pricing.load.LoadPricing` of a cost curve and node cap, built once (its tables take
+    ~10 ms) and shared by every tenant's requests on that curve."""
+    from redraft.pricing.load import LoadPricing
+
+    return LoadPricing(curve, n_max)
 
 
 def batched_policy(policy):
@@ -199,18 +205,15 @@ def batched_policy(policy):
     Args:
         policy: the tenant's :class:`~redraft.policy.SpeculationPolicy`. The new policy shares its acceptance
             tracker (what one request learns, the tenant's next requests use; another tenant's policy is never
-            touched), cost curve, node cap and probe settings; its load pricing tables are shared per ``policy``.
+            touched), cost curve, node cap and probe settings; its load pricing tables are shared per curve and
+            node cap.
     Returns:
         the request's LoadAwarePolicy (its own probe bookkeeping). numpy only.
     """
     from redraft.policy.load import LoadAwarePolicy
-    from redraft.pricing.load import LoadPricing
 
-    pricing = _PRICING.get(policy)
-    if pricing is None or pricing.curve is not policy.curve or pricing.n_max != policy.max_nodes:
-        pricing = _PRICING[policy] = LoadPricing(policy.curve, policy.max_nodes)
-    return LoadAwarePolicy(pricing, tracker=policy.tracker, probe_overhead=policy.probe_overhead,
-                           probe_max=policy.probe_max, min_gain=policy.min_gain)
+    return LoadAwarePolicy(_load_pricing(policy.curve, policy.max_nodes), tracker=policy.tracker, probe_overhead=policy.probe_overhead,
+                           probe_max=policy.probe_max, min_gain=policy.min_gain, prompt_chance=policy.prompt_chance)
 
 
 def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw):

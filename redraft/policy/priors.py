@@ -6,6 +6,9 @@ shares of their parent and sum to at most 1. The policy blends them with what it
 
 - Corpus counts (SuffixDecoding, arXiv 2411.04975, section 3): a node's probability is the fraction of the matched
   suffix's occurrences that continue with it, count(node) / count(parent); a path's score is the product of these.
+  At the first level the m occurrences of the matched suffix leave room for a continuation none of them had:
+  count / (m + 1), PPM's escape method A (Cleary and Witten 1984). A suffix seen once (the chat template's tail
+  before the one stored answer) is a guess about the next answer's first token, 1/2, not a certainty.
 - Match length: the matched occurrence agreed with the live context on the last n tokens, and on d - 1 more when
   the node sits at depth d below accepted ancestors. Laplace's rule of succession over those n + d - 1 agreeing
   tokens gives (n + d) / (n + d + 1) for the next one: a longer match makes a deeper draft more credible.
@@ -32,7 +35,8 @@ def node_depths(parents: Sequence[int]) -> np.ndarray:
 
 def count_priors(parents: Sequence[int], counts: Sequence[float] | np.ndarray,
                  root_count: float | None = None) -> np.ndarray:
-    """float64 [N]: count(node) / count(parent), clipped to [0, 1] (SuffixDecoding's continuation frequency).
+    """float64 [N]: count(node) / count(parent), clipped to [0, 1] (SuffixDecoding's continuation frequency); a
+    child of the root gets count / (root_count + 1) (PPM's escape: a continuation not seen yet keeps 1 share).
 
     Args:
         parents: parent index per node (-1 = child of the root), parents first.
@@ -45,7 +49,7 @@ def count_priors(parents: Sequence[int], counts: Sequence[float] | np.ndarray,
         raise ValueError(f"count_priors: {len(counts)} counts for {len(parents)} nodes")
     if root_count is None:
         root_count = float(sum(c for c, p in zip(counts, parents, strict=True) if p < 0))
-    denom = np.array([root_count if p < 0 else counts[p] for p in parents], dtype=np.float64)
+    denom = np.array([root_count + 1.0 if p < 0 else counts[p] for p in parents], dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(denom > 0, counts / np.where(denom > 0, denom, 1.0), 0.0)
     return np.clip(share, 0.0, 1.0)

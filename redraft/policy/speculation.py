@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from redraft.defaults import PROBE_MAX, PROBE_OVERHEAD
+from redraft.defaults import PROBE_MAX, PROBE_OVERHEAD, PROMPT_DRAFT_CHANCE
 from redraft.policy.acceptance import AcceptanceTracker
 from redraft.policy.priors import node_depths
 from redraft.policy.select import Selection, path_probabilities, select_nodes
@@ -53,20 +53,28 @@ class SpeculationPolicy:
         probe_overhead: the share of a plain step an idle source's probes may cost on average (> 0).
         probe_max: longest probe in tokens (the curve picks the cheapest length up to this).
         min_gain: a draft must beat a plain step's rate by more than this fraction (0 = any gain).
+        prompt_chance: a forward that carries pending tokens before the draft (``fed`` > 1: the prompt, or what a
+            prefix cache left of it) verifies a draft only when its likeliest first token's chance is at least this
+            (0..1; 0 = price it like any draft). Each drafted row there delays the request's first token, which
+            the expected-tokens-per-cost rule does not count; vLLM, SGLang and llama.cpp never draft in a prefill,
+            and here only a likely-right draft (a replayed prompt's) is carried.
     Raises:
-        ValueError: max_nodes < 1, probe_overhead <= 0, probe_max < 1 or min_gain < 0.
+        ValueError: max_nodes < 1, probe_overhead <= 0, probe_max < 1, min_gain < 0 or prompt_chance outside 0..1.
     """
 
     def __init__(self, curve: CostCurve, *, max_nodes: int = 64, tracker: AcceptanceTracker | None = None,
-                 probe_overhead: float = PROBE_OVERHEAD, probe_max: int = PROBE_MAX, min_gain: float = 0.0) -> None:
-        if max_nodes < 1 or not probe_overhead > 0 or probe_max < 1 or min_gain < 0:
-            raise ValueError(f"SpeculationPolicy needs max_nodes >= 1, probe_overhead > 0, probe_max >= 1 and "
-                             f"min_gain >= 0; got {max_nodes}, {probe_overhead}, {probe_max}, {min_gain}")
+                 probe_overhead: float = PROBE_OVERHEAD, probe_max: int = PROBE_MAX, min_gain: float = 0.0,
+                 prompt_chance: float = PROMPT_DRAFT_CHANCE) -> None:
+        if max_nodes < 1 or not probe_overhead > 0 or probe_max < 1 or min_gain < 0 or not 0 <= prompt_chance <= 1:
+            raise ValueError(f"SpeculationPolicy needs max_nodes >= 1, probe_overhead > 0, probe_max >= 1, "
+                             f"min_gain >= 0 and 0 <= prompt_chance <= 1; got {max_nodes}, {probe_overhead}, "
+                             f"{probe_max}, {min_gain}, {prompt_chance}")
         self.curve = curve
         self.costs = curve.table(max_nodes)
         self.max_nodes = max_nodes
         self.tracker = tracker if tracker is not None else AcceptanceTracker(max_nodes)
         self.probe_overhead, self.probe_max, self.min_gain = probe_overhead, probe_max, min_gain
+        self.prompt_chance = prompt_chance
         self.idle: dict[str, int] = {}  # steps since the source last had a node verified
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
@@ -138,7 +146,8 @@ class SpeculationPolicy:
                 prompt). With m = fed - 1 > 0 a draft of n costs what it adds to that forward, c(m + n) - c(m), on
                 top of one plain step (:meth:`step_costs`): a prefill of a few hundred tokens is past the curve's
                 flat start, so 32 chance draft tokens on it cost ~2 plain steps where c(32) says 1.5, and only a
-                draft that is likely right (a replay's) is worth it there.
+                draft that is likely right (a replay's) is worth it there; and only one whose first token's chance
+                reaches ``prompt_chance`` is carried at all (no probe either): its rows delay the first token.
         Returns:
             :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
             A chain is kept past the best single forward's depth (up to whole) when verifying it in forwards of that
@@ -150,6 +159,10 @@ class SpeculationPolicy:
         cond = self.conditionals(parents, sources, priors)
         if max_depth is not None:
             cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
+        if int(fed) > 1 and self.prompt_chance > 0:
+            first = [c for c, p in zip(cond.tolist(), parents, strict=True) if p < 0]
+            if max(first, default=0.0) < self.prompt_chance:
+                return Selection([], 1.0, 1.0)  # not counted as idle: the source was not judged on its merits
         budget = self.max_nodes if budget is None else min(budget, self.max_nodes)
         prob = path_probabilities(parents, cond)
         sel = select_nodes(parents, cond, self.step_costs(fed), budget=budget, min_gain=self.min_gain)

@@ -7,7 +7,7 @@ Layout, beside each tenant's learned corpus (:mod:`redraft.corpus.directory`)::
                                                  threads, CPU), for an operator to read
     D/<tenant>/prefix-kv/<key>/<ids>.safetensors one entry: its token ids ("ids", int32 [n]) and its KV tensors
                                                  (a runtime's own layout, :func:`kv_tensors` for transformers'),
-                                                 metadata: format, key, token count, CRC-32 of every tensor
+                                                 metadata: format, key, token count, XXH3-64 of every tensor
     D/prefix-kv.lock                             held by the one process evicting now (:class:`CompactionLock`)
 
 ``<key>`` digests everything that changes the numbers in a KV entry; entries of another model, dtype, build or
@@ -15,9 +15,9 @@ thread count live under another key and are never read (a copied file whose meta
 too). ``<ids>`` digests the token ids, so two replicas that compute the same entry write one file. An entry is
 written under a temporary name, synced and renamed (:func:`redraft.io.atomic.atomic_path`): a process killed while
 writing leaves only a temporary, never a torn entry under a real name. A read checks the key, the token count and
-every tensor's CRC-32; an entry that fails is removed and never used. A read refreshes the file's modification time,
-so the disk budget evicts the least recently used entries first (per directory and per tenant), by whichever
-process holds the eviction lock. safetensors reads each tensor in one pass from a memory map. The idea follows vLLM's
+every tensor's XXH3-64 (xxhash: it is on the path to the first token, at several times zlib's CRC-32 speed); an
+entry that fails is removed and never used. A read refreshes the file's modification time, so the disk budget
+evicts the least recently used entries first (per directory and per tenant), by whichever process holds the lock. safetensors reads each tensor in one pass from a memory map. The idea follows vLLM's
 filesystem KV tier and llama.cpp's slot save/restore; here the entries are kept per tenant beside its corpus.
 
 What cannot be promised across builds: an entry is reused only by the same build (torch and transformers versions,
@@ -34,12 +34,12 @@ import os
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import xxhash
 
 from redraft.corpus.directory import tenant_dir
 from redraft.corpus.lease import CompactionLock, writer_id
@@ -49,7 +49,7 @@ from .base import PrefixKV
 
 log = logging.getLogger("redraft.prefix_store")
 
-FORMAT = "redraft-prefix-kv/1"
+FORMAT = "redraft-prefix-kv/2"  # 2: XXH3-64 checksums (1: CRC-32, no longer read)
 SUBDIR = "prefix-kv"
 SUFFIX = ".safetensors"
 EVICT_LOCK = "prefix-kv.lock"
@@ -68,10 +68,10 @@ def ids_digest(ids: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()[:32]
 
 
-def crc(t: torch.Tensor) -> int:
-    """CRC-32 of a tensor's bytes (contiguous CPU tensor; bfloat16 is read as its raw 16-bit words)."""
+def checksum(t: torch.Tensor) -> int:
+    """XXH3-64 of a tensor's bytes (contiguous CPU tensor; bfloat16 is read as its raw 16-bit words)."""
     raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-    return zlib.crc32(memoryview(np.ascontiguousarray(raw.numpy())).cast("B"))
+    return xxhash.xxh3_64_intdigest(memoryview(np.ascontiguousarray(raw.numpy())).cast("B"))
 
 
 def kv_tensors(entry: PrefixKV) -> dict[str, torch.Tensor]:
@@ -183,7 +183,7 @@ class PrefixStore:
         return best, best_n
 
     def read(self, tenant: str, name: str) -> tuple[tuple[int, ...], dict[str, torch.Tensor]] | None:
-        """One entry's (ids, tensors), after checking its format, key, token count and every tensor's CRC-32; None
+        """One entry's (ids, tensors), after checking its format, key, token count and every tensor's checksum; None
         (and the file removed) when a check fails, None when it is gone (evicted by another process)."""
         from safetensors import safe_open
 
@@ -219,12 +219,12 @@ class PrefixStore:
         if ids is None or ids.dim() != 1 or str(ids.shape[0]) != meta.get("tokens"):
             return f"token count does not match its ids ({meta.get('tokens')!r})"
         try:
-            sums = json.loads(meta.get("crc32", ""))
+            sums = json.loads(meta.get("xxh3_64", ""))
         except ValueError:
             return "no checksums"
         if sorted(sums) != sorted(tensors):
             return "checksums do not name its tensors"
-        bad = [k for k, t in tensors.items() if crc(t) != sums[k]]
+        bad = [k for k, t in tensors.items() if checksum(t) != sums[k]]
         return f"checksum mismatch in {', '.join(bad)}" if bad else ""
 
     def _reject(self, tenant: str, name: str, why: str) -> None:
@@ -341,7 +341,7 @@ class PrefixStore:
             tensors = dict(make())
             tensors["ids"] = torch.tensor(ids, dtype=torch.int32)
             meta = {"format": FORMAT, "key": self.key, "tokens": str(len(ids)), "writer": self.writer,
-                    "crc32": json.dumps({k: crc(t) for k, t in tensors.items()})}
+                    "xxh3_64": json.dumps({k: checksum(t) for k, t in tensors.items()})}
             os.makedirs(d, exist_ok=True)
             key_file = os.path.join(d, "key.json")
             if not os.path.exists(key_file):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from redraft.compose import SpeculationConfig, build_engine, build_policy, drafters_for
@@ -186,15 +186,17 @@ class Generator:
             return self.shared
         return HFTarget(self.model)
 
-    def warm_up(self) -> None:
+    def warm_up(self, tenants: Sequence[str] = ()) -> None:
         """One short forward before the first request: a runtime's first call sets up its thread pool and kernels
         (~0.1 s on a CPU), which would otherwise land on the first request's time to first token. The shared target
         (llama.cpp's one sequence) is left empty; a llama.cpp context of several sequences is left alone. The longest
         vocabulary entry, which the first request's length check reads (~0.4 s for a 49k vocabulary), is found now
-        too."""
+        too, and so are the policies of ``tenants`` (tenant names) with their load pricing (~10 ms)."""
         from .tokenize import max_token_chars
 
         max_token_chars(self.tokenizer)
+        for tenant in tenants:
+            self.request_policy(tenant)
         if self.runtime == "transformers":
             target: Target = HFTarget(self.model)
             target.reset()

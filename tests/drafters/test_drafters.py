@@ -360,8 +360,9 @@ def test_corpus_guard_window_is_three_drafts():
 
 def test_a_short_match_shared_by_several_answers_gives_its_chain_a_low_first_prior():
     """Under the policy, a chain after a suffix that three stored spans share, each continuing differently, credits
-    its first token with 1 of 3 occurrences (SuffixDecoding's counts); a suffix found once keeps the match-length
-    prior alone; without the policy nothing is counted."""
+    its first token with 1 of 3 occurrences (SuffixDecoding's counts, with one share kept for a continuation not
+    seen yet: 1/4); a suffix found once gives it 1/2 of the match-length prior; without the policy nothing is
+    counted."""
     from redraft.policy.candidates import proposal_priors
     from redraft.policy.priors import succession_priors
 
@@ -371,8 +372,9 @@ def test_a_short_match_shared_by_several_answers_gives_its_chain_a_low_first_pri
     tree = CorpusDrafter(corpus, k=3, deep=64).propose(context, 3)
     assert tree.tokens == [7, 8, 9] and tree.counts == [1, 1, 1] and tree.root_count == 3
     succ = succession_priors(tree.parents, tree.match_length)
-    assert np.allclose(proposal_priors(tree), [succ[0] / 3, succ[1], succ[2]])  # deeper: given the first
+    assert np.allclose(proposal_priors(tree), [succ[0] / 4, succ[1], succ[2]])  # deeper: given the first
     once = CorpusDrafter(Corpus.from_spans([shared + [1, 2, 3]], vocab_size=VOCAB), k=3, deep=64).propose(context, 3)
-    assert once.root_count == 1 and np.allclose(proposal_priors(once), succession_priors(once.parents, once.match_length))
+    once_succ = succession_priors(once.parents, once.match_length)
+    assert once.root_count == 1 and np.allclose(proposal_priors(once), [once_succ[0] / 2, *once_succ[1:]])
     fixed = CorpusDrafter(corpus, k=3).propose(context, 3)
     assert fixed.counts is None and fixed.root_count == 0

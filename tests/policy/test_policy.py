@@ -144,7 +144,7 @@ def test_a_chance_match_that_always_fails_stops_drafting_on_the_prompts_forward(
     prior = succession_priors(chain(48), 7)
 
     def drafted(tracker: AcceptanceTracker) -> int:
-        pol = SpeculationPolicy(curve, tracker=tracker)
+        pol = SpeculationPolicy(curve, tracker=tracker, prompt_chance=0.0)  # the price alone decides here
         for _ in range(12):
             pol.observe("corpus/4", 10, 0)
         return len(pol.plan(chain(48), ["corpus/4"] * 48, prior, fed=60).nodes)
@@ -157,6 +157,26 @@ def test_a_chance_match_that_always_fails_stops_drafting_on_the_prompts_forward(
         pol.observe("corpus/64", 10, 10)
     cond = pol.conditionals(chain(48), ["corpus/64"] * 48, succession_priors(chain(48), 70))
     assert (cond[10:] == pytest.approx(succession_priors(chain(48), 70)[10:]))
+
+
+def test_the_prompts_forward_carries_only_a_likely_right_draft():
+    """A draft on a forward that carries the prompt (fed > 1) delays the first token: it is verified only when its
+    first token's chance reaches prompt_chance. The chat template's tail before the one stored answer (a short match,
+    1 occurrence: 1/2 of its succession prior) is not; a replayed prompt's whole-context match is, and so is the
+    same tail draft on a later forward (fed 1), where the price alone decides."""
+    flat = CostCurve((0, 1, 64), (1.0, 1.05, 1.2))
+    tail = source_priors(chain(32), counts=[1] * 32, match_length=6, root_count=1)
+    assert tail[0] == pytest.approx(0.5 * 7 / 8)
+    replay = succession_priors(chain(32), 4096)
+    assert len(SpeculationPolicy(flat).plan(chain(32), ["corpus/4"] * 32, tail, fed=20).nodes) == 0
+    assert len(SpeculationPolicy(flat).plan(chain(32), ["corpus/4"] * 32, tail, fed=1).nodes) > 0
+    assert len(SpeculationPolicy(flat, prompt_chance=0.0).plan(chain(32), ["corpus/4"] * 32, tail, fed=20).nodes) > 0
+    assert len(SpeculationPolicy(flat).plan(chain(32), ["corpus/4096"] * 32, replay, fed=20).nodes) == 32
+    pol = SpeculationPolicy(flat)
+    pol.plan(chain(32), ["corpus/4"] * 32, tail, fed=20)
+    assert pol.idle.get("corpus/4", 0) == 0  # declined for the first token's sake, not judged: no probe is owed
+    with pytest.raises(ValueError, match="prompt_chance"):
+        SpeculationPolicy(flat, prompt_chance=1.5)
 
 
 @pytest.mark.parametrize("args", [(0,), (4, 5), (-1, 0)])
@@ -243,8 +263,10 @@ def test_sources_are_learned_separately():
 
 def test_count_and_succession_priors():
     parents, counts = [-1, 0, 0, 1], [4, 3, 1, 3]
-    assert list(count_priors(parents, counts)) == pytest.approx([1.0, 0.75, 0.25, 1.0])
-    assert list(count_priors(parents, counts, root_count=8)) == pytest.approx([0.5, 0.75, 0.25, 1.0])
+    # the root's children keep one share of the matched suffix's occurrences for a continuation not seen yet
+    assert list(count_priors(parents, counts)) == pytest.approx([0.8, 0.75, 0.25, 1.0])
+    assert list(count_priors(parents, counts, root_count=8)) == pytest.approx([4 / 9, 0.75, 0.25, 1.0])
+    assert count_priors([-1, 0], [1, 1])[0] == pytest.approx(0.5)  # one stored answer: a guess at the next one
     assert list(succession_priors([-1, 0, 1], 3)) == pytest.approx([4 / 5, 5 / 6, 6 / 7])
     assert source_priors([-1, 0]) is None
     both = source_priors(parents, counts=counts, match_length=3)
