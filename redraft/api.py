@@ -175,7 +175,8 @@ class Redraft:
             chat: force the chat template on/off (None: on when the tokenizer has one).
             sampling: a :class:`redraft.decoding.sampling.SamplingParams` (default greedy).
             stop: stop strings; the text ends before the first one.
-            on_tokens: called with each step's newly emitted ids (streaming).
+            on_tokens: called with each step's newly emitted ids (streaming: the first token is then awaited, so
+                the prompt's forward carries only a likely-right draft).
         Raises:
             ValueError: an empty prompt, one that fills the model's context, or max_new_tokens < 1.
         """
@@ -194,7 +195,8 @@ class Redraft:
         from redraft.server.tenants import DEFAULT_TENANT
 
         res = generate_cached(self.engine(), self.prefix_cache, DEFAULT_TENANT, ids, max_new_tokens,
-                              on_tokens=on_tokens, sampling=sampling, stop=stops if stops else None)
+                              on_tokens=on_tokens, sampling=sampling, stop=stops if stops else None,
+                              streaming=on_tokens is not None)
         text = (stops.text if res.stop_reason == "stop" else
                 self.loaded.tokenizer.decode(res.output_ids, skip_special_tokens=True))
         if self.learn and self.corpus is not None and res.output_ids:

@@ -109,8 +109,8 @@ ACCEPT_PRIOR_MIN_WEIGHT = 0.1
 # A dropped source's probes may cost this share of a plain step on average; a probe is at most PROBE_MAX tokens.
 PROBE_OVERHEAD = 0.03
 PROBE_MAX = 4
-# A draft carried by a prompt forward (the prompt's uncached tokens, then the draft) delays the request's first
-# token by every row it adds, so it must be likely right: its first token's estimated chance at least this (a
+# A draft carried by a streamed request's prompt forward (the prompt's uncached tokens, then the draft) delays the
+# first token by every row it adds, so it must be likely right: its first token's estimated chance at least this (a
 # replayed prompt's whole-context match is ~1; a chance phrase or the chat template's tail before an answer is not).
 PROMPT_DRAFT_CHANCE = 0.9
 # Under the policy a lookup's match length is evidence (a replay matches the whole context, a chance phrase a few

@@ -152,7 +152,8 @@ def _answer_streamed(args, loaded, engine, ids: list[int], sampling, corpus, lea
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-    res = _generate(engine, cache, ids, args.ngen, on_tokens=show, sampling=sampling, stop=stop if stop else None)
+    res = _generate(engine, cache, ids, args.ngen, on_tokens=show, sampling=sampling, stop=stop if stop else None,
+                    streaming=True)
     sys.stdout.write(stream.finish() + "\n")
     sys.stdout.flush()
     _learn(corpus, ids, res.output_ids, learn)

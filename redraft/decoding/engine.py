@@ -139,28 +139,33 @@ class Engine:
         self.planner = DraftPlanner(self.drafters, policy, merge=merge, chain_only=self.chain_only,
                                     tree_budget=tree_budget, vocab_size=self.target.vocab_size)
 
-    def _draft(self, context: np.ndarray, max_depth: int, fed: int = 1) -> Draft:
+    def _draft(self, context: np.ndarray, max_depth: int, fed: int = 1, awaited: bool = False) -> Draft:
         """The step's :class:`Draft` from this engine's :class:`~redraft.decoding.planner.DraftPlanner`, priced at
         the rows the step carries for other sequences (``target.carried_rows``) on top of the ``fed`` pending
-        tokens; an empty tree when ``max_depth`` is 0."""
-        return self.planner.propose(context, DraftLimits(max_depth, fed=fed, carried=self.target.carried_rows))
+        tokens (``awaited``: a streaming client waits for this forward's first token); an empty tree when
+        ``max_depth`` is 0."""
+        return self.planner.propose(context, DraftLimits(max_depth, fed=fed, carried=self.target.carried_rows,
+                                                         first_token_awaited=awaited))
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  on_tokens: Callable[[list[int]], None] | None = None, *,
                  sampling: SamplingParams | None = None, stop: StopStrings | None = None,
                  exact: bool | None = None, record_margins: bool = False,
-                 prefix: PrefixKV | None = None, logprobs: int | None = None) -> GenerationResult:
+                 prefix: PrefixKV | None = None, logprobs: int | None = None,
+                 streaming: bool = False) -> GenerationResult:
         """:meth:`steps` run to its end on this engine's target alone (:func:`redraft.runtimes.sequence.drive`):
         every forward is :meth:`HFTarget.forward` on its own cache. Same arguments, result and errors."""
         return drive(self.steps(prompt_ids, max_new_tokens, on_tokens, sampling=sampling, stop=stop, exact=exact,
-                                record_margins=record_margins, prefix=prefix, logprobs=logprobs))
+                                record_margins=record_margins, prefix=prefix, logprobs=logprobs,
+                                streaming=streaming))
 
     def steps(self, prompt_ids: Sequence[int], max_new_tokens: int,
               on_tokens: Callable[[list[int]], None] | None = None, *,
               sampling: SamplingParams | None = None, stop: StopStrings | None = None,
               exact: bool | None = None, record_margins: bool = False,
               prefix: PrefixKV | None = None, logprobs: int | None = None,
-              on_logprobs: Callable[[list[TokenLogprob]], None] | None = None) -> Steps[GenerationResult]:
+              on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
+              streaming: bool = False) -> Steps[GenerationResult]:
         """One generation as a step function (:mod:`redraft.runtimes.sequence`): it yields each target forward it
         needs and is resumed with its logits, so a step loop can advance many generations one forward at a time
         (:class:`redraft.runtimes.transformers.batching.StepBatcher`). Generate up to ``max_new_tokens`` tokens (an exact cap): draft -> verify -> accept -> emit, one verify
@@ -171,7 +176,9 @@ class Engine:
         of the prompt's first tokens from an earlier sequence (prefix caching, as vLLM's; exact mode judges rows on
         them like verify rows); ``logprobs`` (0..20): raw log-probabilities per token (:mod:`redraft.decoding.logprobs`);
         ``on_logprobs`` gets each step's new entries of them, just before ``on_tokens`` gets the step's ids (streamed
-        log-probabilities: together they are ``result.logprobs``).
+        log-probabilities: together they are ``result.logprobs``); ``streaming``: the caller shows tokens as they
+        come, so until the first one a draft must be likely right to ride on the forward that carries the prompt
+        (the policy's ``prompt_chance``: its rows would delay the first token; a whole answer is awaited otherwise).
 
         Returns :class:`GenerationResult` whose ``output_ids`` equal plain decoding's with the same sampling settings.
         Raises ValueError for an empty prompt, one that fills the context, or a ``prefix`` that is not a proper prefix
@@ -193,7 +200,7 @@ class Engine:
             # draft (accepted + bonus must fit both the token budget and the context window)
             depth = min(self.max_depth, remaining - 1, max_len - n_ctx - 1)
             draft = self._draft(context[:n_ctx], depth if exactness is None or exactness.may_draft else 0,
-                                len(pending))
+                                len(pending), streaming and not res.output_ids)
             # verify: one forward over the pending tokens and the tree; the longest path the target agrees with
             with exactness.scope() if exactness is not None else nullcontext():
                 step = yield from verify_step(self.target, chooser, pending, draft, n_ctx)

@@ -51,6 +51,8 @@ class DraftLimits:
             :func:`redraft.pricing.load.load_costs`).
         confident: (chance, floor): a draft whose first token's acceptance chance is at least ``chance`` is priced
             at a share of at least ``floor`` (the draining-batch rule, :mod:`redraft.integrations.draining`).
+        first_token_awaited: a streaming client waits for this forward's first token (no output yet): the draft
+            must be likely right (the policy's ``prompt_chance``).
     """
 
     depth: int
@@ -59,6 +61,7 @@ class DraftLimits:
     carried: int = 1
     share: float | None = None
     confident: tuple[float, float] | None = None
+    first_token_awaited: bool = False
 
 
 @dataclass
@@ -130,12 +133,14 @@ class DraftPlanner:
                 merged.add(prop, name, budget=policy.max_nodes, max_depth=depth)
                 if len(merged) >= policy.max_nodes:
                     break
-            return Draft(*cut(policy, merged, max_depth=depth, budget=budget, fed=limits.fed))
+            return Draft(*cut(policy, merged, max_depth=depth, budget=budget, fed=limits.fed,
+                                     awaited=limits.first_token_awaited))
         start = len(self.drafters) if same and found is None else 0  # chance() found nothing: no second search
         while (hit := found or self._find(context, depth, start)) is not None:
             found = None
             j, cand = hit
-            tree, keys = cut(policy, cand, max_depth=depth, budget=budget, fed=limits.fed)
+            tree, keys = cut(policy, cand, max_depth=depth, budget=budget, fed=limits.fed,
+                             awaited=limits.first_token_awaited)
             if len(tree):
                 return Draft(tree, keys)
             start = j + 1

@@ -79,11 +79,11 @@ class Candidates:
 
 
 def cut(policy: SpeculationPolicy, candidates: Candidates, *, max_depth: int | None = None,
-        budget: int | None = None, fed: int = 1) -> tuple[TokenTree, list[str]]:
+        budget: int | None = None, fed: int = 1, awaited: bool = False) -> tuple[TokenTree, list[str]]:
     """The verify tree: the candidates' nodes the policy keeps this step (empty = a plain step), and their keys.
 
-    ``fed``: tokens the verify forward carries before the draft (the whole prompt at the first step, else 1): see
-    :meth:`SpeculationPolicy.plan`.
+    ``fed``: tokens the verify forward carries before the draft (the whole prompt at the first step, else 1);
+    ``awaited``: a streaming client waits for this forward's first token: see :meth:`SpeculationPolicy.plan`.
 
     Advances the policy's idle counts of the keys whose nodes were all dropped (see
     :meth:`SpeculationPolicy.plan`); call it once per candidate set.
@@ -92,7 +92,8 @@ def cut(policy: SpeculationPolicy, candidates: Candidates, *, max_depth: int | N
     if len(tree) == 0:
         return tree, []
     priors = candidates.priors if any(not math.isnan(p) for p in candidates.priors) else None
-    sel = policy.plan(tree.parents, candidates.keys, priors, max_depth=max_depth, budget=budget, fed=fed)
+    sel = policy.plan(tree.parents, candidates.keys, priors, max_depth=max_depth, budget=budget, fed=fed,
+                      awaited=awaited)
     return tree.subtree(sel.nodes), [candidates.keys[i] for i in sel.nodes]
 
 

@@ -53,11 +53,12 @@ class SpeculationPolicy:
         probe_overhead: the share of a plain step an idle source's probes may cost on average (> 0).
         probe_max: longest probe in tokens (the curve picks the cheapest length up to this).
         min_gain: a draft must beat a plain step's rate by more than this fraction (0 = any gain).
-        prompt_chance: a forward that carries pending tokens before the draft (``fed`` > 1: the prompt, or what a
-            prefix cache left of it) verifies a draft only when its likeliest first token's chance is at least this
-            (0..1; 0 = price it like any draft). Each drafted row there delays the request's first token, which
-            the expected-tokens-per-cost rule does not count; vLLM, SGLang and llama.cpp never draft in a prefill,
-            and here only a likely-right draft (a replayed prompt's) is carried.
+        prompt_chance: the forward whose first token a streaming client awaits (the one that carries the prompt,
+            or what a prefix cache left of it: ``plan(awaited=True)``) verifies a draft only when its likeliest
+            first token's chance is at least this (0..1; 0 = price it like any draft). Each drafted row there delays
+            the first token, which the expected-tokens-per-cost rule does not count; vLLM, SGLang and llama.cpp
+            never draft in a prefill, and here only a likely-right draft (a replayed prompt's) is carried. A client
+            awaiting the whole answer is served by the price alone.
     Raises:
         ValueError: max_nodes < 1, probe_overhead <= 0, probe_max < 1, min_gain < 0 or prompt_chance outside 0..1.
     """
@@ -135,7 +136,8 @@ class SpeculationPolicy:
         return np.array(cond, dtype=np.float64)
 
     def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
-             max_depth: int | None = None, budget: int | None = None, fed: int = 1) -> Selection:
+             max_depth: int | None = None, budget: int | None = None, fed: int = 1,
+             awaited: bool = False) -> Selection:
         """The nodes of this step's candidate tree to verify. Call once per step, before the verify forward.
 
         Args:
@@ -146,8 +148,9 @@ class SpeculationPolicy:
                 prompt). With m = fed - 1 > 0 a draft of n costs what it adds to that forward, c(m + n) - c(m), on
                 top of one plain step (:meth:`step_costs`): a prefill of a few hundred tokens is past the curve's
                 flat start, so 32 chance draft tokens on it cost ~2 plain steps where c(32) says 1.5, and only a
-                draft that is likely right (a replay's) is worth it there; and only one whose first token's chance
-                reaches ``prompt_chance`` is carried at all (no probe either): its rows delay the first token.
+                draft that is likely right (a replay's) is worth it there.
+            awaited: a streaming client waits for this forward's first token: only a draft whose first token's
+                chance reaches ``prompt_chance`` is carried at all (no probe either).
         Returns:
             :class:`Selection`; keep ``selection.nodes`` (with :func:`~redraft.policy.select.subtree_parents`).
             A chain is kept past the best single forward's depth (up to whole) when verifying it in forwards of that
@@ -159,7 +162,7 @@ class SpeculationPolicy:
         cond = self.conditionals(parents, sources, priors)
         if max_depth is not None:
             cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
-        if int(fed) > 1 and self.prompt_chance > 0:
+        if awaited and self.prompt_chance > 0:
             first = [c for c, p in zip(cond.tolist(), parents, strict=True) if p < 0]
             if max(first, default=0.0) < self.prompt_chance:
                 return Selection([], 1.0, 1.0)  # not counted as idle: the source was not judged on its merits

@@ -187,7 +187,8 @@ class Server:
         return Work(prompt_ids=ids, max_tokens=max_tokens, sampling=sampling, stop=req.stop,
                     tool_calls=self.tool_format if tools is not None and tools.calls_possible else None,
                     single_call=tools is not None and not tools.parallel,
-                    forced_calls=tools is not None and tools.forced is not None, logprobs=req.logprobs, echo=req.echo)
+                    forced_calls=tools is not None and tools.forced is not None, logprobs=req.logprobs, echo=req.echo,
+                    streaming=bool(req.stream))
 
     def _structure(self, req: ParsedRequest):
         """The request's tools (:class:`~redraft.server.tools.ToolRequest` or None) and response format

@@ -51,7 +51,8 @@ class Work:
     """What a job asks for: prompt ids, the exact cap on new tokens (0: score the prompt only), sampling (with the
     output's grammar constraint, if any) and stop strings; ``tool_calls``: the tool-call format to parse the answer
     with (a :class:`~redraft.server.toolcalls.ToolCallFormat`), None when the answer cannot hold calls;
-    ``logprobs`` (None or alternatives per token) and ``echo`` (also score the prompt).
+    ``logprobs`` (None or alternatives per token) and ``echo`` (also score the prompt); ``streaming``: the client
+    reads tokens as they come (its first token is awaited: see ``Engine.steps(streaming=...)``).
 
     A scoring request (``echo`` with ``logprobs``) scores the prompt in one forward of its own (one per
     :data:`~redraft.decoding.logprobs.SCORE_CHUNK` tokens) and learns nothing.
@@ -66,6 +67,7 @@ class Work:
     forced_calls: bool = False  # tool_choice required or named: the answer is calls only (content null)
     logprobs: int | None = None
     echo: bool = False
+    streaming: bool = False
 
     @property
     def scoring(self) -> bool:
@@ -378,7 +380,7 @@ class Generator:
             hit, own = yield from self.sharing.prefill(job.tenant, target, work.prompt_ids, hit, self._room(job))
         res = yield from engine.steps(work.prompt_ids, work.max_tokens, on_tokens, sampling=work.sampling,
                                       stop=stop if stop else None, prefix=hit, logprobs=work.logprobs,
-                                      on_logprobs=on_logprobs)
+                                      on_logprobs=on_logprobs, streaming=work.streaming)
         res.prefix_hit_tokens -= own
         if cache is not None:
             remember(cache, job.tenant, target, res, self._room(job))

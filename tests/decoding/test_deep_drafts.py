@@ -27,9 +27,7 @@ N = 110  # prompt + N fits the tiny models' 128 positions
 
 
 def deep_policy(curve: CostCurve = FLAT) -> SpeculationPolicy:
-    """The policy as build_engine makes it, but pricing the prompt's forward like any other (prompt_chance 0):
-    these tests verify deep drafts in the first forward, whatever the source's first-token estimate."""
-    return SpeculationPolicy(curve, max_nodes=POLICY_MAX_DEPTH, prompt_chance=0.0)
+    return SpeculationPolicy(curve, max_nodes=POLICY_MAX_DEPTH)
 
 
 def deep_engine(model, drafters, policy: SpeculationPolicy) -> Engine:

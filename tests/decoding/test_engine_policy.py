@@ -59,7 +59,7 @@ class CutAt:
     def may_pay(self, depth: int) -> bool:
         return True
 
-    def plan(self, parents, sources, priors=None, *, max_depth=None, budget=None, fed=1) -> Selection:
+    def plan(self, parents, sources, priors=None, *, max_depth=None, budget=None, fed=1, awaited=False) -> Selection:
         n = min(self.d, len(parents), budget or self.max_nodes)
         return Selection(list(range(n)), 1.0, 1.0)
 
@@ -149,11 +149,9 @@ def test_replay_drafts_deep(tiny_llama, want, curve):
 
 
 def test_flat_curve_drafts_to_the_cap_at_once(tiny_llama, want):
-    """On a flat curve an always-right source is verified as deep as allowed in every forward, from the first one
-    (the prompt's forward priced like any other here): the cap, or the tokens still wanted after the bonus token,
-    whichever is less."""
-    pol = SpeculationPolicy(FLAT, max_nodes=MAX_DRAFT_DEPTH, prompt_chance=0.0)
-    res = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], policy=pol).generate(PROMPT, N)
+    """On a flat curve an always-right source is verified as deep as allowed in every forward, from the first one:
+    the cap, or the tokens still wanted after the bonus token, whichever is less."""
+    res = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], policy=policy(FLAT)).generate(PROMPT, N)
     assert res.output_ids == want
     emitted, expected = 0, []
     while emitted < N:
@@ -247,7 +245,7 @@ def test_policy_observes_only_what_was_emitted(tiny_llama, want):
 
     drafter = SequenceDrafter(PROMPT + want)
     res = Engine(tiny_llama, [drafter], eos_token_ids=[eos],
-                 policy=Recording(FLAT, max_nodes=MAX_DRAFT_DEPTH, prompt_chance=0.0)).generate(PROMPT, N)
+                 policy=Recording(FLAT, max_nodes=MAX_DRAFT_DEPTH)).generate(PROMPT, N)
     assert res.output_ids == want[:stop]
     # one forward verified the whole draft (48 deep on the flat curve); only the `stop` emitted tokens were judged
     assert res.forwards == 1 and res.drafted_per_forward[0] > stop
@@ -256,21 +254,25 @@ def test_policy_observes_only_what_was_emitted(tiny_llama, want):
     assert seen[-1][1] <= stop
 
 
-def test_an_unproven_draft_waits_for_the_prompts_forward_to_end(tiny_llama, want):
-    """The prompt's forward carries a draft only when its first token is likely right (prompt_chance): a source
-    the policy knows nothing of (P = 0.5) waits for the next forward, so the first token is not delayed; once the
-    source has been right, the next prompt's forward carries its draft. Output identical either way."""
-    pol = SpeculationPolicy(FLAT, max_nodes=MAX_DRAFT_DEPTH)
-    first = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], policy=pol).generate(PROMPT, N)
-    assert first.output_ids == want and first.draft_depth_per_forward[0] == 0
-    assert max(first.draft_depth_per_forward[1:]) > 0
+def test_a_streamed_prompts_forward_waits_for_an_unproven_draft(tiny_llama, want):
+    """Streaming, the prompt's forward carries a draft only when its first token is likely right (prompt_chance):
+    a source the policy knows nothing of (P = 0.5) waits for the next forward, so the first token is not delayed;
+    once the source has been right, the next prompt's forward carries its draft. Not streaming (the whole answer is
+    awaited), the price alone decides and the first forward drafts. Output identical every time."""
+    def run(pol, streaming=True, shift=0):
+        res = Engine(tiny_llama, [SequenceDrafter(PROMPT + want, shift=shift)], policy=pol).generate(
+            PROMPT, N, streaming=streaming)
+        assert res.output_ids == want
+        return res.draft_depth_per_forward
+
+    pol = policy(FLAT)
+    first = run(pol)
+    assert first[0] == 0 and max(first[1:]) > 0
     for _ in range(2):  # right in every forward: the level-1 estimate climbs past prompt_chance
-        Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], policy=pol).generate(PROMPT, N)
-    again = Engine(tiny_llama, [SequenceDrafter(PROMPT + want)], policy=pol).generate(PROMPT, N)
-    assert again.output_ids == want and again.draft_depth_per_forward[0] > 0
-    wrong = Engine(tiny_llama, [SequenceDrafter(PROMPT + want, shift=1)],
-                   policy=SpeculationPolicy(FLAT, max_nodes=MAX_DRAFT_DEPTH)).generate(PROMPT, N)
-    assert wrong.output_ids == want and wrong.draft_depth_per_forward[0] == 0
+        run(pol)
+    assert run(pol)[0] > 0
+    assert run(policy(FLAT), shift=1)[0] == 0
+    assert run(policy(FLAT), streaming=False)[0] > 0
 
 
 def test_priority_mode_falls_through_to_the_next_source(tiny_llama, want):

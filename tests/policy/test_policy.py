@@ -144,7 +144,7 @@ def test_a_chance_match_that_always_fails_stops_drafting_on_the_prompts_forward(
     prior = succession_priors(chain(48), 7)
 
     def drafted(tracker: AcceptanceTracker) -> int:
-        pol = SpeculationPolicy(curve, tracker=tracker, prompt_chance=0.0)  # the price alone decides here
+        pol = SpeculationPolicy(curve, tracker=tracker)
         for _ in range(12):
             pol.observe("corpus/4", 10, 0)
         return len(pol.plan(chain(48), ["corpus/4"] * 48, prior, fed=60).nodes)
@@ -159,21 +159,27 @@ def test_a_chance_match_that_always_fails_stops_drafting_on_the_prompts_forward(
     assert (cond[10:] == pytest.approx(succession_priors(chain(48), 70)[10:]))
 
 
-def test_the_prompts_forward_carries_only_a_likely_right_draft():
-    """A draft on a forward that carries the prompt (fed > 1) delays the first token: it is verified only when its
-    first token's chance reaches prompt_chance. The chat template's tail before the one stored answer (a short match,
-    1 occurrence: 1/2 of its succession prior) is not; a replayed prompt's whole-context match is, and so is the
-    same tail draft on a later forward (fed 1), where the price alone decides."""
+def test_a_streamed_prompts_forward_carries_only_a_likely_right_draft():
+    """A draft on a forward that carries the prompt (fed > 1) while a streaming client awaits the first token
+    delays that token: it is verified only when its first token's chance reaches prompt_chance. The chat template's
+    tail before the one stored answer (a short match, 1 occurrence: 1/2 of its succession prior) is not; a replayed
+    prompt's whole-context match is; the same tail draft on a forward after the first token, or with the whole
+    answer awaited, is priced like any draft."""
     flat = CostCurve((0, 1, 64), (1.0, 1.05, 1.2))
     tail = source_priors(chain(32), counts=[1] * 32, match_length=6, root_count=1)
     assert tail[0] == pytest.approx(0.5 * 7 / 8)
     replay = succession_priors(chain(32), 4096)
-    assert len(SpeculationPolicy(flat).plan(chain(32), ["corpus/4"] * 32, tail, fed=20).nodes) == 0
-    assert len(SpeculationPolicy(flat).plan(chain(32), ["corpus/4"] * 32, tail, fed=1).nodes) > 0
-    assert len(SpeculationPolicy(flat, prompt_chance=0.0).plan(chain(32), ["corpus/4"] * 32, tail, fed=20).nodes) > 0
-    assert len(SpeculationPolicy(flat).plan(chain(32), ["corpus/4096"] * 32, replay, fed=20).nodes) == 32
+    def kept(pol, priors, fed=20, awaited=True, key="corpus/4"):
+        return len(pol.plan(chain(32), [key] * 32, priors, fed=fed, awaited=awaited).nodes)
+
+    assert kept(SpeculationPolicy(flat), tail) == 0
+    assert kept(SpeculationPolicy(flat), tail, fed=1) == 0  # the prompt all cached but its last token: still first
+    assert kept(SpeculationPolicy(flat), tail, fed=1, awaited=False) > 0
+    assert kept(SpeculationPolicy(flat), tail, awaited=False) > 0
+    assert kept(SpeculationPolicy(flat, prompt_chance=0.0), tail) > 0
+    assert kept(SpeculationPolicy(flat), replay, key="corpus/4096") == 32
     pol = SpeculationPolicy(flat)
-    pol.plan(chain(32), ["corpus/4"] * 32, tail, fed=20)
+    kept(pol, tail)
     assert pol.idle.get("corpus/4", 0) == 0  # declined for the first token's sake, not judged: no probe is owed
     with pytest.raises(ValueError, match="prompt_chance"):
         SpeculationPolicy(flat, prompt_chance=1.5)

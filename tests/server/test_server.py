@@ -277,3 +277,21 @@ def test_health_models_and_metrics(live):
                  "vllm:e2e_request_latency_seconds_bucket", "redraft:tokens_per_forward_bucket",
                  "vllm:prompt_tokens_total", "redraft:target_forwards_total", "redraft:http_requests_total"):
         assert name in text
+
+
+def test_a_streamed_request_gets_its_first_token_before_an_unproven_draft(model_dir, loaded):
+    """A replay of a 5-token prompt (matched whole, too short to prove a replay: first-token chance 6/7): answered
+    whole, the prompt's forward verifies the learned answer with it (one forward); streamed (asked first, before the
+    policy has seen the source right), the first token comes from a draft-free prompt forward and the answer from
+    the next. Both equal plain greedy decoding."""
+    prompt = [60, 61, 62, 63, 60]
+    want, out, _ = expected_text(loaded, prompt, 40)
+    with live_server(serve_args(model_dir, "--no-ngram", "--no-answer-cache"), loaded) as srv:
+        client = srv.client()
+        client.completions.create(model=srv.server.model_id, prompt=prompt, max_tokens=40)  # learned
+        chunks = list(client.completions.create(model=srv.server.model_id, prompt=prompt, max_tokens=40,
+                                                stream=True))  # first: the policy has not seen the source right
+        streamed = next(c.model_extra["redraft"] for c in chunks if (c.model_extra or {}).get("redraft"))
+        whole = client.completions.create(model=srv.server.model_id, prompt=prompt, max_tokens=40)
+        assert whole.choices[0].text == "".join(c.choices[0].text for c in chunks if c.choices) == want
+        assert streamed["forwards"] == 2 and stats(whole)["forwards"] == 1

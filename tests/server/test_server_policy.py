@@ -20,7 +20,7 @@ from redraft.server.generation import Generator
 
 # shaped like the 2-core development CPU's curve (tests/decoding/test_engine_policy.py): depth choices depend on acceptance
 CURVE = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48), (1.0, 1.6, 2.0, 1.7, 1.75, 2.1, 2.9, 4.2, 5.5))
-BOB = [8, 9, 10, 8, 9, 10, 8, 9]  # a 60-token answer that the n-gram source drafts into
+BOB = [20, 21, 22, 23, 20, 21, 22, 23, 20, 21]
 ALICE = [[5, 6, 7, 5, 6, 7, 5, 6], [40, 41, 42, 43, 44, 40, 41, 42], [30, 31, 30, 31, 30, 31, 30]]
 
 
