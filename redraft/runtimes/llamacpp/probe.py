@@ -45,13 +45,16 @@ from redraft.io.loading import cache_dir
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1  # bump when the child's measurements change meaning: older verdicts are probed again
+SCHEMA = 2  # bump when the child's measurements or the choice change meaning: older verdicts are probed again
 PROBE_BATCHES = (2, 3, 4, 5, 8, 9)  # verify batch sizes compared with one-row forwards (4-row groups and remainders)
 PROBE_PREFIX = 64  # prompt tokens fed as one batch first (the crash of a batched kernel shows here)
 PROBE_TIMEOUT = 300.0  # seconds a child may take (loading a large file included)
 TILED_ENV = "GGML_CPU_TILED_MM"  # ggml's switch of its tiled K-quant matmul ("0": off), read once per process
 LOAD_FAILED = 3  # the child's exit status when llama.cpp refused the file itself (not a crash of a kernel)
-INVARIANT_SLACK = 1.10  # a non-invariant configuration is chosen only when its one-row step is this much faster
+# A non-invariant configuration is chosen only when its one-row step is this much faster than the fastest invariant
+# one: exact mode on non-invariant kernels settles near ties with extra forwards and forfeits a replay's gain, so
+# invariance is worth up to about that gain on the price of a row (docs/llama-cpp.md, the load probe).
+INVARIANT_SLACK = 1.5
 
 # The child: constructs the target with the extra buffer types as asked (no probe of its own) and prints one JSON
 # line. A string, not an import: this module must not import llama.cpp (nor torch) itself.
