@@ -212,8 +212,9 @@ def batched_policy(policy):
     """
     from redraft.policy.load import LoadAwarePolicy
 
-    return LoadAwarePolicy(_load_pricing(policy.curve, policy.max_nodes), tracker=policy.tracker, probe_overhead=policy.probe_overhead,
-                           probe_max=policy.probe_max, min_gain=policy.min_gain, prompt_chance=policy.prompt_chance)
+    return LoadAwarePolicy(_load_pricing(policy.curve, policy.max_nodes), tracker=policy.tracker,
+                           probe_overhead=policy.probe_overhead, probe_max=policy.probe_max,
+                           min_gain=policy.min_gain, prompt_chance=policy.prompt_chance)
 
 
 def policy_for(model, *, max_nodes: int = MAX_DRAFT_DEPTH, **kw):

@@ -134,7 +134,7 @@ class DraftPlanner:
                 if len(merged) >= policy.max_nodes:
                     break
             return Draft(*cut(policy, merged, max_depth=depth, budget=budget, fed=limits.fed,
-                                     awaited=limits.first_token_awaited))
+                              awaited=limits.first_token_awaited))
         start = len(self.drafters) if same and found is None else 0  # chance() found nothing: no second search
         while (hit := found or self._find(context, depth, start)) is not None:
             found = None

@@ -15,10 +15,10 @@ thread count live under another key and are never read (a copied file whose meta
 too). ``<ids>`` digests the token ids, so two replicas that compute the same entry write one file. An entry is
 written under a temporary name, synced and renamed (:func:`redraft.io.atomic.atomic_path`): a process killed while
 writing leaves only a temporary, never a torn entry under a real name. A read checks the key, the token count and
-every tensor's XXH3-64 (xxhash: it is on the path to the first token, at several times zlib's CRC-32 speed); an
-entry that fails is removed and never used. A read refreshes the file's modification time, so the disk budget
-evicts the least recently used entries first (per directory and per tenant), by whichever process holds the lock. safetensors reads each tensor in one pass from a memory map. The idea follows vLLM's
-filesystem KV tier and llama.cpp's slot save/restore; here the entries are kept per tenant beside its corpus.
+every tensor's XXH3-64 (xxhash: on the first token's path, several times faster than CRC-32); an entry that fails is
+removed and never used. A read refreshes the file's modification time, so the disk budgets (per directory and
+tenant) evict the least recently used first, under the eviction lock. safetensors reads each tensor in one pass from
+a memory map. After vLLM's filesystem KV tier and llama.cpp's slot save/restore.
 
 What cannot be promised across builds: an entry is reused only by the same build (torch and transformers versions,
 or the llama.cpp libraries), CPU model and flags, and thread count; any other process computes and writes its own.
