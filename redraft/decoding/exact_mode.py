@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from redraft.decoding.exactness import near_tie_threshold
+from redraft.decoding.exactness import gap_noise, near_tie_threshold
 from redraft.decoding.sampling import TokenChooser
 from redraft.decoding.step import Step
 from redraft.defaults import EXACT_PAY_PAUSE, EXACT_SAFETY, EXACT_SETTLE_SAFETY
@@ -61,6 +61,10 @@ class ExactMode:
         self.rebuild = False  # the tied row needs plain decoding's cache: a draft-free row would still be a near-tie
         self.saved = self.spent = self.paused_for = 0
         self.near_ties = self.settle_forwards = 0
+        # a runtime whose verify rows are plain decoding's bit for bit (a batch-invariant llama.cpp build): a row
+        # without logits processors is always trusted, with no pass over its logits
+        numerics = getattr(target, "numerics", None)
+        self.invariant = margin is None and numerics is not None and gap_noise(numerics) == 0.0
 
     @property
     def may_draft(self) -> bool:
@@ -154,6 +158,8 @@ class ExactMode:
     def _untrusted(self, step: Step, chooser: TokenChooser, drafted: bool) -> list[bool]:
         """Per token of ``step.new``: True where its row's top-2 gap is under the near-tie threshold."""
         rows = step.rows
+        if self.invariant and not chooser.processors:
+            return [False] * len(rows)
         if self.margin is not None:
             return [float(step.margins[r]) < self.margin for r in rows]
         need = self._threshold(step, rows, drafted, not chooser.processors)
