@@ -9,7 +9,8 @@ method on every question (:func:`redraft.bench.harness.run_methods`); :func:`mer
   over the median seconds.
 - ``ceiling_seconds`` (when timed): the fastest over rounds (the ceiling is a lower bound on time, each round's figure
   already the fastest of its forwards); ``round_ceiling_seconds``: every round's; ``of_ceiling`` recomputed against
-  the median seconds.
+  the median seconds; ``of_ceiling_fastest``: against the fastest round's seconds (both sides of the ratio the
+  fastest, so load that slowed some rounds does not count as distance from the ceiling).
 - ``rss_peak_mb``: the largest over rounds.
 - Forwards, accepted tokens and draft depths per forward, sources, stop reason, order and output ids: round 1's.
   ``rounds_identical`` is False and ``rounds_differing`` lists the rounds (numbered from 1) whose output ids,
@@ -72,6 +73,7 @@ def merge_rows(rows: Sequence[dict], plains: Sequence[dict]) -> dict:
         out["round_ceiling_seconds"] = [r.get("ceiling_seconds") for r in rows]
         out["ceiling_seconds"] = min(ceils)
         out["of_ceiling"] = out["ceiling_seconds"] / out["seconds"] if out["seconds"] > 0 else None
+        out["of_ceiling_fastest"] = out["ceiling_seconds"] / min(secs) if min(secs) > 0 else None
     peaks = [r["rss_peak_mb"] for r in rows if r.get("rss_peak_mb") is not None]
     out["rss_peak_mb"] = max(peaks) if peaks else None
     outputs = [row_output(r, p) for r, p in zip(rows, plains, strict=True)]

@@ -7,7 +7,7 @@ import pytest
 
 from redraft.bench.harness import bench
 from redraft.bench.methods import MethodConfig
-from redraft.bench.report import differing, summarize
+from redraft.bench.report import ceiling_cell, differing, summarize
 from redraft.bench.rounds import merge_rounds, merge_rows, rounds_differing
 from redraft.bench.workloads import ByteEncoder
 from redraft.io.questions import load_questions
@@ -49,12 +49,15 @@ def test_merge_takes_median_seconds_and_fastest_ceiling():
     assert pol["tok_s"] == pytest.approx(5 / 2.0)
     assert pol["ceiling_seconds"] == 0.20 and pol["round_ceiling_seconds"] == [0.30, 0.20, 0.25]
     assert pol["of_ceiling"] == pytest.approx(0.20 / 2.0)
+    assert pol["of_ceiling_fastest"] == pytest.approx(0.20 / 1.0)  # the fastest round against the fastest ceiling
     assert pol["rss_peak_mb"] == pytest.approx(30.0)  # the largest round's
     assert all(r["rounds_identical"] and r["rounds_differing"] == [] and r["identical"] for r in merged)
     assert "round_output_ids" not in pol and "output_ids" not in pol
     # the summaries come out of the merged rows: speedup = median tok/s over plain's
     s = summarize(merged, ["plain", "policy"])
     assert s["policy"]["speedup"] == pytest.approx(1.0) and s["policy"]["of_ceiling_median"] == pytest.approx(0.1)
+    assert s["policy"]["of_ceiling_fastest_median"] == pytest.approx(0.2)
+    assert ceiling_cell(s["policy"]) == "0.10 / 0.10 (0.20 / 0.20)"
     assert rounds_differing({"w": {"runs": merged}}) == []
 
 
