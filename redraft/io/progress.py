@@ -2,8 +2,9 @@
 
 tqdm redraws its bar in place with carriage returns. Written to a file or a pipe (``make demo > demo.log``, a CI
 log) every redraw stays: ~60 copies of the bar per phase. :class:`Progress` draws the bar only when its stream is a
-terminal (tqdm's own test, ``disable=None``) and otherwise prints one line when the phase ends, such as
-``1/3 plain greedy: 12 questions, 4.1 s``.
+terminal (tqdm's own test, ``disable=None``) and otherwise prints one line when the phase starts and one when it
+ends, such as ``1/3 plain greedy: 12 questions ...`` then ``1/3 plain greedy: 12 questions, 4.1 s`` (a log without
+the first line looked hung through a long phase).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any, TextIO
 
 
 class Progress:
-    """A tqdm bar shown only on a terminal; elsewhere a single ``DESC: N NOUNs, S s`` line at :meth:`close`.
+    """A tqdm bar shown only on a terminal; elsewhere a ``DESC: N NOUNs ...`` line at the start (N when known) and a
+    ``DESC: N NOUNs, S s`` line at :meth:`close`.
 
     Use it as tqdm: iterate over it (``for q in Progress(questions, ...)``) or call :meth:`update`, and close it (or
     use it as a context manager; iterating to the end closes it). ``enabled=False`` shows nothing at all (a
@@ -38,6 +40,10 @@ class Progress:
         self.shown = not self.bar.disable
         self.summary = enabled and summary and not self.shown
         self.closed = False
+        if self.summary:
+            total = self.bar.total
+            what = f"{int(total)} {self.noun if total == 1 else self.noun + 's'} " if total is not None else ""
+            print(f"{desc}: {what}...", file=self.file, flush=True)
 
     def __iter__(self) -> Iterator:
         for item in (self.bar if self.shown else self.iterable if self.iterable is not None else ()):

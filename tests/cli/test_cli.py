@@ -612,7 +612,7 @@ def test_freeze_bad_prompts_file(tmp_path):
 def test_demo_end_to_end_on_a_tiny_model(tiny_model_dir, capsys, tmp_path):
     """`redraft demo` on a tiny saved model: both tables, a total row, the legend of their columns, every output
     identical to plain greedy decoding (the JSON's counts), the corpus written where asked. Its stderr is not a
-    terminal here (as in `make demo > log`): no progress bar redraws, one summary line per phase."""
+    terminal here (as in `make demo > log`): no progress bar redraws, a start line and a summary line per phase."""
     from redraft.cli.demo import LEGEND
 
     d, _ = tiny_model_dir
@@ -622,8 +622,9 @@ def test_demo_end_to_end_on_a_tiny_model(tiny_model_dir, capsys, tmp_path):
     assert rc == 0
     assert "\r" not in err, repr(err)
     phases = [line for line in err.splitlines() if re.match(r"\d/3 ", line)]
+    names = ("1/3 plain greedy: 2 questions", "2/3 replay: 2 questions", "3/3 other questions: 1 question")
     assert [re.sub(r", \d+\.\d s$", "", line) for line in phases] == [
-        "1/3 plain greedy: 2 questions", "2/3 replay: 2 questions", "3/3 other questions: 1 question"], phases
+        line for name in names for line in (f"{name} ...", name)], phases
     assert "Replay: 2 questions frozen in the corpus" in out and "Other questions: 1 not in the corpus" in out
     assert out.rstrip().endswith(LEGEND) and all(f"{k}:" in LEGEND for k in ("fwd", "fwd+d", "tok/s+d", "same"))
     report = json.loads((tmp_path / "demo.json").read_text())

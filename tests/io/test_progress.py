@@ -25,16 +25,22 @@ def phases(stream) -> list[int]:
     return seen
 
 
-def test_off_a_terminal_each_phase_is_one_summary_line():
+def test_off_a_terminal_each_phase_is_a_start_line_and_a_summary_line():
     log = io.StringIO()
     assert phases(log) == [5, 4, 1]
     text = log.getvalue()
     assert "\r" not in text, repr(text)
     lines = text.splitlines()
-    assert len(lines) == 3, lines
-    for line, want in zip(lines, ("1/3 plain greedy: 5 questions", "2/3 replay: 4 forwards",
-                                  "3/3 other questions: 1 question"), strict=True):
-        assert re.fullmatch(re.escape(want) + r", \d+\.\d s", line), line
+    assert len(lines) == 6, lines
+    for (start, end), want in zip(zip(lines[::2], lines[1::2], strict=True), ("1/3 plain greedy: 5 questions",
+                                                                 "2/3 replay: 4 forwards",
+                                                                 "3/3 other questions: 1 question"), strict=True):
+        assert start == want + " ...", start  # a long phase's log shows what runs before it ends
+        assert re.fullmatch(re.escape(want) + r", \d+\.\d s", end), end
+    unsized = io.StringIO()
+    with Progress(desc="reading", unit="B", file=unsized) as bar:
+        bar.update(3)
+    assert unsized.getvalue().splitlines()[0] == "reading: ..."
 
 
 def test_on_a_terminal_the_bar_is_drawn_and_no_summary_added():
