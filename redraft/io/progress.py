@@ -42,8 +42,8 @@ class Progress:
         self.closed = False
         if self.summary:
             total = self.bar.total
-            what = f"{int(total)} {self.noun if total == 1 else self.noun + 's'} " if total is not None else ""
-            print(f"{desc}: {what}...", file=self.file, flush=True)
+            print(f"{desc}: {self._counted(int(total)) + ' ' if total is not None else ''}...", file=self.file,
+                  flush=True)
 
     def __iter__(self) -> Iterator:
         for item in (self.bar if self.shown else self.iterable if self.iterable is not None else ()):
@@ -82,5 +82,8 @@ class Progress:
         self.bar.close()
         if self.summary:
             seconds = time.perf_counter() - self.started
-            noun = self.noun if self.count == 1 else f"{self.noun}s"
-            print(f"{self.desc}: {self.count} {noun}, {seconds:.1f} s", file=self.file, flush=True)
+            print(f"{self.desc}: {self._counted(self.count)}, {seconds:.1f} s", file=self.file, flush=True)
+
+    def _counted(self, n: int) -> str:
+        """'1 question', '5 questions': ``n`` and the noun, plural but for 1."""
+        return f"{n} {self.noun if n == 1 else self.noun + 's'}"
