@@ -218,15 +218,17 @@ def wait_quiet(max_busy: float, max_wait: float) -> dict:
             return {"waited_s": round(time.perf_counter() - t0, 1), "busy_cores": round(busy, 2)}
 
 
-def ask(base: str, model: str, msgs: list[dict], max_tokens: int, cpu=None) -> dict:
+def ask(base: str, model: str, msgs: list[dict], max_tokens: int, cpu=None, faults=None) -> dict:
     """One greedy streamed chat completion: TTFT (sent -> first chunk with content; the connection is opened inside
     it, the client's set-up is not), total seconds, the text, the ``redraft`` statistics (from the finishing chunk)
     and usage; with ``cpu`` (the server's CPU seconds so far) also
-    the server's CPU seconds until the first chunk arrived (less sensitive to other load on the machine than TTFT)."""
+    the server's CPU seconds until the first chunk arrived (less sensitive to other load on the machine than TTFT);
+    with ``faults`` (the server's minor page faults so far) the pages it touched for the first time until then."""
     body = {"model": model, "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, ttft, stats, usage, cpu_first = [], None, {}, {}, None
     cpu0 = cpu() if cpu else None
+    faults0, faults_first = faults() if faults else None, None
     busy0 = machine_busy()
     client = httpx.Client(timeout=600)  # made before the clock starts: httpx builds an SSL context (~35 ms here)
     t0 = time.perf_counter()
@@ -244,6 +246,7 @@ def ask(base: str, model: str, msgs: list[dict], max_tokens: int, cpu=None) -> d
                     if ttft is None:
                         ttft = time.perf_counter() - t0
                         cpu_first = cpu() - cpu0 if cpu else None
+                        faults_first = faults() - faults0 if faults0 is not None else None
                     text.append(piece)
             if ev.get("redraft"):
                 stats = ev["redraft"]
@@ -255,6 +258,7 @@ def ask(base: str, model: str, msgs: list[dict], max_tokens: int, cpu=None) -> d
             "tokens_per_forward", "answer_cache_hit")
     return {"ttft_s": round(ttft if ttft is not None else total, 4), "total_s": round(total, 4),
             "server_cpu_to_first_s": None if cpu_first is None else round(cpu_first, 4),
+            "server_page_faults_to_first": faults_first,
             "other_busy_cores": None if others is None else round(others, 2),  # the rest of the machine meanwhile
             "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
             **{k: stats.get(k) for k in keep}, "text": "".join(text)}
@@ -287,7 +291,8 @@ def ttft_round(runtime: str, rnd: int, a, work: Path, system: str | None) -> tup
     out: dict = {"round": rnd, "reference_first": rnd % 2 == 0}
 
     def answer(srv: Server, question: str) -> dict:
-        res = ask(srv.base, srv.model_id, messages(system, question), a.max_tokens, srv.proc.cpu_seconds)
+        res = ask(srv.base, srv.model_id, messages(system, question), a.max_tokens, srv.proc.cpu_seconds,
+                  srv.proc.page_faults)
         return {**res, "disk_counters": disk_counters(srv), "start_seconds": srv.start_seconds}
 
     def pair(q: int, srv: Server, name: str, ref: Server) -> None:
@@ -337,7 +342,9 @@ def ttft_round(runtime: str, rnd: int, a, work: Path, system: str | None) -> tup
           f"{out['cpu_ratio_restart']}x); q3 reference {out['reference_q3']['ttft_s']:.3f} s / replica "
           f"{out['replica_q3']['ttft_s']:.3f} s (disk {out['replica_q3']['prefix_disk_tokens']}) = "
           f"{out['ratio_replica']}x (CPU {out['cpu_ratio_replica']}x); identical "
-          f"{out['identical_q2']}/{out['identical_q3']}", file=sys.stderr, flush=True)
+          f"{out['identical_q2']}/{out['identical_q3']}; fresh pages to the first token: restart "
+          f"{out['restart_q2']['server_page_faults_to_first']}, replica {out['replica_q3']['server_page_faults_to_first']}",
+          file=sys.stderr, flush=True)
     return out, system
 
 

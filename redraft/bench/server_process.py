@@ -69,6 +69,15 @@ class ServerProcess:
         t = psutil.Process(self.proc.pid).cpu_times()
         return t.user + t.system
 
+    def page_faults(self) -> int | None:
+        """Minor page faults of the server process so far (first writes to pages it had not touched; Linux's
+        ``/proc/PID/stat`` field 10), None where that file is not there."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[7])
+        except (OSError, IndexError, ValueError):
+            return None
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -10,15 +10,15 @@ Layout, beside each tenant's learned corpus (:mod:`redraft.corpus.directory`)::
                                                  metadata: format, key, token count, XXH3-64 of every tensor
     D/prefix-kv.lock                             held by the one process evicting now (:class:`CompactionLock`)
 
-``<key>`` digests everything that changes the numbers in a KV entry; entries of another model, dtype, build or
-thread count live under another key and are never read (a copied file whose metadata names another key is refused
-too). ``<ids>`` digests the token ids, so two replicas that compute the same entry write one file. An entry is
-written under a temporary name, synced and renamed (:func:`redraft.io.atomic.atomic_path`): a process killed while
-writing leaves only a temporary, never a torn entry under a real name. A read checks the key, the token count and
-every tensor's XXH3-64 (xxhash: on the first token's path, several times faster than CRC-32); an entry that fails is
-removed and never used. A read refreshes the file's modification time, so the disk budgets (per directory and
-tenant) evict the least recently used first, under the eviction lock. safetensors reads each tensor in one pass from
-a memory map. After vLLM's filesystem KV tier and llama.cpp's slot save/restore.
+``<key>`` digests everything that changes the numbers in a KV entry; entries of another model, dtype, build or thread
+count live under another key and are never read (a copied file whose metadata names another key is refused too).
+``<ids>`` digests the token ids, so two replicas that compute the same entry write one file. An entry is written under
+a temporary name, synced and renamed (:func:`redraft.io.atomic.atomic_path`): a process killed while writing leaves
+only a temporary, never a torn entry under a real name. A read checks the key, the token count and every tensor's
+XXH3-64 (xxhash: on the first token's path, several times faster than CRC-32); an entry that fails is removed and
+never used. A read refreshes the file's modification time, so the disk budgets (per directory and tenant) evict the
+least recently used first, under the eviction lock. safetensors reads each tensor in one pass from a memory map. After
+vLLM's filesystem KV tier and llama.cpp's slot save/restore.
 
 What cannot be promised across builds: an entry is reused only by the same build (torch and transformers versions,
 or the llama.cpp libraries), CPU model and flags, and thread count; any other process computes and writes its own.
@@ -202,10 +202,8 @@ class PrefixStore:
         if problem:
             return self._reject(tenant, name, problem)
         ids = tensors.pop("ids")
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # most recently used: the budget evicts it last
-        except OSError:
-            pass
         self.stats.reads += 1
         self.stats.bytes_read += size
         return tuple(int(t) for t in ids.tolist()), tensors
@@ -231,10 +229,7 @@ class PrefixStore:
         log.warning("prefix KV entry %s ignored and removed: %s", os.path.join(self.directory(tenant), name), why)
         self.stats.rejected += 1
         self._forget(tenant, name)
-        try:
-            os.unlink(os.path.join(self.directory(tenant), name))
-        except OSError:
-            pass
+        with_suppressed_unlink(os.path.join(self.directory(tenant), name))
         return None
 
     def _forget(self, tenant: str, name: str) -> None:
@@ -385,6 +380,10 @@ class PrefixStore:
             per[tenant] = per.get(tenant, 0) + size
         return sum(per.values()), per
 
+    def largest(self) -> int:
+        """Bytes of the largest entry of this fingerprint under the root, any tenant (0: none)."""
+        return max((n for _, p, n, _ in self._files() if f"{os.sep}{self.key}{os.sep}" in p), default=0)
+
     def _files(self) -> list[tuple[str, str, int, float]]:
         """(tenant, path, bytes, last use) of every entry under the root; stale temporaries are removed."""
         out = []
@@ -445,6 +444,5 @@ class PrefixStore:
 def with_suppressed_unlink(path: str) -> bool:
     """Remove ``path``; False when it was already gone or cannot be removed."""
     with contextlib.suppress(OSError):
-        os.unlink(path)
-        return True
+        return os.unlink(path) is None
     return False

@@ -271,3 +271,15 @@ def test_an_entry_the_disk_already_starts_but_for_a_short_tail_is_not_written(tm
     assert s.stats.covered == 1
     assert s.put("t", tuple(range(10, 35)) + tuple(range(90, 100)), lambda: kv_tensors(entry(range(35))))
     assert s.stats.writes == 2
+
+
+def test_largest_is_this_keys_biggest_entry_over_every_tenant(tmp_path):
+    s = store(tmp_path)
+    assert s.largest() == 0
+    put(s, "a", entry(range(10, 20)))
+    put(s, "b", entry(range(10, 50)))
+    other = PrefixStore(tmp_path, {**KEY, "dtype": "bfloat16"}, max_bytes=1 << 30, min_tokens=4, background=False)
+    put(other, "a", entry(range(100, 300)))  # another key's, larger: not this model's to read
+    sizes = {p.parent.parent.parent.name: p.stat().st_size for p in Path(s.directory("b")).glob("*" + SUFFIX)}
+    assert s.largest() == sizes["b"] > 0
+    assert other.largest() > s.largest()
