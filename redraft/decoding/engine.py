@@ -187,6 +187,8 @@ class Engine:
         prompt, max_len = self._check_prompt(prompt_ids, max_new_tokens, prefix)  # raised at the first next()
         chooser = self._chooser(prompt, sampling, max_new_tokens)
         exactness = ExactMode(self.target, self.exact_margin) if (self.exact if exact is None else exact) else None
+        # the top-2 gaps cost a second pass over each row's logits: taken only where something reads them
+        chooser.margins = record_margins or (exactness is not None and not exactness.invariant)
         res = GenerationResult(prompt_ids=prompt, sources={d.name: SourceStats() for d in self.drafters},
                                logprobs=None if logprobs is None else [])
         context = np.empty(len(prompt) + max(max_new_tokens, 0) + 1, dtype=np.int64)  # prompt + output
@@ -241,7 +243,7 @@ class Engine:
     def _annotate(res: GenerationResult, step: Step, new: list[int], margins: bool, logprobs: int | None) -> None:
         """Per emitted token, from the row that chose it: its top-2 gap (``margins``) and log-probabilities."""
         if margins:
-            res.margins.extend(float(step.margins[r]) for r in step.rows[:len(new)])
+            res.margins.extend(step.margin(r) for r in step.rows[:len(new)])
         if res.logprobs is not None:
             res.logprobs.extend(row_logprobs(step.logits, step.rows[:len(new)], new, logprobs or 0))
 

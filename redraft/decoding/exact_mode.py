@@ -95,7 +95,7 @@ class ExactMode:
         # a draft-free row would be judged by the settling threshold: where this row's gap is under it already,
         # only plain decoding's cache settles the token (a recompute on this cache would be a near-tie again)
         gaps = not chooser.processors
-        self.rebuild = not verify_like or float(step.margins[row]) < float(self._threshold(step, [row], False, gaps)[0])
+        self.rebuild = not verify_like or step.margin(row) < float(self._threshold(step, [row], False, gaps)[0])
         return tied
 
     def settle(self, step: Step, kept: int, committed: Sequence[int], n_prompt: int
@@ -161,10 +161,10 @@ class ExactMode:
         if self.invariant and not chooser.processors:
             return [False] * len(rows)
         if self.margin is not None:
-            return [float(step.margins[r]) < self.margin for r in rows]
+            return [step.margin(r) < self.margin for r in rows]
         need = self._threshold(step, rows, drafted, not chooser.processors)
         if not chooser.processors:
-            return [float(step.margins[r]) < float(m) for r, m in zip(rows, need, strict=True)]
+            return [step.margin(r) < float(m) for r, m in zip(rows, need, strict=True)]
         # Logits processors (penalties, biases, masks) reshape each logit monotonically, so a choice holds for every
         # row within the noise iff it holds for the worst one: its logit lowered by half the threshold, the others
         # raised by it (a penalty's factor then scales the noise of exactly the logits it scales). The threshold here

@@ -176,6 +176,9 @@ class TokenChooser:
         self.processors: list = []  # transformers LogitsProcessorList of this generation; empty = none (cheap path)
         self.context: list[int] = []  # committed ids (prompt + output), kept only when processors need them
         self.grammar = None  # the generation's grammar state (params.constraint), one of the processors
+        # False: greedy rows without processors skip the runner-up pass and :meth:`choose` returns margins None
+        # (plain greedy on a batch-invariant runtime reads no gaps: one pass over each row's logits, not two)
+        self.margins = True
 
     def reset(self, prompt: list[int]) -> None:
         """Start a generation: build its processors (they depend on the prompt length) and its context."""
@@ -197,7 +200,7 @@ class TokenChooser:
             self.grammar.commit(tokens)
 
     def choose(self, logits: torch.Tensor, positions: list[int],
-               row_extra: list[list[int]] | None = None) -> tuple[list[int], torch.Tensor]:
+               row_extra: list[list[int]] | None = None) -> tuple[list[int], torch.Tensor | None]:
         """Pick one token per row.
 
         Args:
@@ -208,13 +211,14 @@ class TokenChooser:
         Returns:
             (choices, margins): R token ids, and DoubleTensor [R] the gap between the best and second-best final
             score of each row (in logit units, inf when only one token is possible; a tiny gap means numerical
-            noise could flip the choice).
+            noise could flip the choice); margins is None for greedy rows without processors when ``margins`` is
+            False.
         Raises:
             NonFiniteLogitsError: a row holds NaN or +inf, or only -inf (see check_finite).
         """
         p = self.params
         if p.greedy and not self.processors:
-            return _greedy_choices(logits, positions)
+            return _greedy_choices(logits, positions, self.margins)
         # float64 where the penalty or 1 / temperature could overflow float32; plain greedy keeps the model's values
         scores = logits.double() if self.processors or not p.greedy else logits.float()
         if self.processors:
@@ -263,15 +267,16 @@ class TokenChooser:
         return out
 
 
-def _greedy_choices(logits: torch.Tensor, positions: list[int]) -> tuple[list[int], torch.Tensor]:
+def _greedy_choices(logits: torch.Tensor, positions: list[int], margins: bool = True
+                    ) -> tuple[list[int], torch.Tensor | None]:
     """Plain greedy choice without logits processors: each row's first best index and its gap to the runner-up,
     in numpy (two max passes per row; torch's topk costs several times more per step on a CPU, where a llama.cpp
     step is ~10 ms). Same results as the general path: a tie picks the first best index with margin 0.
 
     Args:
-        logits: FloatTensor [R, V]; positions: [R], for the error message.
+        logits: FloatTensor [R, V]; positions: [R], for the error message; margins: False skips the runner-up pass.
     Returns:
-        (choices, margins FloatTensor [R] float32).
+        (choices, margins FloatTensor [R] float32, or None without ``margins``).
     Raises:
         NonFiniteLogitsError: a row holds NaN or +inf, or only -inf (see check_finite).
     """
@@ -281,6 +286,8 @@ def _greedy_choices(logits: torch.Tensor, positions: list[int]) -> tuple[list[in
     best = a[rows, choices]
     if not bool(np.isfinite(best).all()):
         check_finite(logits, positions)
+    if not margins:
+        return choices.tolist(), None
     held = best.copy()
     a[rows, choices] = -np.inf  # the runner-up: the max with the best masked, then the row restored
     second = a.max(-1)

@@ -32,7 +32,9 @@ class Step:
         row_pos: absolute position of the token each row chooses.
         extra: per row, the tree tokens between the committed context and that row (the root's row: none), for
             logits processors that read the context; None when there are none.
-        choices: the token each row chose (argmax, or seeded sampling); margins: FloatTensor [1 + N], its top-2 gap.
+        choices: the token each row chose (argmax, or seeded sampling); margins: FloatTensor [1 + N], its top-2 gap
+            (None when the chooser was told no one reads them, ``TokenChooser.margins``; read them with
+            :meth:`margin`).
         path: accepted node indices, root to leaf; new: their tokens plus the bonus token; rows: the row that
             chose each token of ``new``.
     """
@@ -44,10 +46,20 @@ class Step:
     row_pos: list[int]
     extra: list[list[int]] | None
     choices: list[int]
-    margins: torch.Tensor
+    margins: torch.Tensor | None
     path: list[int]
     new: list[int]
     rows: list[int]
+
+    def margin(self, row: int) -> float:
+        """Row ``row``'s top-2 gap (logit units).
+
+        Raises:
+            ValueError: the step was chosen without gaps (``TokenChooser.margins`` False).
+        """
+        if self.margins is None:
+            raise ValueError("Step.margin: this step's chooser skipped the top-2 gaps (TokenChooser.margins False)")
+        return float(self.margins[row])
 
     @property
     def n_fed(self) -> int:

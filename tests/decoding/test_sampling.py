@@ -211,6 +211,9 @@ def test_the_greedy_fast_path_chooses_as_topk_and_leaves_the_logits_as_they_were
     top = torch.topk(logits, 2, dim=-1).values
     assert choices == logits.argmax(-1).tolist()
     assert margins.tolist() == (top[:, 0] - top[:, 1]).tolist()
+    ch.margins = False  # no runner-up pass: the same choices, no gaps
+    assert ch.choose(logits, list(range(len(rows)))) == (choices, None)
+    assert torch.equal(logits, before)
 
 
 def test_seed_changes_output(tiny_llama):
@@ -322,3 +325,12 @@ def test_stop_string_split_across_tokens_inside_accepted_chunk(tiny_llama):
     assert stop.text == text[:cut]
     assert stop_str in tok.decode(res.output_ids) and stop_str not in tok.decode(res.output_ids[:-1])
     assert res.output_ids == ref[:len(res.output_ids)]
+
+
+def test_a_step_chosen_without_gaps_refuses_to_give_one():
+    from redraft.decoding.planner import Draft
+    from redraft.decoding.step import Step
+
+    step = Step(Draft(), [1], 0, torch.zeros(1, 4), [1], None, [0], None, [], [0], [0])
+    with pytest.raises(ValueError, match="skipped the top-2 gaps"):
+        step.margin(0)
