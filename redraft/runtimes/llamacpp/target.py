@@ -29,7 +29,6 @@ path.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
@@ -359,8 +358,10 @@ class LlamaCppTarget(SequenceState, Target):
     def __del__(self) -> None:
         if getattr(self, "_owner", None) is not None:
             return  # a view: the owner frees the context; its sequence was released when its request ended
-        with contextlib.suppress(Exception):
+        try:  # not contextlib.suppress: at interpreter exit this module's globals may already be None
             self.close()
+        except Exception:  # noqa: BLE001, SIM105 (nothing to report at exit)
+            pass
 
 
 def _copy_rows(out: torch.Tensor, at: int, ptr, n: int) -> None:
