@@ -406,12 +406,12 @@ def cmd_serve(args) -> int:
     from redraft.runtimes.host_memory import first_request_bytes, keep_freed_memory, prefault
 
     log_to_stderr("serve")
-    keep_freed_memory()  # before the threads that allocate start
+    kept = keep_freed_memory()  # before the threads that allocate start
     sock = listen(args.host, args.port)  # before the model load: a busy port fails in a second
     server = build_server(args)
     disk = getattr(server.generator.prefix_cache, "disk", None)
-    backed = first_request_bytes(disk.largest() if disk is not None else 0)
-    seconds = prefault(backed)
+    backed = first_request_bytes(disk.largest() if disk is not None else 0) if kept else 0
+    seconds = prefault(backed)  # pages given back at once where the heap does not keep them: then none
     if seconds > 0.2:
         print(f"redraft serve: {human_bytes(backed)} of memory backed for the first requests in {seconds:.1f} s",
               file=sys.stderr, flush=True)
