@@ -232,6 +232,8 @@ def build_server(args, loaded=None):
     for flag in ("prefix_disk_bytes", "prefix_disk_tenant_bytes"):
         if getattr(args, flag) is not None and not args.corpus_dir:
             raise _fail(f"--{flag.replace('_', '-')}: no effect without --corpus-dir (entries on disk live there)")
+    if args.prefix_cache_tokens == 0 and (args.prefix_disk_bytes or args.prefix_disk_tenant_bytes):
+        raise _fail("--prefix-disk-bytes: no effect with --prefix-cache-tokens 0 (entries on disk are the cache's)")
     if args.prefix_disk_tenant_bytes is not None and args.prefix_disk_bytes == 0:
         raise _fail("--prefix-disk-tenant-bytes: no effect with --prefix-disk-bytes 0 (no entries on disk)")
     if args.max_running <= 1 and args.max_batch_tokens is not None:
@@ -409,8 +411,7 @@ def cmd_serve(args) -> int:
     kept = keep_freed_memory()  # before the threads that allocate start
     sock = listen(args.host, args.port)  # before the model load: a busy port fails in a second
     server = build_server(args)
-    disk = getattr(server.generator.prefix_cache, "disk", None)
-    backed = first_request_bytes(disk.largest() if disk is not None else 0) if kept else 0
+    backed = first_request_bytes(getattr(server.generator.prefix_cache, "disk", None)) if kept else 0
     seconds = prefault(backed)  # pages given back at once where the heap does not keep them: then none
     if seconds > 0.2:
         print(f"redraft serve: {human_bytes(backed)} of memory backed for the first requests in {seconds:.1f} s",

@@ -50,11 +50,11 @@ def keep_freed_memory() -> bool:
     return ok
 
 
-def first_request_bytes(entry_bytes: int) -> int:
-    """Bytes a server's first request may allocate at once, for :func:`prefault`: twice ``entry_bytes`` (the largest
-    prefix KV entry on disk for its model: the entry read, and the KV buffer it is copied into) and 64 MiB of
-    activations, at most an eighth of the machine's memory."""
-    want = 2 * max(0, int(entry_bytes)) + (64 << 20)
+def first_request_bytes(disk=None) -> int:
+    """Bytes a server's first request may allocate at once, for :func:`prefault`: twice the largest prefix KV entry
+    on disk for its model (``disk``: its :class:`~redraft.runtimes.prefix_store.PrefixStore`, or None; the entry
+    read, and the KV buffer it is copied into) and 64 MiB of activations, at most an eighth of the machine's memory."""
+    want = 2 * (disk.largest() if disk is not None else 0) + (64 << 20)
     try:
         return min(want, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8)
     except (ValueError, OSError, AttributeError):

@@ -6,7 +6,8 @@ Layout, beside each tenant's learned corpus (:mod:`redraft.corpus.directory`)::
     D/<tenant>/prefix-kv/<key>/key.json          what the key digests (model, dtype, runtime and build, kernels,
                                                  threads, CPU), for an operator to read
     D/<tenant>/prefix-kv/<key>/<ids>.safetensors one entry: its token ids ("ids", int32 [n]) and its KV tensors
-                                                 (a runtime's own layout, :func:`kv_tensors` for transformers'),
+                                                 (a runtime's own layout; transformers':
+                                                 :func:`redraft.runtimes.transformers.kvcache.kv_tensors`),
                                                  metadata: format, key, token count, XXH3-64 of every tensor
     D/prefix-kv.lock                             held by the one process evicting now (:class:`CompactionLock`)
 
@@ -45,8 +46,6 @@ from redraft.corpus.directory import tenant_dir
 from redraft.corpus.lease import CompactionLock, writer_id
 from redraft.io.atomic import atomic_path, is_temporary_name
 
-from .base import PrefixKV
-
 log = logging.getLogger("redraft.prefix_store")
 
 FORMAT = "redraft-prefix-kv/2"  # 2: XXH3-64 checksums (1: CRC-32, no longer read)
@@ -72,32 +71,6 @@ def checksum(t: torch.Tensor) -> int:
     """XXH3-64 of a tensor's bytes (contiguous CPU tensor; bfloat16 is read as its raw 16-bit words)."""
     raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
     return xxhash.xxh3_64_intdigest(memoryview(np.ascontiguousarray(raw.numpy())).cast("B"))
-
-
-def kv_tensors(entry: PrefixKV) -> dict[str, torch.Tensor]:
-    """A transformers :class:`PrefixKV`'s entries as named contiguous tensors: ``k.<layer>`` and ``v.<layer>``,
-    each [1, H_kv, n, D] in the model dtype (a copy of the views the cache shares)."""
-    out = {}
-    for i, (k, v) in enumerate(entry.kv):
-        out[f"k.{i}"], out[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
-    return out
-
-
-def kv_entry(ids: Sequence[int], tensors: dict[str, torch.Tensor], layers: int, dtype: torch.dtype) -> PrefixKV:
-    """The inverse of :func:`kv_tensors`, checked against the model: ``layers`` pairs of [1, H, n, D] tensors of
-    ``dtype`` with n = len(ids). Raises ValueError naming what does not match."""
-    kv = []
-    for i in range(layers):
-        k, v = tensors.get(f"k.{i}"), tensors.get(f"v.{i}")
-        if k is None or v is None:
-            raise ValueError(f"no KV tensors for layer {i} (the model has {layers})")
-        if k.dtype != dtype or v.dtype != dtype or k.dim() != 4 or k.shape != v.shape or k.shape[2] != len(ids):
-            raise ValueError(f"layer {i}: KV tensors {tuple(k.shape)} {k.dtype} do not hold {len(ids)} positions "
-                             f"in {dtype}")
-        kv.append((k, v))
-    if len([n for n in tensors if n.startswith("k.")]) != layers:
-        raise ValueError(f"KV tensors for another number of layers than the model's {layers}")
-    return PrefixKV(tuple(int(t) for t in ids), tuple(kv), origin="disk")
 
 
 @dataclass
@@ -276,8 +249,7 @@ class PrefixStore:
         ids = tuple(int(t) for t in ids)
         if len(ids) < self.min_tokens or not self.writable:
             return False
-        if self.entry_bytes and len(ids) * self.entry_bytes > min(self.max_bytes, self.tenant_max_bytes):
-            self.stats.too_large += 1  # it would evict everything and itself at once
+        if self.entry_bytes and self._too_large(len(ids) * self.entry_bytes, len(ids)):
             return False
         if self.covered(tenant, ids):
             self.stats.covered += 1  # the disk already starts it but for a short tail: not worth a file
@@ -334,6 +306,8 @@ class PrefixStore:
                 os.utime(path)
                 return
             tensors = dict(make())
+            if self._too_large(sum(t.nbytes for t in tensors.values()), len(ids)):
+                return
             tensors["ids"] = torch.tensor(ids, dtype=torch.int32)
             meta = {"format": FORMAT, "key": self.key, "tokens": str(len(ids)), "writer": self.writer,
                     "xxh3_64": json.dumps({k: checksum(t) for k, t in tensors.items()})}
@@ -344,6 +318,7 @@ class PrefixStore:
                     tmp.write_text(json.dumps(self.fingerprint, indent=2, sort_keys=True, default=str) + "\n")
             with atomic_path(path) as tmp:
                 save_file(tensors, tmp, metadata=meta)
+                os.chmod(tmp, 0o644)  # readable by replicas running as other users, as the journals are
         except Exception as e:  # noqa: BLE001 (OSError, or safetensors' own error on a full disk)
             self.stats.errors += 1
             if self.writable:
@@ -358,6 +333,18 @@ class PrefixStore:
         self.entry_bytes = size / len(ids)  # per token, for the budget check of the next entries
         self._replace(tenant, name, ids)
         self.evict()
+
+    def _too_large(self, nbytes: float, tokens: int) -> bool:
+        """Whether an entry of ``nbytes`` alone exceeds a budget (it would evict everything and itself at once);
+        counted, and said once in the log."""
+        budget = min(self.max_bytes, self.tenant_max_bytes)
+        if nbytes <= budget:
+            return False
+        self.stats.too_large += 1
+        if self.stats.too_large == 1:
+            log.warning("prefix KV on disk: a %d-token entry (%.0f MB) exceeds the disk budget (%.0f MB); prefixes "
+                        "that long are kept in memory only", tokens, nbytes / 1e6, budget / 1e6)
+        return True
 
     def _replace(self, tenant: str, name: str, ids: tuple[int, ...]) -> None:
         """Remove the tenant's entries that the one just written extends (a conversation keeps its latest turn)."""

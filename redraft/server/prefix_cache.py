@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from redraft.decoding.engine import GenerationResult
-from redraft.runtimes.prefix_store import PrefixStore, kv_entry, kv_tensors
+from redraft.runtimes.prefix_store import PrefixStore
+from redraft.runtimes.transformers.kvcache import kv_entry, kv_tensors
 from redraft.runtimes.transformers.target import HFTarget, PrefixKV
 
 log = logging.getLogger("redraft.server")

@@ -18,7 +18,8 @@ import torch
 
 from redraft.io.atomic import is_temporary_name
 from redraft.runtimes.base import PrefixKV
-from redraft.runtimes.prefix_store import SUFFIX, PrefixStore, ids_digest, kv_entry, kv_tensors
+from redraft.runtimes.prefix_store import SUFFIX, PrefixStore, ids_digest
+from redraft.runtimes.transformers.kvcache import kv_entry, kv_tensors
 
 KEY = {"model": "test", "dtype": "float32"}
 LAYERS, HEADS, DIM = 2, 2, 4
@@ -260,6 +261,26 @@ def test_an_entry_larger_than_the_budget_is_not_written(tmp_path):
     assert not small.put("t", tuple(range(100, 150)), lambda: pytest.fail("a too large entry was built"))
     assert small.stats.too_large == 1
     assert small.put("t", tuple(range(200, 230)), lambda: kv_tensors(entry(range(200, 230))))
+
+
+def test_the_first_entry_too_large_for_the_budget_is_not_written_and_the_log_says_so(tmp_path, caplog):
+    """Before any entry was written the store knows no size per token: the entry's own tensors are measured before
+    the write, so it is neither written nor evicted after; one log line says why the directory stays empty."""
+    s = store(tmp_path, max_bytes=1000)
+    with caplog.at_level(logging.WARNING):
+        for i in range(2):
+            e = entry(range(10 + i, 40 + i))
+            put(s, "t", e)
+    assert s.stats.too_large == 2 and s.stats.writes == 0 and s.stats.evictions == 0
+    assert not list(Path(tmp_path).rglob("*" + SUFFIX))
+    assert caplog.text.count("exceeds the disk budget") == 1
+
+
+def test_entries_are_readable_by_other_users(tmp_path):
+    s = store(tmp_path)
+    put(s, "t", entry(range(10, 30)))
+    (f,) = Path(s.directory("t")).glob("*" + SUFFIX)
+    assert f.stat().st_mode & 0o777 == 0o644
 
 
 def test_an_entry_the_disk_already_starts_but_for_a_short_tail_is_not_written(tmp_path):

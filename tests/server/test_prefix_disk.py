@@ -15,7 +15,8 @@ from serverkit import VOCAB, live_server, serve_args
 from redraft.decoding.engine import Engine
 from redraft.drafters import NgramDrafter
 from redraft.runtimes.fingerprint import kv_fingerprint
-from redraft.runtimes.prefix_store import PrefixStore, kv_tensors
+from redraft.runtimes.prefix_store import PrefixStore
+from redraft.runtimes.transformers.kvcache import kv_tensors
 from redraft.server.prefix_cache import PrefixCache, remember
 
 rng = random.Random(5)
@@ -94,6 +95,9 @@ def test_disk_flags_without_a_corpus_dir_are_refused(model_dir, loaded, tmp_path
     for flags in (["--prefix-disk-bytes", "1G"], ["--prefix-disk-tenant-bytes", "1G"]):
         with pytest.raises(SystemExit, match="no effect without --corpus-dir"):
             build_server(serve_args(model_dir, *flags), loaded)
+    with pytest.raises(SystemExit, match="no effect with --prefix-cache-tokens 0"):
+        build_server(serve_args(model_dir, "--corpus-dir", str(tmp_path / "c"), "--prefix-cache-tokens", "0",
+                                "--prefix-disk-bytes", "1G"), loaded)
     with pytest.raises(SystemExit, match="no effect with --prefix-disk-bytes 0"):
         build_server(serve_args(model_dir, "--corpus-dir", str(tmp_path / "c"), "--prefix-disk-bytes", "0",
                                 "--prefix-disk-tenant-bytes", "1G"), loaded)

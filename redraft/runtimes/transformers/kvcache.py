@@ -20,9 +20,13 @@ Attention reads the views as strided tensors; the results are bit-identical to t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from redraft.runtimes.base import PrefixKV
 
 ROOM_MIN = 256  # positions of room a new buffer keeps at least, beyond what it holds
 
@@ -125,3 +129,29 @@ def held_views(layer, n: int, *, slack: float = 0.125) -> tuple[torch.Tensor, to
             return keys.clone(), values.clone()
         layer.freeze(n)
     return keys, values
+
+
+def kv_tensors(entry: PrefixKV) -> dict[str, torch.Tensor]:
+    """A transformers :class:`PrefixKV`'s entries as named contiguous tensors: ``k.<layer>`` and ``v.<layer>``,
+    each [1, H_kv, n, D] in the model dtype (a copy of the views the cache shares)."""
+    out = {}
+    for i, (k, v) in enumerate(entry.kv):
+        out[f"k.{i}"], out[f"v.{i}"] = k.detach().cpu().contiguous(), v.detach().cpu().contiguous()
+    return out
+
+
+def kv_entry(ids: Sequence[int], tensors: dict[str, torch.Tensor], layers: int, dtype: torch.dtype) -> PrefixKV:
+    """The inverse of :func:`kv_tensors`, checked against the model: ``layers`` pairs of [1, H, n, D] tensors of
+    ``dtype`` with n = len(ids). Raises ValueError naming what does not match."""
+    kv = []
+    for i in range(layers):
+        k, v = tensors.get(f"k.{i}"), tensors.get(f"v.{i}")
+        if k is None or v is None:
+            raise ValueError(f"no KV tensors for layer {i} (the model has {layers})")
+        if k.dtype != dtype or v.dtype != dtype or k.dim() != 4 or k.shape != v.shape or k.shape[2] != len(ids):
+            raise ValueError(f"layer {i}: KV tensors {tuple(k.shape)} {k.dtype} do not hold {len(ids)} positions "
+                             f"in {dtype}")
+        kv.append((k, v))
+    if len([n for n in tensors if n.startswith("k.")]) != layers:
+        raise ValueError(f"KV tensors for another number of layers than the model's {layers}")
+    return PrefixKV(tuple(int(t) for t in ids), tuple(kv), origin="disk")
