@@ -8,7 +8,8 @@ one; every response carries it in ``x-request-id``. When the response ends, one 
     tokens_per_forward=5.33 prefix_hit_tokens=748 prefix_disk_tokens=0 answer_cache_hits=0 seconds=1.204
     request_id=3f2a...
 
-(one line; ``-`` for what a request does not have: a health check has no tenant or tokens; a response the client
+(one line; ``-`` for what a request does not have; ``/health`` and ``/metrics`` are logged only when they do not
+answer 200, as load balancers and scrapers poll them every few seconds; a response the client
 left before it ended, e.g. a cancelled stream, is logged with nginx's 499 whatever status it had begun with, and
 one whose app failed after its headers as 500; such a line still counts the prompt tokens and the tokens generated
 until then).
@@ -30,6 +31,7 @@ import uuid
 from typing import Any, TextIO
 
 REQUEST_ID_HEADER = b"x-request-id"
+QUIET_PROBES = ("/health", "/metrics")  # logged only when they fail (load balancers and scrapers poll them)
 CLIENT_CLOSED = 499  # nginx's status for a request whose client closed the connection before the response ended
 _GOOD_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # printable, no spaces: safe to log and to echo
 
@@ -79,8 +81,9 @@ class AccessLog:
                     code = 500
                 elif code < 400 and not complete[0]:
                     code = CLIENT_CLOSED
-                line = access_line(scope, code, time.perf_counter() - t0, state)
-                print(line, file=self.stream or sys.stderr, flush=True)
+                if not (code == 200 and scope.get("path") in QUIET_PROBES):  # a probe every few seconds: noise
+                    line = access_line(scope, code, time.perf_counter() - t0, state)
+                    print(line, file=self.stream or sys.stderr, flush=True)
 
 
 def request_id(sent: bytes | None) -> str:

@@ -130,9 +130,11 @@ def _log_lines(capsys, *wanted: str, timeout: float = 10.0) -> list[str]:
 
 def test_access_log_line_per_request(logged, capsys):
     capsys.readouterr()
-    r = _complete(logged, "key-b", [20, 21, 22], 5)
     httpx.get(f"{logged.base}/health", timeout=10)
-    lines = _log_lines(capsys, '"POST /v1/completions" 200', '"GET /health" 200')
+    httpx.get(f"{logged.base}/metrics", timeout=10)
+    r = _complete(logged, "key-b", [20, 21, 22], 5)
+    httpx.get(f"{logged.base}/v1/nothing-here", timeout=10)
+    lines = _log_lines(capsys, '"POST /v1/completions" 200', '"GET /v1/nothing-here" 404')
     gen = [ln for ln in lines if '"POST /v1/completions" 200' in ln]
     assert len(gen) == 1, lines
     usage = r.json()["usage"]
@@ -141,7 +143,8 @@ def test_access_log_line_per_request(logged, capsys):
                   f"request_id={r.headers['x-request-id']}"):
         assert field in gen[0], (field, gen[0])
     assert "tokens_per_forward=" in gen[0] and " seconds=" in gen[0]
-    assert any('"GET /health" 200 tenant=- ' in ln for ln in lines)
+    assert any('"GET /v1/nothing-here" 404 tenant=- ' in ln for ln in lines)
+    assert not any("/health" in ln or "/metrics" in ln for ln in lines), lines  # probes that answered: not logged
 
 
 def test_access_log_counts_every_choice_as_usage_does(logged, capsys):
