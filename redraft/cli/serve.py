@@ -442,8 +442,8 @@ def cmd_serve(args) -> int:
           f"{args.max_running} running at most, {kv_text}{note})", file=sys.stderr, flush=True)
     others = sum(c.stats()["journals"] for c in corpora.learned.values()) if args.corpus_dir else 0
     if others:
-        print(f"redraft serve: {args.corpus_dir}: also reading {others} journal{'s' if others != 1 else ''} of other "
-              f"writers (earlier processes not yet compacted, or servers and vLLM proposers learning into it now)",
+        print(f"redraft serve: {args.corpus_dir}: also reading {others} journal{'s' if others != 1 else ''} (what "
+              f"earlier runs learned, not yet compacted, or other servers and vLLM proposers learning into it now)",
               file=sys.stderr, flush=True)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])
