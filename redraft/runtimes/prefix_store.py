@@ -431,5 +431,6 @@ class PrefixStore:
 def with_suppressed_unlink(path: str) -> bool:
     """Remove ``path``; False when it was already gone or cannot be removed."""
     with contextlib.suppress(OSError):
-        return os.unlink(path) is None
+        os.unlink(path)
+        return True
     return False
