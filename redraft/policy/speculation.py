@@ -40,7 +40,7 @@ from redraft.policy.acceptance import AcceptanceTracker
 from redraft.policy.priors import node_depths
 from redraft.policy.select import Selection, path_probabilities, select_nodes
 from redraft.pricing.curve import CostCurve
-from redraft.pricing.draft import marginal_costs, probe_cost
+from redraft.pricing.draft import chain_floor, marginal_costs, probe_cost
 
 
 class SpeculationPolicy:
@@ -79,6 +79,7 @@ class SpeculationPolicy:
         self.idle: dict[str, int] = {}  # steps since the source last had a node verified
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
+        self._floors: dict[bytes, tuple[np.ndarray, int]] = {}  # _table_prices per cost table
 
     def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
         """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
@@ -94,13 +95,17 @@ class SpeculationPolicy:
         return True
 
     def conditionals(self, parents: Sequence[int], sources: Sequence[str],
-                     priors: Sequence[float] | None = None) -> np.ndarray:
+                     priors: Sequence[float] | None = None, *, floor: np.ndarray | None = None) -> np.ndarray:
         """float64 [N]: q(i) = P(node i accepted | parent accepted) per candidate node (see the module notes).
 
         Args:
             parents: parent index per node (-1 = child of the root), parents first.
             sources: the drafter name per node.
             priors: per node, the source's own P(accept | parent), or NaN / None where it has none.
+            floor: for a chain only (``parents`` = -1, 0, 1, ...): :func:`~redraft.pricing.draft.chain_floor` of
+                the step's cost table. The first node below the probe depth whose chance of being reached is at
+                most the floor at its depth gets 0, and so does every node after it (no cut that deep can pay),
+                without being estimated.
         """
         # Python floats and lists in the loop (per-element numpy indexing costs more than the arithmetic here);
         # the operations and their order are those of float64, so the values are the same
@@ -115,6 +120,8 @@ class SpeculationPolicy:
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
         scale = [1.0] * len(parents)  # learned estimate / prior along the path, at most 1 (see the module notes)
         cond = [0.0] * len(parents)
+        stop = floor.tolist() if floor is not None else None
+        reach = 1.0  # a chain's chance of reaching node i
         for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
             lvl = min(depths[i], tr.max_depth) - 1
             above = 1.0 if p < 0 else scale[p]
@@ -133,6 +140,11 @@ class SpeculationPolicy:
             fail = left.get(p, 1.0)
             cond[i] = q * fail
             left[p] = fail * (1.0 - q)
+            if stop is not None:
+                reach *= cond[i]
+                if i >= self.probe_max and reach <= stop[min(i + 1, len(stop) - 1)]:
+                    cond[i] = 0.0
+                    break
         return np.array(cond, dtype=np.float64)
 
     def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
@@ -159,7 +171,17 @@ class SpeculationPolicy:
         """
         if len(parents) == 0:
             return Selection([], 1.0, 1.0)
-        cond = self.conditionals(parents, sources, priors)
+        n = len(parents)
+        # one source's chain (an n-gram or corpus draft): its nodes past the chain floor cannot be in this forward,
+        # so a draft that is cut (most chance drafts on a steep curve) is judged on its first few nodes alone
+        chain = fed <= 1 and sources.count(sources[0]) == n and all(p == i - 1 for i, p in enumerate(parents))
+        whole = parents, sources
+        if chain and self._hopeless(parents, sources, priors, max_depth, awaited):
+            return Selection([], 1.0, 1.0)
+        cond = self.conditionals(parents, sources, priors, floor=self.chain_floor() if chain else None)
+        if chain and (looked := max(int(np.flatnonzero(cond)[-1]) + 1 if cond.any() else 0,
+                                    min(n, self.probe_max))) < n:
+            parents, sources, cond = parents[:looked], sources[:looked], cond[:looked]
         if max_depth is not None:
             cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
         if awaited and self.prompt_chance > 0:
@@ -167,8 +189,13 @@ class SpeculationPolicy:
             if max(first, default=0.0) < self.prompt_chance:
                 return Selection([], 1.0, 1.0)  # not counted as idle: the source was not judged on its merits
         budget = self.max_nodes if budget is None else min(budget, self.max_nodes)
-        prob = path_probabilities(parents, cond)
         sel = select_nodes(parents, cond, self.step_costs(fed), budget=budget, min_gain=self.min_gain)
+        if sel.nodes and len(parents) < n:  # it drafts: the later forwards of the whole chain count (_whole_chain)
+            parents, sources = whole
+            cond = self.conditionals(parents, sources, priors)
+            if max_depth is not None:
+                cond = np.where(node_depths(parents) > max_depth, 0.0, cond)
+        prob = path_probabilities(parents, cond)
         sel = self._whole_chain(parents, prob, sel, fed, budget)
         chosen = {sources[i] for i in sel.nodes}
         nodes, probes = set(sel.nodes), []
@@ -221,20 +248,58 @@ class SpeculationPolicy:
             length -= 1
         if length <= d:
             return sel
-        first, later = self.step_costs(fed), self.costs
+        first, later = self.step_costs(fed).tolist(), self.costs.tolist()
         sizes = [d] + [int(s) for s in self.curve.sizes if d < s < length] + [length]
+        reached = prob[:length].tolist()
+        total = np.concatenate(([0.0], np.cumsum(prob[:length]))).tolist()  # total[j]: expected tokens of nodes < j
         best, best_rate = d, -1.0
         for width in sizes:
-            tokens, cost = 1.0 + float(prob[:width].sum()), float(first[width])
+            tokens, cost = 1.0 + total[width], first[width]
             for start in range(width + 1, length, d + 1):
-                reach, size = float(prob[start - 1]), min(d, length - start)
-                tokens += reach + float(prob[start:start + size].sum())
-                cost += reach * float(later[size])
+                reach, size = reached[start - 1], min(d, length - start)
+                tokens += reach + total[start + size] - total[start]
+                cost += reach * later[size]
             if tokens / cost > best_rate * (1 + 1e-9):
                 best, best_rate = width, tokens / cost
         if best == d:
             return sel
         return Selection(list(range(best)), 1.0 + float(prob[:best].sum()), float(first[best]))
+
+    def chain_floor(self) -> np.ndarray:
+        """:func:`~redraft.pricing.draft.chain_floor` of the cost table now (one per table: under load the table
+        changes with the step's rows, :class:`~redraft.policy.load.LoadAwarePolicy`)."""
+        return self._table_prices()[0]
+
+    def _table_prices(self) -> tuple[np.ndarray, int]:
+        """(chain floor, fewest idle steps before any probe) of the cost table now, computed once per table."""
+        key = self.costs.tobytes()
+        prices = self._floors.get(key)
+        if prices is None:
+            if len(self._floors) >= 64:
+                self._floors.clear()
+            shortest = min(self._probe_interval(list(range(n)))
+                           for n in range(1, min(self.probe_max, len(self.costs) - 1) + 1))
+            prices = self._floors[key] = (chain_floor(self.costs), max(1, shortest))
+        return prices
+
+    def _hopeless(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None,
+                  max_depth: int | None, awaited: bool) -> bool:
+        """Whether a one-source chain's plan is a plain step, told from its first node alone, and the source's
+        idle count advanced as :meth:`plan` would: no node of a chain is likelier than its first, so when the
+        first's chance is at most the chain floor at depth 1 no cut pays (:func:`~redraft.pricing.draft.chain_floor`),
+        and no probe can be due (none paid last, fewer idle steps than the cheapest probe's interval). On novel
+        text most chance drafts end here, in O(1) instead of O(chain)."""
+        source = sources[0]
+        floor, shortest = self._table_prices()
+        if source in self.probe_paid or self.idle.get(source, 0) >= shortest or (max_depth is not None
+                                                                                  and max_depth < 1):
+            return False
+        first = float(self.conditionals(parents[:1], sources[:1], None if priors is None else priors[:1])[0])
+        if first > floor[1] or (awaited and self.prompt_chance > 0 and first < self.prompt_chance):
+            return False  # it may pay, or plan's prompt rule applies (no idle step counted there)
+        self.probing = set()
+        self.idle[source] = self.idle.get(source, 0) + 1
+        return True
 
     def step_costs(self, fed: int = 1) -> np.ndarray:
         """float64 [max_nodes + 1]: the cost in plain steps of verifying n = 0..max_nodes draft tokens in a forward

@@ -95,7 +95,7 @@ def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> di
     from importlib.metadata import version
 
     stat = target.path.stat()
-    return {"schema": SCHEMA, "runtime": "llama.cpp", "timed": "warm", "llama_cpp_python": version("llama_cpp_python"),
+    return {"schema": SCHEMA, "runtime": "llama.cpp", "timed": "shape change", "llama_cpp_python": version("llama_cpp_python"),
             "model": {"file": target.path.name, "bytes": stat.st_size, "desc": target.description},
             "numerics": str(getattr(target, "numerics", "")),
             "threads": int(target.n_threads), "n_ctx": int(target.max_length),

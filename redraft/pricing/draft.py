@@ -8,7 +8,9 @@ On it:
   costs its marginal price, 1 + c(fed - 1 + n) - c(fed - 1) (:func:`marginal_costs`);
 - a draft model's proposal adds its own time, ``draft_cost`` plain steps, to every depth (:func:`drafted_costs`);
 - a probe is priced at its worst, nothing accepted: c(L) - 1 beyond the plain step, plus any draft cost
-  (:func:`probe_cost`).
+  (:func:`probe_cost`);
+- a chain's nodes from depth k on cannot pay once the chance of reaching depth k is at most the least price per
+  node of going on from k - 1 nodes (:func:`chain_floor`).
 
 :class:`DraftCostMeter` measures ``draft_cost`` as a draft model runs. numpy only.
 """
@@ -39,6 +41,25 @@ def probe_cost(costs: np.ndarray, length: int, draft_cost: float = 0.0) -> float
     steps beyond the plain step it replaces (the worst case: an idle source's estimate never falls below its prior's
     share, so the expected cost would undercount what a useless source's probes cost)."""
     return max(0.0, float(costs[length]) - 1.0) + draft_cost
+
+
+def chain_floor(costs: np.ndarray) -> np.ndarray:
+    """float64 [K + 1] for a cost table of K draft tokens: at depth k = 1..K, the least price per node of verifying
+    nodes k..j instead of stopping at k - 1, min over j >= k of (c(j) - c(k - 1)) / (j - k + 1); index 0 is inf.
+
+    Why: along a chain the chance P(j) of reaching node j never grows, so nodes k..j add at most (j - k + 1) P(k)
+    expected tokens for c(j) - c(k - 1) more verify time. When P(k) <= floor[k] that is at most one token per
+    plain step, and the rate E / c of any deeper cut is a mediant of the rate at k - 1 and at most 1: no depth
+    from k on beats both a plain step and the cut at k - 1, so the policy need not look past k - 1. On a flat
+    curve (a GPU) the floor is near 0 and nothing is left out; on a steep one (llama.cpp on a CPU, where a row
+    costs most of a step) a chance draft's 48-token chain is judged on its first few nodes."""
+    costs = np.asarray(costs, dtype=np.float64)
+    k_max = len(costs) - 1
+    k = np.arange(1, k_max + 1)[:, None]  # the first added node's depth
+    j = np.arange(k_max + 1)[None, :]  # the last added node's depth
+    span = j - k + 1
+    per_node = np.where(span >= 1, (costs[None, :] - costs[k - 1]) / np.maximum(span, 1), np.inf)
+    return np.concatenate(([np.inf], per_node.min(axis=1)))
 
 
 class DraftCostMeter:

@@ -75,9 +75,10 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
         return tree_inputs(draft[1:s], n_prefix)
 
     prepared = {(v, s): inputs(v, s) for v in variants for s in sizes}
-    # llama.cpp's first forward after one of another size runs slower (its thread pool and caches settle): timed
-    # cold, a 65-token forward measured 14 single forwards against 42 warm (docs/llama-cpp.md)
-    settle = target.runtime != "transformers"
+    # llama.cpp keeps the compute graph of its last forward and builds a new one when the shape changes: in a decode
+    # loop a verify forward follows plain one-row steps and is followed by one, so both pay for a graph of their
+    # own (0.3-0.6 ms against a 13 ms step, 1 thread; docs/llama-cpp.md, "Pricing the change of shape")
+    switch = target.runtime != "transformers"
     device = getattr(target, "device", None)
     # an accelerator runs asynchronously: wait for the forward, or only its launch is timed
     sync = (lambda: torch.cuda.synchronize(device)) if getattr(device, "type", "cpu") == "cuda" else (lambda: None)
@@ -90,10 +91,6 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
     order_rng = np.random.default_rng(seed + 1)
 
     def timed(tokens, pos=None, mask=None) -> float:
-        if settle:  # the same forward once untimed first: a decode loop's forwards follow forwards of their kind
-            target.forward(tokens, pos, mask, n_logits=len(tokens))
-            sync()
-            target.crop(n_prefix)
         t0 = time.perf_counter()
         target.forward(tokens, pos, mask, n_logits=len(tokens))
         sync()
@@ -103,15 +100,20 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
 
     bar = Progress(total=repeats * len(sizes) * len(variants), desc=desc, unit="fwd", noun="forward",
                    enabled=progress)
+    if switch:
+        timed(draft[:1])
     ref = timed(draft[:1])
     for _ in range(repeats):
         for s in order_rng.permutation(sorted(set(sizes))).tolist():
             for v in variants:
                 pos, mask = prepared[(v, s)]
-                samples[v][s].append(timed(draft[:s], pos, mask))
+                elapsed = timed(draft[:s], pos, mask)
+                if switch:  # the next plain step's extra: its one-row graph built again
+                    elapsed += timed(draft[:1]) - ref
+                samples[v][s].append(elapsed)
                 bar.update()
             after = timed(draft[:1])
-            samples["reference"][s].append(0.5 * (ref + after))
+            samples["reference"][s].append(ref if switch else 0.5 * (ref + after))
             ref = after
     bar.close()
     target.reset()

@@ -1,0 +1,105 @@
+"""A chain judged only as deep as it can pay: :func:`redraft.pricing.draft.chain_floor` and the policy's early stop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from redraft.policy import SpeculationPolicy, succession_priors
+from redraft.pricing import CostCurve
+from redraft.pricing.draft import chain_floor
+
+# llama.cpp on the bundled Q4_1, 1 thread (a row costs most of a step), a curve with a dip, and a GPU-like flat one
+STEEP = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 64), (1.0, 1.81, 2.42, 3.0, 3.6, 5.9, 10.8, 19.7, 40.2))
+DIP = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 48, 64), (1.0, 1.68, 2.12, 1.57, 1.8, 2.34, 2.29, 2.52, 3.39, 4.11))
+FLAT = CostCurve((0, 64), (1.0, 1.2))
+
+
+def chain(n: int) -> list[int]:
+    return list(range(-1, n - 1))
+
+
+@pytest.mark.parametrize("curve", [STEEP, DIP, FLAT])
+def test_the_floor_is_the_least_price_per_node_of_going_on(curve):
+    costs = curve.table(48)
+    floor = chain_floor(costs)
+    assert floor[0] == np.inf and len(floor) == 49
+    for k in range(1, 49):
+        brute = min((costs[j] - costs[k - 1]) / (j - k + 1) for j in range(k, 49))
+        assert floor[k] == pytest.approx(brute, rel=1e-12)
+
+
+def twin_policies(curve: CostCurve, seed: int) -> tuple[SpeculationPolicy, SpeculationPolicy]:
+    """Two policies with the same history; the second estimates every node (its chain floor is 0, so neither the
+    early stop nor the first-node shortcut applies)."""
+    pols = (SpeculationPolicy(curve, max_nodes=48), SpeculationPolicy(curve, max_nodes=48))
+    rng = np.random.default_rng(seed)
+    first, then = rng.uniform(0.05, 1.0), rng.uniform(0.2, 1.0)
+    for _ in range(int(rng.integers(0, 40))):
+        a = 0
+        if rng.random() < first:
+            a = 1
+            while a < 48 and rng.random() < then:
+                a += 1
+        for p in pols:
+            p.observe("ngram/2", 48, a)
+    pols[1]._table_prices = lambda: (np.zeros(49), 1)  # type: ignore[method-assign]
+    return pols
+
+
+@pytest.mark.parametrize("curve", [STEEP, DIP, FLAT])
+@pytest.mark.parametrize("seed", range(16))
+def test_stopping_early_changes_no_plan(curve, seed):
+    """Plans (the verified nodes, probes included) and idle counts over 60 steps of chance drafts are those of a
+    policy that estimates every node of the chain."""
+    fast, full = twin_policies(curve, seed)
+    rng = np.random.default_rng(seed + 100)
+    for _ in range(60):
+        n = int(rng.integers(1, 49))
+        prior = succession_priors(chain(n), int(rng.integers(1, 9))) if rng.random() < 0.7 else None
+        a, b = (p.plan(chain(n), ["ngram/2"] * n, prior) for p in (fast, full))
+        assert a.nodes == b.nodes and a.probes == b.probes
+        assert a.expected_tokens == pytest.approx(b.expected_tokens, rel=1e-9)
+        assert fast.idle == full.idle and fast.probe_paid == full.probe_paid and fast.probing == full.probing
+        accepted = int(rng.integers(0, len(a.nodes) + 1)) if a.nodes else 0
+        for p in (fast, full):
+            if a.nodes:
+                p.observe("ngram/2", len(a.nodes), accepted)
+
+
+def test_a_chance_draft_is_estimated_only_a_few_nodes_deep_on_a_steep_curve():
+    pol = SpeculationPolicy(STEEP, max_nodes=48)
+    for i in range(30):  # level 1 right a third of the time, a couple of tokens after it
+        pol.observe("ngram/2", 48, 2 if i % 3 == 0 else 0)
+    prior = succession_priors(chain(48), 2)
+    cond = pol.conditionals(chain(48), ["ngram/2"] * 48, prior, floor=pol.chain_floor())
+    assert 0 < np.count_nonzero(cond) <= 8
+    full = pol.conditionals(chain(48), ["ngram/2"] * 48, prior)
+    assert np.count_nonzero(full) == 48
+    np.testing.assert_array_equal(cond[:np.count_nonzero(cond)], full[:np.count_nonzero(cond)])
+    # a replay's chain is likely right to its end: nothing is left out
+    sure = SpeculationPolicy(STEEP, max_nodes=48)
+    for _ in range(10):
+        sure.observe("corpus/64", 48, 48)
+    deep = sure.conditionals(chain(48), ["corpus/64"] * 48, succession_priors(chain(48), 64), floor=sure.chain_floor())
+    assert np.count_nonzero(deep) == 48
+
+
+def test_a_hopeless_chance_draft_is_judged_on_its_first_node_and_still_probed():
+    """A source right a tenth of the time at level 1: its plans are plain steps decided without estimating the
+    chain, and its probes still come at the interval the cheapest probe allows."""
+    pol = SpeculationPolicy(STEEP, max_nodes=48)
+    for _ in range(20):
+        pol.observe("ngram/1", 48, 0)
+    calls = []
+    real = pol.conditionals
+
+    def counting(parents, *args, **kw):
+        calls.append(len(parents))
+        return real(parents, *args, **kw)
+
+    pol.conditionals = counting  # type: ignore[method-assign]
+    plans = [pol.plan(chain(48), ["ngram/1"] * 48, succession_priors(chain(48), 1)) for _ in range(200)]
+    probes = [i for i, s in enumerate(plans) if s.probes]
+    assert 2 <= len(probes) <= 10 and all(not s.nodes for s in plans if not s.probes)
+    assert sum(c == 1 for c in calls) >= 150  # the first node alone decided most steps
