@@ -55,6 +55,12 @@ The policy is built with a curve: ``SpeculationPolicy(curve, max_nodes=...)``; t
 machine is :func:`redraft.compose.build_policy` (the cached curve, measured first if missing: ~45 s on
 the 2-core development CPU with one thread, 13 sizes up to 512 draft tokens x 5 repeats).
 
+A one-source chain (an n-gram or corpus draft) is estimated only down to the depth where the chance of reaching a
+node falls to the least price per node of going deeper (:func:`~redraft.pricing.draft.chain_floor`): no cut past
+it pays, so on a steep curve a chance draft of 48 tokens is judged on its first few nodes, and on its first node
+alone when that one cannot pay and no probe is due (the plans are the same as with every node estimated:
+tests/policy/test_chain_floor.py).
+
 Limits: the curve is measured with chain forwards; a token tree's 4D mask can cost a little more (``redraft bench
 cost --tree-mask``). A plan over a 48-node chain takes ~0.1 ms in Python, against ~65 ms for a verify forward here.
 
