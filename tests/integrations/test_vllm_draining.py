@@ -227,7 +227,7 @@ def test_lookup_counts_no_chance_for_a_first_token_that_cannot_pay_its_row(tmp_p
     req = prop._new_request()
     ctx = np.array(prompt + out[:3])
     for q, want in ((0.1, 0.0), (0.3, 0.3)):
-        req.planner.policy.conditionals = lambda *a, q=q: np.array([q])
+        req.planner.policy.conditionals = lambda *a, q=q, **kw: np.array([q])
         assert req.lookup(ctx, 8, 2) == pytest.approx(want)
     calls = []
     original = req.planner.drafters[0].propose
