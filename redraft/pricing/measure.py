@@ -5,7 +5,10 @@ forward over the root plus S - 1 drafted tokens computes), and the cache is crop
 Every timed forward sits between two 1-token reference forwards (a plain step), and its cost is the ratio to their
 mean, so another job's burst of work on a shared machine cancels out of the ratio instead of landing in one size
 of the curve (Measurements: docs/measurements.md#redraft-pricing-measure). Each repeat visits the sizes in a fresh random order, so a burst lands on sizes at random
-rather than on neighbours. The cost curve is fitted from the ratios by :func:`redraft.pricing.fit.fit_costs`
+rather than on neighbours. On llama.cpp, which keeps the compute graph of its last forward and builds one for each
+new shape, a forward is priced as a decode loop meets it: after one-row steps, with the next one-row step's extra
+time added (a verify forward costs a graph of its own and the plain step after it one more: docs/llama-cpp.md,
+"Pricing the change of shape"). The cost curve is fitted from the ratios by :func:`redraft.pricing.fit.fit_costs`
 (median per size, then non-decreasing and sub-additive where the samples' spread allows).
 
 The target is duck-typed (``forward``, ``crop``, ``reset``, ``max_length``, ``vocab_size``, ``chain_only``,
@@ -50,7 +53,10 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
     Returns:
         {"chain": {S: [seconds] * repeats}, ["tree mask": {...}], "reference": {S: [seconds] * repeats}}:
         "reference" holds, per timed sample of S, the mean of the two 1-token forwards timed right before and right
-        after it (:func:`ratios` divides by it). Sizes are visited in a random order per repeat (``seed``).
+        after it (:func:`ratios` divides by it). On a runtime that keeps the compute graph of its last forward
+        (llama.cpp) a sample is instead what the forward adds to a plain decoding stream: its own time, right after
+        one-row steps, plus what the one-row step after it takes beyond the one-row step before it, which is the
+        reference. Sizes are visited in a random order per repeat (``seed``).
     Raises:
         ValueError: empty sizes, a size < 1, repeats < 1 or an empty prefix.
     """
