@@ -79,7 +79,7 @@ class SpeculationPolicy:
         self.idle: dict[str, int] = {}  # steps since the source last had a node verified
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
-        self._floors: dict[bytes, tuple[np.ndarray, int]] = {}  # _table_prices per cost table
+        self._prices: dict[bytes, tuple[np.ndarray, int]] = {}  # (chain floor, shortest probe interval) per cost table
 
     def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
         """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
@@ -273,13 +273,13 @@ class SpeculationPolicy:
     def _table_prices(self) -> tuple[np.ndarray, int]:
         """(chain floor, fewest idle steps before any probe) of the cost table now, computed once per table."""
         key = self.costs.tobytes()
-        prices = self._floors.get(key)
+        prices = self._prices.get(key)
         if prices is None:
-            if len(self._floors) >= 64:
-                self._floors.clear()
+            if len(self._prices) >= 64:
+                self._prices.clear()
             shortest = min(self._probe_interval(list(range(n)))
                            for n in range(1, min(self.probe_max, len(self.costs) - 1) + 1))
-            prices = self._floors[key] = (chain_floor(self.costs), max(1, shortest))
+            prices = self._prices[key] = (chain_floor(self.costs), max(1, shortest))
         return prices
 
     def _hopeless(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None,

@@ -106,7 +106,7 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
 
     bar = Progress(total=repeats * len(sizes) * len(variants), desc=desc, unit="fwd", noun="forward",
                    enabled=progress)
-    if switch:
+    if switch:  # the reference below is then a one-row step after one-row steps (its graph reused)
         timed(draft[:1])
     ref = timed(draft[:1])
     for _ in range(repeats):
