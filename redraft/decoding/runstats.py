@@ -158,7 +158,7 @@ def source_lines(run: Generation | RunSummary, skip: tuple[str, ...] = ("corpus"
     """One ``NAME drafts: NN% acceptance (a/b proposed in S steps[, paused N times by its guard])`` line per other
     source that proposed."""
     return [f"{name} drafts: {100 * st.acceptance:.0f}% acceptance ({st.accepted}/{st.proposed} proposed in "
-            f"{st.steps} steps{_paused(st.paused)})" for name, st in _summary(run).sources.items()
+            f"{st.steps} step{'s' if st.steps != 1 else ''}{_paused(st.paused)})" for name, st in _summary(run).sources.items()
             if name not in skip and st.proposed]
 
 
