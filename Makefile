@@ -96,17 +96,22 @@ $(VLLM_STAMP):
 # OpenMP it does not need here, and without llamafile's sgemm: ggml's own kernels compute every row of a verify batch
 # bit for bit as a single-token decode does, so exact mode has nothing to settle (about 5 minutes on 2 cores;
 # docs/llama-cpp.md). --no-cache-dir: pip's wheel cache would otherwise reuse a wheel built with other flags.
-# On x86, ggml's AMX kernels are left out (-mno-amx-*; GCC keeps an explicit -mno-* over -march=native): on a Xeon
-# with AMX a native build compiles them, and their first batched decode died there (SIGILL / general protection
-# fault). The load probe would then fall back to the plain kernels anyway (docs/llama-cpp.md); this avoids it.
-LLAMA_NO_AMX := $(if $(filter x86_64 amd64 i686,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+# On x86 with GCC, native/gcc-amx/ goes ahead of GCC's own headers: GCC 12's _tile_loadconfig lets the compiler drop
+# the stores that fill ggml's AMX tile configuration, and on a Xeon with AMX the first batched decode then died
+# (SIGILL at ldtilecfg). With it, a native build there runs ggml's AMX kernels (docs/llama-cpp.md); elsewhere a native
+# build has no AMX code and the header changes nothing. The load probe still keeps any build that crashes out of the
+# process.
+LLAMA_AMX_FIX := $(if $(filter x86_64 amd64,$(shell uname -m)),-isystem $(CURDIR)/native/gcc-amx)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF \
-	$(if $(LLAMA_NO_AMX),-DCMAKE_C_FLAGS='$(LLAMA_NO_AMX)' -DCMAKE_CXX_FLAGS='$(LLAMA_NO_AMX)')
+	$(if $(LLAMA_AMX_FIX),-DCMAKE_C_FLAGS='$(LLAMA_AMX_FIX)' -DCMAKE_CXX_FLAGS='$(LLAMA_AMX_FIX)')
 # Built once per .venv (the stamp); `rm .venv/.llama-installed` (or `make clean`) builds it again.
 LLAMA_STAMP := $(VENV)/.llama-installed
-$(LLAMA_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir -e '.[llama]'
+$(LLAMA_STAMP): $(STAMP) native/gcc-amx/amxtileintrin.h
+	# --force-reinstall: a binding already installed (built with other flags) is built again with these.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir \
+		--force-reinstall --no-deps 'llama-cpp-python==0.3.36'
+	$(BIN)/python -m pip install -q -e '.[llama]'
 	touch $(LLAMA_STAMP)
 
 llama: $(LLAMA_STAMP)

@@ -1,9 +1,9 @@
 """Whether a llama.cpp build runs a GGUF file on this CPU, and how: probed in a child process, cached.
 
-A llama.cpp build can die on the first decode of more than one row: ggml's AMX kernels, compiled by a native build on
-a Xeon with AMX, put a Q4_0/Q4_1/Q8_0 file's weights in an "AMX" buffer and have been seen to raise SIGILL
-(``tilezero``) or a general protection fault (``ldtilecfg``) there; a build that forces those kernels on a CPU
-without AMX dies the same way. A crash in the process that loaded the model takes a server or a test run down with
+A llama.cpp build can die on the first decode of more than one row: ggml's AMX kernels, compiled by GCC 12 for a Xeon
+with AMX without ``make llama``'s header fix (native/gcc-amx/), put a Q4_0/Q4_1/Q8_0/K-quant file's weights in an
+"AMX" buffer and raise SIGILL at ``ldtilecfg`` or ``tilezero`` there (their tile configuration half written); a build
+that forces those kernels on a CPU without AMX dies the same way. A crash in the process that loaded the model takes a server or a test run down with
 it, so the first load of a file runs it in a child process instead (:func:`probe`): load, a 64-token prompt in one
 batch, then verify-sized batches against the same tokens fed one at a time. The child reports whether every batch
 row equals the row of that token alone (batch invariance, what exact mode needs to settle nothing) and the median
@@ -236,7 +236,7 @@ def choose(results: list[ProbeResult]) -> Verdict:
     note = f"loading with {pick.config.describe()}"
     if crashed:
         note += (f"; {crashed[0].config.describe()} fails with this build on this CPU ({crashed[0].why}): rebuild "
-                 "with `make llama`, which leaves ggml's AMX kernels out")
+                 "with `make llama` (docs/llama-cpp.md)")
     elif pick.invariant:
         note += (f": batch-invariant (llama.cpp's defaults are not for this file), one-row step "
                  f"{pick.step_ms:.1f} ms against {results[0].step_ms:.1f} ms")
