@@ -136,6 +136,7 @@ def sample_questions(model, tokenizer, n: int, *, held_out: Sequence[str], seed:
         model, tokenizer: the target (a transformers causal LM) and its tokenizer.
         held_out: texts no returned question may overlap (6-word sequences).
         seed: seeds the topic/kind order and the sampling (each batch: ``seed`` + its first index).
+        batch: most requests sampled in one ``generate`` call (fewer when fewer are missing: twice those).
         existing: questions already made (kept first, counted in ``n``; a resumed run passes them).
         progress: optional callable(n_questions_so_far) after each batch.
     Returns:
@@ -151,7 +152,10 @@ def sample_questions(model, tokenizer, n: int, *, held_out: Sequence[str], seed:
     start = len(existing)  # a resumed run continues with the next combinations
     i = start
     while len(out) < n and i < start + 4 * len(combos):
-        chunk = [combos[j % len(combos)] for j in range(i, i + batch)]
+        # at most twice the questions still missing (the filter drops some): a test's two questions are not
+        # sampled as a batch of 64
+        size = min(batch, 2 * (n - len(out)))
+        chunk = [combos[j % len(combos)] for j in range(i, i + size)]
         prompts = [encode_prompt(tokenizer, instruction_for(k, s, t)) for k, s, t in chunk]
         P = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])
@@ -165,7 +169,7 @@ def sample_questions(model, tokenizer, n: int, *, held_out: Sequence[str], seed:
             q = clean_question(tokenizer.decode(row, skip_special_tokens=True))
             if q is not None and filt.accept(q) and len(out) < n:
                 out.append(q)
-        i += batch
+        i += size
         if progress is not None:
             progress(len(out))
     return out
