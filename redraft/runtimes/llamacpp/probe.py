@@ -3,11 +3,11 @@
 A llama.cpp build can die on the first decode of more than one row: ggml's AMX kernels, compiled by GCC 12 for a Xeon
 with AMX without ``make llama``'s header fix (native/gcc-amx/), put a Q4_0/Q4_1/Q8_0/K-quant file's weights in an
 "AMX" buffer and raise SIGILL at ``ldtilecfg`` or ``tilezero`` there (their tile configuration half written); a build
-that forces those kernels on a CPU without AMX dies the same way. A crash in the process that loaded the model takes a server or a test run down with
-it, so the first load of a file runs it in a child process instead (:func:`probe`): load, a 64-token prompt in one
-batch, then verify-sized batches against the same tokens fed one at a time. The child reports whether every batch
-row equals the row of that token alone (batch invariance, what exact mode needs to settle nothing) and the median
-time of a one-row step.
+that forces those kernels on a CPU without AMX dies the same way. A crash in the process that loaded the model takes
+a server or a test run down with it, so the first load of a file runs it in a child process instead (:func:`probe`):
+load, a 64-token prompt in one batch, then verify-sized batches against the same tokens fed one at a time. The child
+reports whether every batch row equals the row of that token alone (batch invariance, what exact mode needs to
+settle nothing) and the median time of a one-row step.
 
 :func:`settle` chooses the configuration (:class:`Config`) the parent then loads, probing once per build, CPU and
 file (the verdict is cached under ``<cache>/llama-probe/``). llama.cpp's defaults come first, and when they run and are
