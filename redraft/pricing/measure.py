@@ -55,8 +55,9 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
         "reference" holds, per timed sample of S, the mean of the two 1-token forwards timed right before and right
         after it (:func:`ratios` divides by it). On a runtime that keeps the compute graph of its last forward
         (llama.cpp) a sample is instead what the forward adds to a plain decoding stream: its own time, right after
-        one-row steps, plus what the one-row step after it takes beyond the one-row step before it, which is the
-        reference. Sizes are visited in a random order per repeat (``seed``).
+        one-row steps, plus what the one-row step after it takes beyond the reference (zero when it takes less),
+        the reference being the median of the last three one-row steps after one-row steps. Sizes are visited in a
+        random order per repeat (``seed``).
     Raises:
         ValueError: empty sizes, a size < 1, repeats < 1 or an empty prefix.
     """
@@ -106,21 +107,29 @@ def time_forwards(target, sizes: Sequence[int], *, prefix_ids: Sequence[int], re
 
     bar = Progress(total=repeats * len(sizes) * len(variants), desc=desc, unit="fwd", noun="forward",
                    enabled=progress)
-    if switch:  # the reference below is then a one-row step after one-row steps (its graph reused)
+    recent: list[float] = []
+    if switch:  # the reference is then the median of the last three one-row steps after one-row steps (graph
+        # reused): one step slowed by the machine would otherwise skew a whole round, or make an extra negative
         timed(draft[:1])
-    ref = timed(draft[:1])
+        recent = [timed(draft[:1]) for _ in range(3)]
+    ref = float(np.median(recent)) if switch else timed(draft[:1])
     for _ in range(repeats):
         for s in order_rng.permutation(sorted(set(sizes))).tolist():
             for v in variants:
                 pos, mask = prepared[(v, s)]
                 elapsed = timed(draft[:s], pos, mask)
-                if switch:  # the next plain step's extra: its one-row graph built again
-                    elapsed += timed(draft[:1]) - ref
+                if switch:  # the next plain step's extra (its one-row graph built again); never below nothing: a
+                    # step faster than the reference is the machine's jitter
+                    elapsed += max(0.0, timed(draft[:1]) - ref)
                 samples[v][s].append(elapsed)
                 bar.update()
             after = timed(draft[:1])
             samples["reference"][s].append(ref if switch else 0.5 * (ref + after))
-            ref = after
+            if switch:
+                recent = recent[1:] + [after]
+                ref = float(np.median(recent))
+            else:
+                ref = after
     bar.close()
     target.reset()
     return samples

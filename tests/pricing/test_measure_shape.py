@@ -56,3 +56,27 @@ def test_without_a_graph_to_rebuild_the_price_is_the_forward_alone(clock):
                                        prefix=16, repeats=3)
     for n in (1, 2, 4, 8):
         assert curve.cost(n) == pytest.approx(1.0 + 0.5 * n)
+
+
+class JitteryTarget(ShapeTarget):
+    """A :class:`ShapeTarget` on a busy machine: every ``every``-th one-row step takes ``slow`` units more."""
+
+    def __init__(self, clock, rebuild: float, every: int, slow: float) -> None:
+        super().__init__(clock, "llama.cpp", rebuild)
+        self.every, self.slow, self.steps = every, slow, 0
+
+    def forward(self, ids, pos=None, mask=None, n_logits: int = 1):
+        if len(ids) == 1:
+            self.steps += 1
+            if self.steps % self.every == 0:
+                self.clock[0] += self.slow
+        super().forward(ids, pos, mask, n_logits)
+
+
+def test_a_one_row_step_slowed_by_the_machine_neither_breaks_the_curve_nor_moves_it(clock):
+    # one one-row step in five takes six times as long: the reference and the next step's extra would go negative
+    # or double if either were a single step
+    curve = measure.measure_cost_curve(JitteryTarget(clock, rebuild=0.25, every=5, slow=5.0), sizes=(0, 1, 2, 4, 8),
+                                       prefix=16, repeats=5)
+    for n in (1, 2, 4, 8):
+        assert curve.cost(n) == pytest.approx(1.0 + 0.5 * n + 2 * 0.25, rel=0.2)
