@@ -108,9 +108,10 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLL
 # Built once per .venv (the stamp); `rm .venv/.llama-installed` (or `make clean`) builds it again.
 LLAMA_STAMP := $(VENV)/.llama-installed
 $(LLAMA_STAMP): $(STAMP) native/gcc-amx/amxtileintrin.h
-	# --force-reinstall: a binding already installed (built with other flags) is built again with these.
+	# --force-reinstall: a binding already installed (built with other flags) is built again with these; the
+	# version is the llama extra's pin in pyproject.toml.
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir \
-		--force-reinstall --no-deps 'llama-cpp-python==0.3.36'
+		--force-reinstall --no-deps "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
 	$(BIN)/python -m pip install -q -e '.[llama]'
 	touch $(LLAMA_STAMP)
 

@@ -6,9 +6,8 @@
  * rest of the configuration (rows and column widths) as dead and drop them: in ggml's AMX matmul (a configuration
  * built on the stack, then loaded), `g++ 12.2 -O3 -march=native` on a Xeon with AMX stored only the palette byte and
  * zeros over the first 32 bytes, and the first batched decode died with SIGILL at `ldtilecfg` (or later at
- * `tilezero`). The definition below names
- * the whole 64 bytes as the operand, so every store reaches memory first. Clang's <immintrin.h> never includes this
- * file. */
+ * `tilezero`). The definition below names the whole 64 bytes as the operand, so every store reaches memory first.
+ * Clang's <immintrin.h> never includes this file. */
 #define _tile_loadconfig _tile_loadconfig_gcc_narrow_operand
 #include_next <amxtileintrin.h>
 #undef _tile_loadconfig

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from llamakit import needs_llama
 
+from redraft.runtimes.llamacpp.probe import cpu_signature
+
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "native" / "gcc-amx"
 
@@ -69,10 +71,7 @@ int main() {
 
 
 def cpu_has_amx() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = cpu_signature().partition("|")[2].split()
     return "amx_int8" in flags and "amx_tile" in flags
 
 
