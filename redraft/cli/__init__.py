@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for command in COMMANDS:
         command.register(sub)
+    for command_parser in sub.choices.values():  # `redraft run --threads 1 ...` as well as `redraft --threads 1 run`
+        try:
+            add_threads_arg(command_parser)
+        except argparse.ArgumentError:  # the command added it itself
+            pass
     return parser
 
 

@@ -127,6 +127,8 @@ def test_bad_arguments_exit_2(capsys, argv, msg):
 
 @pytest.mark.parametrize("argv,threads", [(["--threads", "2", "bench", "run"], 2), (["bench", "run", "--threads", "3"], 3),
                                           (["--threads", "2", "bench", "cost"], 2), (["--threads", "4", "run", "p"], 4),
+                                          (["run", "--threads", "3", "p"], 3), (["freeze", "--out", "c", "--threads", "2"], 2),
+                                          (["--threads", "2", "run", "p"], 2), (["run", "p"], None),
                                           (["bench", "run"], None)])
 def test_threads_flag_of_a_subcommand_keeps_the_top_level_one(argv, threads):
     """`redraft --threads 2 bench run` used to lose its 2 to bench's own --threads default."""

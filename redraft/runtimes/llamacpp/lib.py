@@ -20,14 +20,14 @@ def import_llama_cpp():
     """The ``llama_cpp`` module (llama-cpp-python's bindings of llama.cpp's C API).
 
     Raises:
-        LlamaCppError: it is not installed (``make llama`` or ``pip install 'redraft[llama]'``).
+        LlamaCppError: it is not installed (``make llama``, or ``pip install -e '.[llama]'``).
     """
     try:
         import llama_cpp
     except ImportError as e:
         raise LlamaCppError(
-            "the llama.cpp runtime needs llama-cpp-python: run `make llama` (or pip install 'redraft[llama]' with "
-            f"the CMAKE_ARGS docs/llama-cpp.md gives); import failed: {e}") from e
+            "the llama.cpp runtime needs llama-cpp-python: run `make llama` in the repository (or `pip install -e "
+            f"'.[llama]'` there with the CMAKE_ARGS docs/llama-cpp.md gives); import failed: {e}") from e
     return llama_cpp
 
 
