@@ -161,7 +161,8 @@ def grammar_drafters(config: SpeculationConfig, constraint) -> list[Drafter]:
 def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **kw):
     """A :class:`~redraft.policy.SpeculationPolicy` with ``curve`` (a :class:`~redraft.pricing.CostCurve`), or
     ``model``'s cost curve from the cache, measured first if missing (a few seconds on a CPU, once per model,
-    dtype, thread count and machine). ``kw`` go to SpeculationPolicy.
+    dtype, thread count and machine). ``kw`` go to SpeculationPolicy; its ``learn_prices`` is on unless given
+    (the curve's draft part rescaled by the engine loop's own step times, :mod:`redraft.pricing.loop`).
 
     Raises:
         ValueError: neither ``model`` nor ``curve`` given.
@@ -175,6 +176,7 @@ def build_policy(model=None, *, max_nodes: int = MAX_DRAFT_DEPTH, curve=None, **
         from redraft.runtimes.transformers.target import as_target
 
         curve = cached_cost_curve(as_target(model))
+    kw.setdefault("learn_prices", True)
     return SpeculationPolicy(curve, max_nodes=max_nodes, **kw)
 
 

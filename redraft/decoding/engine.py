@@ -254,6 +254,7 @@ class Engine:
         for d in self.drafters:
             d.bind(self.target)
             d.begin(prompt)
+        self.planner.begin()
         if prefix is None or not prefix.length:
             self.target.reset()
             return 0

@@ -13,7 +13,8 @@ numpy only (no torch): the vLLM proposer's hot path imports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,10 +88,13 @@ class DraftPlanner:
         chain_only: verify chains only (proposals cut to their first path): sliding-window models, vLLM.
         tree_budget: most verified nodes per step when :class:`DraftLimits` gives none.
         vocab_size: drop proposed ids outside 0..vocab_size-1 (None: keep every id).
+        clock: seconds (float), read at each :meth:`propose`; with a policy that learns its prices from the loop
+            (``policy.loop``), each step's time from one plan to the next goes to ``policy.observe_step``.
     """
 
     def __init__(self, drafters: Sequence, policy: SpeculationPolicy | None = None, *, merge: bool = False,
-                 chain_only: bool = False, tree_budget: int = 64, vocab_size: int | None = None) -> None:
+                 chain_only: bool = False, tree_budget: int = 64, vocab_size: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.drafters = list(drafters)
         self.policy = policy
         self.merge, self.chain_only = merge, chain_only
@@ -98,12 +102,44 @@ class DraftPlanner:
         self.vocab_size = vocab_size
         # what chance() found since the last propose: (context length, depth, (source index, candidates) or None)
         self._looked: tuple[int, int, tuple[int, Candidates] | None] | None = None
+        self.clock = clock
+        # the step being timed for the policy's loop prices: (its start, draft tokens, pending tokens fed), the
+        # forwards observed since, and whether the step before it was timed
+        self._step: tuple[float, int, int] | None = None
+        self._forwards = 0
+        self._timed = False
+
+    def begin(self) -> None:
+        """A new sequence starts: the time since the last step belongs to no step (a prompt's prefill comes next)."""
+        self._step, self._timed = None, False
 
     # ---- proposing -------------------------------------------------------------------------------------------
 
     def propose(self, context: np.ndarray, limits: DraftLimits) -> Draft:
         """The step's :class:`Draft` for ``context`` (int [L], prompt + output so far) within ``limits``; an empty
-        tree when ``limits.depth`` is 0 or nothing pays. Drafters after the one that wins the step are not asked."""
+        tree when ``limits.depth`` is 0 or nothing pays. Drafters after the one that wins the step are not asked.
+
+        With a policy that learns its prices (``policy.loop``), the step before this one is timed here: from its
+        plan to this one, when it was one forward of one pending token plus its draft, alone in its step
+        (``limits.carried`` 1); a prompt's forward, a step with extra forwards (exact mode's settling) or a shared
+        step is not, and the step after it counts as not following a timed one."""
+        if getattr(self.policy, "loop", None) is None:  # no policy, or one that does not learn its prices
+            return self._propose(context, limits)
+        now = self.clock()
+        if self._step is not None:
+            start, drafted, fed = self._step
+            ok = self._forwards == 1 and fed == 1
+            if ok:
+                self.policy.observe_step(drafted, now - start, follows=self._timed)  # type: ignore[union-attr]
+            self._timed = ok
+        self._forwards = 0
+        draft = self._propose(context, limits)
+        self._step = (now, len(draft.tree), limits.fed) if limits.carried <= 1 else None
+        if self._step is None:
+            self._timed = False
+        return draft
+
+    def _propose(self, context: np.ndarray, limits: DraftLimits) -> Draft:
         looked, self._looked = self._looked, None
         depth = limits.depth
         if depth <= 0:
@@ -203,6 +239,7 @@ class DraftPlanner:
             drafter name -> :class:`SourceOutcome`, for every drafter.
         """
         tree = draft.tree
+        self._forwards += 1
         if self.policy is not None:
             observe_outcomes(self.policy, tree, draft.keys, path, judged)
         proposed: dict[str, int] = {}

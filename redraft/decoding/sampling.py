@@ -280,7 +280,13 @@ def _greedy_choices(logits: torch.Tensor, positions: list[int], margins: bool = 
     Raises:
         NonFiniteLogitsError: a row holds NaN or +inf, or only -inf (see check_finite).
     """
-    a = logits.detach().float().numpy()  # shares float32 logits' memory: the one write below is undone
+    # shares float32 logits' memory: the one write below is undone
+    a = logits.numpy() if logits.dtype == torch.float32 and not logits.requires_grad else logits.detach().float().numpy()
+    if a.shape[0] == 1 and not margins:  # plain decoding's step: Python scalars, fewest calls right after a forward
+        k = int(a[0].argmax())
+        if not math.isfinite(float(a[0, k])):
+            check_finite(logits, positions)
+        return [k], None
     rows = np.arange(a.shape[0])
     choices = a.argmax(-1)  # numpy's argmax returns a NaN's index first: the finite check below sees it
     best = a[rows, choices]

@@ -58,6 +58,7 @@ class AcceptanceTracker:
         self.min_weight = min_weight
         self._counts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # source -> (successes, trials), set at once
         self._tested: dict[str, np.ndarray] = {}  # times each level was tested, not decayed
+        self._updates: dict[str, int] = {}  # outcomes recorded per source (what a cache of its estimates keys on)
         self._lock = threading.Lock()  # requests decoding in several threads (a batching server) share a tracker
 
     def counts(self, source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +91,19 @@ class AcceptanceTracker:
                 trials[a] += 1.0  # the first rejected level
             tested = self._tested.setdefault(source, np.zeros(self.max_depth, dtype=np.int64))
             tested[:a + (1 if accepted < proposed_depth else 0)] += 1
+            self._updates[source] = self._updates.get(source, 0) + 1
+
+    def updates(self, source: str) -> int:
+        """How many outcomes of ``source`` were recorded: its estimates change exactly when this does."""
+        return self._updates.get(source, 0)
+
+    def upper(self, source: str) -> np.ndarray:
+        """float64 [max_depth]: per level d, (successes_d + w_d) / (trials_d + w_d), an upper bound on the level's
+        estimate whatever prior a node brings (its estimate puts the prior's w_d pseudo-trials on a mean of at most
+        1), so no node of ``source`` at level d is judged likelier than this given its parent."""
+        succ, trials = self.counts(source)
+        w = self.weights(source)
+        return (succ + w) / (trials + w)
 
     def weights(self, source: str) -> np.ndarray:
         """float64 [max_depth]: the prior's weight in pseudo-trials per level of ``source`` now,

@@ -41,6 +41,7 @@ from redraft.policy.priors import node_depths
 from redraft.policy.select import Selection, path_probabilities, select_nodes
 from redraft.pricing.curve import CostCurve
 from redraft.pricing.draft import chain_floor, marginal_costs, probe_cost
+from redraft.pricing.loop import LoopPrices
 
 
 class SpeculationPolicy:
@@ -59,13 +60,17 @@ class SpeculationPolicy:
             the first token, which the expected-tokens-per-cost rule does not count; vLLM, SGLang and llama.cpp
             never draft in a prefill, and here only a likely-right draft (a replayed prompt's) is carried. A client
             awaiting the whole answer is served by the price alone.
+        learn_prices: rescale the curve's draft part by the loop's own step times (:class:`LoopPrices`, fed by
+            :meth:`observe_step`): the price a draft has in this loop, its planning and the step after it included,
+            where the bare curve times forwards alone. For one sequence's own loop (the engine); a step shared with
+            other sequences is priced at its load instead (:class:`redraft.policy.load.LoadAwarePolicy`).
     Raises:
         ValueError: max_nodes < 1, probe_overhead <= 0, probe_max < 1, min_gain < 0 or prompt_chance outside 0..1.
     """
 
     def __init__(self, curve: CostCurve, *, max_nodes: int = 64, tracker: AcceptanceTracker | None = None,
                  probe_overhead: float = PROBE_OVERHEAD, probe_max: int = PROBE_MAX, min_gain: float = 0.0,
-                 prompt_chance: float = PROMPT_DRAFT_CHANCE) -> None:
+                 prompt_chance: float = PROMPT_DRAFT_CHANCE, learn_prices: bool = False) -> None:
         if max_nodes < 1 or not probe_overhead > 0 or probe_max < 1 or min_gain < 0 or not 0 <= prompt_chance <= 1:
             raise ValueError(f"SpeculationPolicy needs max_nodes >= 1, probe_overhead > 0, probe_max >= 1, "
                              f"min_gain >= 0 and 0 <= prompt_chance <= 1; got {max_nodes}, {probe_overhead}, "
@@ -80,6 +85,8 @@ class SpeculationPolicy:
         self.probing: set[str] = set()  # sources probed in the last plan, until their outcome is observed
         self.probe_paid: set[str] = set()  # sources whose last probe had a token accepted: probe again at once
         self._prices: dict[bytes, tuple[np.ndarray, int]] = {}  # (chain floor, shortest probe interval) per cost table
+        self.loop = LoopPrices(self.costs) if learn_prices else None
+        self._least: dict[str, tuple[tuple[int, bytes], float]] = {}  # least_first per source, with its key
 
     def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
         """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
@@ -87,6 +94,14 @@ class SpeculationPolicy:
         other sequences, so nothing changes here (:class:`redraft.policy.load.LoadAwarePolicy` reprices).
         Returns self."""
         return self
+
+    def observe_step(self, draft: int, seconds: float, *, follows: bool = True) -> None:
+        """One step of this policy's own loop: ``draft`` tokens verified (0 = a plain step) in ``seconds`` of wall
+        time from its plan to the next plan; ``follows`` False when the step before it was not observed. With
+        ``learn_prices`` the cost table is rescaled when the loop's prices move (:class:`LoopPrices`); otherwise
+        nothing happens."""
+        if self.loop is not None and self.loop.observe(draft, seconds, follows=follows):
+            self.costs = self.loop.prices()
 
     def may_pay(self, depth: int) -> bool:
         """Whether a draft of at most ``depth`` tokens can pay at the price set by :meth:`at_load`; False lets the
@@ -295,11 +310,33 @@ class SpeculationPolicy:
                                                                                   and max_depth < 1):
             return False
         first = float(self.conditionals(parents[:1], sources[:1], None if priors is None else priors[:1])[0])
-        if first > floor[1] or (awaited and self.prompt_chance > 0 and first < self.prompt_chance):
+        if (first > floor[1] and first > self.least_first(source)) or (
+                awaited and self.prompt_chance > 0 and first < self.prompt_chance):
             return False  # it may pay, or plan's prompt rule applies (no idle step counted there)
         self.probing = set()
         self.idle[source] = self.idle.get(source, 0) + 1
         return True
+
+    def least_first(self, source: str) -> float:
+        """The least chance of its first node at which a chain of ``source`` can pay at the price now: with u_d
+        the upper bound of its level-d estimate (:meth:`AcceptanceTracker.upper`), node i of the chain is reached
+        with chance at most q1 U(i), U(i) = u_2 ... u_i, so a cut at n yields at most 1 + q1 S(n) tokens, S(n) =
+        U(1) + ... + U(n), and beats a plain step by ``min_gain`` only when q1 > ((1 + min_gain) c(n) - 1) / S(n)
+        for some n. The minimum over n, kept per source until its estimates or the cost table change: on novel
+        text a chance draft whose first token is likely enough but whose deeper levels are not (a short n-gram
+        match) is told hopeless here, without estimating its nodes."""
+        key = (self.tracker.updates(source), self.costs.tobytes())
+        hit = self._least.get(source)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        up = self.tracker.upper(source)
+        n = len(self.costs) - 1
+        reach = np.ones(n)
+        reach[1:] = np.cumprod(up[np.minimum(np.arange(1, n), len(up) - 1)])
+        need = ((1.0 + self.min_gain) * self.costs[1:] - 1.0) / np.cumsum(reach)
+        least = float(need.min()) if n else math.inf
+        self._least[source] = (key, least)
+        return least
 
     def step_costs(self, fed: int = 1) -> np.ndarray:
         """float64 [max_nodes + 1]: the cost in plain steps of verifying n = 0..max_nodes draft tokens in a forward

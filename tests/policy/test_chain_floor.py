@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from redraft.policy import SpeculationPolicy, succession_priors
+from redraft.policy import SpeculationPolicy, select_nodes, succession_priors
 from redraft.pricing import CostCurve
 from redraft.pricing.draft import chain_floor
 
@@ -103,3 +105,20 @@ def test_a_hopeless_chance_draft_is_judged_on_its_first_node_and_still_probed():
     probes = [i for i, s in enumerate(plans) if s.probes]
     assert 2 <= len(probes) <= 10 and all(not s.nodes for s in plans if not s.probes)
     assert sum(c == 1 for c in calls) >= 150  # the first node alone decided most steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(outcomes=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 12)), max_size=60),
+       n=st.integers(1, 48), match=st.one_of(st.none(), st.integers(1, 9)), scale=st.sampled_from([1.0, 1.6, 3.0]),
+       gain=st.sampled_from([0.0, 0.1]))
+def test_a_chain_below_the_least_first_chance_never_pays(outcomes, n, match, scale, gain):
+    policy = SpeculationPolicy(STEEP, max_nodes=48, min_gain=gain)
+    policy.costs = 1.0 + scale * (policy.costs - 1.0)
+    for depth, accepted in outcomes:
+        policy.observe("ngram", depth, min(accepted, depth))
+    parents, sources = chain(n), ["ngram"] * n
+    priors = None if match is None else list(succession_priors(parents, match))
+    cond = policy.conditionals(parents, sources, priors)
+    best = select_nodes(parents, cond, policy.costs, min_gain=gain)
+    if cond[0] <= policy.least_first("ngram"):
+        assert not best.nodes  # the bound said no cut of this chain pays: none does
