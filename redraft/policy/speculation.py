@@ -87,6 +87,7 @@ class SpeculationPolicy:
         self._prices: dict[bytes, tuple[np.ndarray, int]] = {}  # (chain floor, shortest probe interval) per cost table
         self.loop = LoopPrices(self.costs) if learn_prices else None
         self._least: dict[str, tuple[tuple[int, bytes], float]] = {}  # least_first per source, with its key
+        self._lists: dict[str, tuple[int, tuple[list[float], ...]]] = {}  # _estimates per source, with its key
 
     def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
         """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
@@ -124,12 +125,13 @@ class SpeculationPolicy:
         """
         # Python floats and lists in the loop (per-element numpy indexing costs more than the arithmetic here);
         # the operations and their order are those of float64, so the values are the same
-        depths = node_depths(parents).tolist()
+        n = len(parents)
+        depths = list(range(1, n + 1)) if list(parents) == list(range(-1, n - 1)) else node_depths(parents).tolist()
         tr = self.tracker
-        top = min(max(depths, default=0), tr.max_depth)
-        levels = {s: tr.conditional(s, top).tolist() for s in set(sources)}
-        counts = {s: tuple(a.tolist() for a in tr.counts(s)) for s in levels} if priors is not None else {}
-        weights = {s: tr.weights(s).tolist() for s in levels} if priors is not None else {}
+        est = {s: self._estimates(s) for s in set(sources)}
+        levels = {s: e[0] for s, e in est.items()}
+        counts = {s: (e[1], e[2]) for s, e in est.items()}
+        weights = {s: e[3] for s, e in est.items()}
         prior = None if priors is None else [math.nan if p is None else float(p) for p in priors]
         used: dict[int, float] = {}  # prior share taken by earlier siblings, per parent
         left: dict[int, float] = {}  # chance that every earlier sibling failed, per parent
@@ -162,6 +164,19 @@ class SpeculationPolicy:
                     break
         return np.array(cond, dtype=np.float64)
 
+    def _estimates(self, source: str) -> tuple[list[float], list[float], list[float], list[float]]:
+        """The tracker's estimates of ``source`` as Python lists over every level: its conditionals, successes,
+        trials and prior weights, read once per outcome recorded (:meth:`AcceptanceTracker.updates`), not once per
+        plan."""
+        tr = self.tracker
+        key = tr.updates(source)
+        hit = self._lists.get(source)
+        if hit is None or hit[0] != key:
+            succ, trials = tr.counts(source)
+            hit = self._lists[source] = (key, (tr.conditional(source, tr.max_depth).tolist(), succ.tolist(),
+                                               trials.tolist(), tr.weights(source).tolist()))
+        return hit[1]
+
     def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
              max_depth: int | None = None, budget: int | None = None, fed: int = 1,
              awaited: bool = False) -> Selection:
@@ -189,7 +204,7 @@ class SpeculationPolicy:
         n = len(parents)
         # one source's chain (an n-gram or corpus draft): its nodes past the chain floor cannot be in this forward,
         # so a draft that is cut (most chance drafts on a steep curve) is judged on its first few nodes alone
-        chain = fed <= 1 and sources.count(sources[0]) == n and all(p == i - 1 for i, p in enumerate(parents))
+        chain = fed <= 1 and sources.count(sources[0]) == n and list(parents) == list(range(-1, n - 1))
         whole = parents, sources
         if chain and self._hopeless(parents, sources, priors, max_depth, awaited):
             return Selection([], 1.0, 1.0)

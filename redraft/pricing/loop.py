@@ -76,10 +76,11 @@ class LoopPrices:
         prev, self._last_draft = (self._last_draft if follows else -1), draft
         if draft == 0:
             if prev == 0:
-                self._plain.append(seconds)
+                self._plain.append(seconds)  # priced at the next draft: a plain step costs one append
             elif prev > 0:
                 self._after.append(seconds)
-            return self._refit()
+                return self._refit()
+            return False
         self._drafts.append((draft, seconds))
         return self._refit()
 
