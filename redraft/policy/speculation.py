@@ -87,7 +87,8 @@ class SpeculationPolicy:
         self._prices: dict[bytes, tuple[np.ndarray, int]] = {}  # (chain floor, shortest probe interval) per cost table
         self.loop = LoopPrices(self.costs) if learn_prices else None
         self._least: dict[str, tuple[tuple[int, bytes], float]] = {}  # least_first per source, with its key
-        self._lists: dict[str, tuple[int, tuple[list[float], ...]]] = {}  # _estimates per source, with its key
+        # _estimates per source, with its key
+        self._lists: dict[str, tuple[int, tuple[list[float], list[float], list[float], list[float]]]] = {}
 
     def at_load(self, carried: int, share: float | None = None) -> SpeculationPolicy:
         """Price the next plan for a step already carrying ``carried`` rows (``share``: what this request's accepted
