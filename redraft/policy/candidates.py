@@ -40,7 +40,7 @@ def proposal_priors(tree: TokenTree) -> np.ndarray | None:
     """
     counts = tree.counts if tree.counts is not None and any(tree.counts) else None
     return source_priors(tree.parents, counts=counts, match_length=tree.match_length or None,
-                         root_count=(tree.root_count or None) if counts is not None else None)
+                         root_count=(tree.root_count or None) if counts is not None else None, depths=tree.depths)
 
 
 class Candidates:
@@ -65,7 +65,9 @@ class Candidates:
         self.priors.extend([math.nan] * (len(self.tree) - before))
         self.keys.extend([policy_key(source, proposal.match_length)] * (len(self.tree) - before))
         prior = proposal_priors(proposal) if added else None
-        if prior is not None:
+        if prior is not None and before == 0 and added == len(proposal):
+            self.priors = prior.tolist()  # the whole proposal became the tree, node for node (the usual step)
+        elif prior is not None:
             mapped: list[int] = []  # proposal node -> candidate node (-1: dropped by the budget or depth)
             for i, (t, p) in enumerate(zip(proposal.tokens, proposal.parents, strict=True)):
                 m = -1 if p >= 0 and mapped[p] < 0 else self.tree.child(-1 if p < 0 else mapped[p], t)

@@ -55,10 +55,13 @@ def count_priors(parents: Sequence[int], counts: Sequence[float] | np.ndarray,
     return np.clip(share, 0.0, 1.0)
 
 
-def succession_priors(parents: Sequence[int], match_length: int) -> np.ndarray:
-    """float64 [N]: (n + d) / (n + d + 1) for a node at depth d after a match of n tokens (rule of succession)."""
+def succession_priors(parents: Sequence[int], match_length: int,
+                      depths: Sequence[int] | None = None) -> np.ndarray:
+    """float64 [N]: (n + d) / (n + d + 1) for a node at depth d after a match of n tokens (rule of succession);
+    ``depths``: the nodes' depths when the caller holds them (a :class:`~redraft.tree.TokenTree`'s), else they are
+    computed from ``parents``."""
     n = max(0, int(match_length))
-    d = node_depths(parents)
+    d = node_depths(parents) if depths is None else np.asarray(depths, dtype=np.int64)
     return (n + d) / (n + d + 1.0)
 
 
@@ -68,16 +71,17 @@ def depth_limit(match_length: int, factor: float, offset: float = 0.0) -> int:
 
 
 def source_priors(parents: Sequence[int], *, counts: Sequence[float] | None = None,
-                  match_length: int | None = None, root_count: float | None = None) -> np.ndarray | None:
+                  match_length: int | None = None, root_count: float | None = None,
+                  depths: Sequence[int] | None = None) -> np.ndarray | None:
     """A source's per-node priors from what it knows; None when it knows nothing (no counts, no match length).
 
     With both, the prior is the product: the share of occurrences continuing this way times the chance the
-    matched occurrence still tracks the live context.
+    matched occurrence still tracks the live context. ``depths``: the nodes' depths, when the caller holds them.
     """
     prior = None
     if counts is not None:
         prior = count_priors(parents, counts, root_count)
     if match_length is not None and match_length > 0:
-        succ = succession_priors(parents, match_length)
+        succ = succession_priors(parents, match_length, depths)
         prior = succ if prior is None else prior * succ
     return prior

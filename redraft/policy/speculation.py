@@ -97,6 +97,24 @@ class SpeculationPolicy:
         Returns self."""
         return self
 
+    @property
+    def costs(self) -> np.ndarray:
+        """float64 [max_nodes + 1]: the cost table the next plan prices with, c(n) in plain steps (the curve's, or
+        what :class:`LoopPrices` or a load made of it). Assign a new table to change it (not in place: the prices
+        derived from it are kept per assignment)."""
+        return self._costs
+
+    @costs.setter
+    def costs(self, table: np.ndarray) -> None:
+        self._costs = table
+        self._costs_key: bytes | None = None  # its bytes, taken when first needed
+
+    def _table_key(self) -> bytes:
+        """The cost table's bytes (what the per-table prices are kept under), once per assignment."""
+        if self._costs_key is None:
+            self._costs_key = self._costs.tobytes()
+        return self._costs_key
+
     def observe_step(self, draft: int, seconds: float, *, follows: bool = True) -> None:
         """One step of this policy's own loop: ``draft`` tokens verified (0 = a plain step) in ``seconds`` of wall
         time from its plan to the next plan; ``follows`` False when the step before it was not observed. With
@@ -303,7 +321,7 @@ class SpeculationPolicy:
 
     def _table_prices(self) -> tuple[np.ndarray, int]:
         """(chain floor, fewest idle steps before any probe) of the cost table now, computed once per table."""
-        key = self.costs.tobytes()
+        key = self._table_key()
         prices = self._prices.get(key)
         if prices is None:
             if len(self._prices) >= 64:
@@ -325,7 +343,13 @@ class SpeculationPolicy:
         if source in self.probe_paid or self.idle.get(source, 0) >= shortest or (max_depth is not None
                                                                                   and max_depth < 1):
             return False
-        first = float(self.conditionals(parents[:1], sources[:1], None if priors is None else priors[:1])[0])
+        levels, succ, trials, weights = self._estimates(source)
+        prior = None if priors is None or priors[0] is None else float(priors[0])
+        if prior is None or math.isnan(prior):
+            first = levels[0]
+        else:  # conditionals' estimate of a root child, in the same operations
+            share = min(1.0, max(0.0, prior) / max(1e-12, 1.0))
+            first = (succ[0] + weights[0] * share * 1.0) / (trials[0] + weights[0])
         if (first > floor[1] and first > self.least_first(source)) or (
                 awaited and self.prompt_chance > 0 and first < self.prompt_chance):
             return False  # it may pay, or plan's prompt rule applies (no idle step counted there)
@@ -341,7 +365,7 @@ class SpeculationPolicy:
         for some n. The minimum over n, kept per source until its estimates or the cost table change: on novel
         text a chance draft whose first token is likely enough but whose deeper levels are not (a short n-gram
         match) is told hopeless here, without estimating its nodes."""
-        key = (self.tracker.updates(source), self.costs.tobytes())
+        key = (self.tracker.updates(source), self._table_key())
         hit = self._least.get(source)
         if hit is not None and hit[0] == key:
             return hit[1]

@@ -104,7 +104,7 @@ def test_a_hopeless_chance_draft_is_judged_on_its_first_node_and_still_probed():
     plans = [pol.plan(chain(48), ["ngram/1"] * 48, succession_priors(chain(48), 1)) for _ in range(200)]
     probes = [i for i, s in enumerate(plans) if s.probes]
     assert 2 <= len(probes) <= 10 and all(not s.nodes for s in plans if not s.probes)
-    assert sum(c == 1 for c in calls) >= 150  # the first node alone decided most steps
+    assert len(calls) <= 50  # the first node alone decided most steps: the chain was estimated on few of them
 
 
 @settings(max_examples=200, deadline=None)
