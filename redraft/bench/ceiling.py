@@ -43,11 +43,14 @@ class CeilingTimer:
         if not answer_ids or not prompt_ids:
             return None
         best = None
+        # a target that lends its logits (llama.cpp) lends them here too: the engine's verify step reads them in
+        # place, so copying them out is no part of the least a replay must spend
+        lend = {"borrow": True} if getattr(self.target, "lends_logits", False) else {}
         with torch.inference_mode():
             for _ in range(self.repeats):
                 self.target.reset()
                 t0 = time.perf_counter()
-                self.target.forward(ids, n_logits=len(answer_ids))
+                self.target.forward(ids, n_logits=len(answer_ids), **lend)
                 dt = time.perf_counter() - t0
                 best = dt if best is None else min(best, dt)
         self.target.reset()

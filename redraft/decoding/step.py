@@ -82,7 +82,8 @@ def verify_step(target: HFTarget, chooser: TokenChooser, pending: list[int], dra
         draft: the step's :class:`Draft`.
         n_ctx: committed context length (prompt + output), i.e. the position of the token row 0 chooses.
     Returns:
-        the :class:`Step`; the KV cache then holds every fed token (the engine keeps the accepted ones).
+        the :class:`Step`; the KV cache then holds every fed token (the engine keeps the accepted ones). Its
+        ``logits`` may be the target's own output buffer: valid until the target's next forward.
     """
     tree, n_past, n_pend = draft.tree, target.length, len(pending)
     if tree.is_chain:
@@ -90,7 +91,8 @@ def verify_step(target: HFTarget, chooser: TokenChooser, pending: list[int], dra
     else:
         positions = tree_positions(tree, n_past, n_pend)
         mask = tree_attention_mask(tree, n_past, n_pend, target.dtype)
-    logits = yield from forward(target, pending + tree.tokens, positions, mask, n_logits=len(tree) + 1)
+    # borrowed: the step's logits are read before the engine's next forward (a llama.cpp target lends its buffer)
+    logits = yield from forward(target, pending + tree.tokens, positions, mask, n_logits=len(tree) + 1, borrow=True)
     row_pos = [n_ctx] + [n_ctx + d for d in tree.depths]
     extra = [[]] + [[tree.tokens[j] for j in tree.path_to(i)] for i in range(len(tree))] \
         if chooser.processors else None

@@ -7,6 +7,8 @@ installed (``make llama``); the bad-input tests that need no llama.cpp run every
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 from llamakit import SKIP_REASON, has_llama, needs_llama
@@ -104,6 +106,28 @@ def test_verify_rows_equal_plain_rows_on_a_batch_invariant_build(loaded, prompts
     target.reset()
     assert torch.equal(batch, single) == target.invariant
     assert target.numerics == ("llama.cpp batch-invariant" if target.invariant else "llama.cpp")
+
+
+@needs_llama
+def test_borrowed_logits_are_the_copys_values_in_llama_cpps_own_buffer(loaded, prompts):
+    """forward(borrow=True) returns llama.cpp's output buffer itself (no copy), with the values a copy holds, and
+    a forward longer than one batch still gets a copy of its own."""
+    target = loaded.model
+    ids = prompts[1]
+    target.reset()
+    copied = target.forward(ids, n_logits=4)
+    target.reset()
+    lent = target.forward(ids, n_logits=4, borrow=True)
+    assert torch.equal(lent, copied)
+    assert lent.data_ptr() == ctypes.addressof(target._lib.llama_get_logits(target._ctx).contents)
+    kept = lent.clone()
+    target.forward([ids[0]])  # the next decode writes over the lent rows
+    assert not torch.equal(lent[0], kept[0]) and torch.equal(kept, copied)
+    target.reset()
+    long = [ids[i % len(ids)] for i in range(target.n_batch + 5)]
+    lent = target.forward(long, n_logits=3, borrow=True)  # two decodes: copied, as without borrow
+    assert lent.data_ptr() != ctypes.addressof(target._lib.llama_get_logits(target._ctx).contents)
+    target.reset()
 
 
 @needs_llama

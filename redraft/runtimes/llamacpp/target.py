@@ -92,6 +92,7 @@ class LlamaCppTarget(SequenceState, Target):
     """
 
     runtime = "llama.cpp"
+    lends_logits = True  # forward(borrow=True) returns a view of llama.cpp's output buffer
     _released = False  # a view whose sequence was handed back (:meth:`release`)
     chain_only = True
     sliding_window = None
@@ -192,13 +193,17 @@ class LlamaCppTarget(SequenceState, Target):
         self.ids = []
 
     def forward(self, ids: list[int], positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                n_logits: int = 1) -> torch.Tensor:
+                n_logits: int = 1, *, borrow: bool = False) -> torch.Tensor:
         """Run ``ids`` through llama.cpp after the cached tokens, appending all of them to the KV cache.
 
         Args:
             ids: S >= 1 token ids, fed in ``llama_decode`` batches of at most ``n_batch``.
             positions, mask: must be None (consecutive positions, causal attention: chains only).
             n_logits: trailing rows that get an output row (1..S; plain decoding's forwards ask for 1).
+            borrow: return a view of llama.cpp's output buffer instead of a copy when the forward is one
+                ``llama_decode`` (S <= ``n_batch``): valid until this context's next decode, for a caller that reads
+                it before then and keeps no reference (the engine's verify step). Saves copying every row (134 MB
+                for a 128-token replay on Gemma 3's 262,144-token vocabulary, ~10% of that forward).
         Returns:
             FloatTensor [n_logits, vocab] (float32, CPU): the logits of the last ``n_logits`` rows.
         Raises:
@@ -214,24 +219,33 @@ class LlamaCppTarget(SequenceState, Target):
             raise ValueError(f"forward: n_logits={n_logits} outside 1..{s} fed tokens")
         if self.length + s > self.max_length:
             raise ValueError(f"forward: {self.length} cached + {s} new tokens exceed n_ctx={self.max_length}")
-        lib, batch, first_out = self._lib, self._batch, s - n_logits
+        lib, first_out = self._lib, s - n_logits
+        if borrow and s <= self.n_batch:
+            self._decode(ids, first_out)
+            return _lent_rows(lib.llama_get_logits(self._ctx), n_logits, self.vocab_size)
         out = torch.empty(n_logits, self.vocab_size, dtype=torch.float32)
         row = 0  # output rows copied so far
         for start in range(0, s, self.n_batch):
             chunk = ids[start:start + self.n_batch]
-            batch.n_tokens = len(chunk)
-            _put(batch, 0, self, chunk, first_out - start)
-            rc = lib.llama_decode(self._ctx, batch)
-            if rc != 0:
-                self._lib.llama_memory_seq_rm(self._mem, self.seq, self.length, -1)
-                raise LlamaCppError(f"llama_decode returned {rc} on {len(chunk)} tokens at position {self.length}")
-            self.length += len(chunk)
-            self.ids.extend(int(t) for t in chunk)
+            self._decode(chunk, first_out - start)
             n_out = min(len(chunk), start + len(chunk) - first_out)
             if n_out > 0:  # the batch's output rows, in batch order, copied once into the result
                 _copy_rows(out, row, lib.llama_get_logits(self._ctx), n_out)
                 row += n_out
         return out
+
+    def _decode(self, chunk: list[int], first_logit: int) -> None:
+        """One ``llama_decode`` of ``chunk`` (at most ``n_batch`` ids) after the cached tokens, with output rows
+        from its ``first_logit``-th token on; the cache then holds them (LlamaCppError, and nothing kept, if not)."""
+        batch = self._batch
+        batch.n_tokens = len(chunk)
+        _put(batch, 0, self, chunk, first_logit)
+        rc = self._lib.llama_decode(self._ctx, batch)
+        if rc != 0:
+            self._lib.llama_memory_seq_rm(self._mem, self.seq, self.length, -1)
+            raise LlamaCppError(f"llama_decode returned {rc} on {len(chunk)} tokens at position {self.length}")
+        self.length += len(chunk)
+        self.ids.extend(int(t) for t in chunk)
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (``llama_memory_seq_rm`` of the rest)."""
@@ -374,6 +388,13 @@ def _copy_rows(out: torch.Tensor, at: int, ptr, n: int) -> None:
     fewest (against numpy's ``as_array(...).copy()`` and ``torch.from_numpy``: ~40 us a step less here)."""
     width = out.shape[1] * out.element_size()
     ctypes.memmove(out.data_ptr() + at * width, ptr, n * width)
+
+
+def _lent_rows(ptr, n: int, vocab: int) -> torch.Tensor:
+    """FloatTensor [n, vocab] viewing llama.cpp's output buffer ``ptr`` (float32 rows, the batch's outputs in
+    order): no copy; valid until the context's next decode."""
+    rows = (ctypes.c_float * (n * vocab)).from_address(ctypes.addressof(ptr.contents))
+    return torch.frombuffer(rows, dtype=torch.float32).view(n, vocab)
 
 
 def _put(batch, at: int, target: LlamaCppTarget, ids: Sequence[int], first_logit: int) -> int:
