@@ -46,6 +46,7 @@ from redraft.runtimes.llamacpp.lib import (
     tiled_matmul_fixed,
 )
 from redraft.runtimes.llamacpp.probe import ProbeFailed, batch_report, settle
+from redraft.runtimes.llamacpp.rows import copy_rows, lent_rows, put_tokens
 from redraft.runtimes.llamacpp.state import SequenceState
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ class LlamaCppTarget(SequenceState, Target):
         lib, first_out = self._lib, s - n_logits
         if borrow and s <= self.n_batch:
             self._decode(ids, first_out)
-            return _lent_rows(lib.llama_get_logits(self._ctx), n_logits, self.vocab_size)
+            return lent_rows(lib.llama_get_logits(self._ctx), n_logits, self.vocab_size)
         out = torch.empty(n_logits, self.vocab_size, dtype=torch.float32)
         row = 0  # output rows copied so far
         for start in range(0, s, self.n_batch):
@@ -230,7 +231,7 @@ class LlamaCppTarget(SequenceState, Target):
             self._decode(chunk, first_out - start)
             n_out = min(len(chunk), start + len(chunk) - first_out)
             if n_out > 0:  # the batch's output rows, in batch order, copied once into the result
-                _copy_rows(out, row, lib.llama_get_logits(self._ctx), n_out)
+                copy_rows(out, row, lib.llama_get_logits(self._ctx), n_out)
                 row += n_out
         return out
 
@@ -239,7 +240,7 @@ class LlamaCppTarget(SequenceState, Target):
         from its ``first_logit``-th token on; the cache then holds them (LlamaCppError, and nothing kept, if not)."""
         batch = self._batch
         batch.n_tokens = len(chunk)
-        _put(batch, 0, self, chunk, first_logit)
+        put_tokens(batch, 0, self.seq, self.length, chunk, first_logit)
         rc = self._lib.llama_decode(self._ctx, batch)
         if rc != 0:
             self._lib.llama_memory_seq_rm(self._mem, self.seq, self.length, -1)
@@ -381,34 +382,6 @@ class LlamaCppTarget(SequenceState, Target):
             pass
 
 
-def _copy_rows(out: torch.Tensor, at: int, ptr, n: int) -> None:
-    """Copy ``n`` rows of float32 logits from llama.cpp's output buffer ``ptr`` into rows ``at..at + n`` of ``out``
-    ([R, vocab], float32, contiguous): one ``memmove``, no intermediate array. Right after a decode, when the
-    weights it streamed have evicted the caches, every object touched costs a memory access; this path touches
-    fewest (against numpy's ``as_array(...).copy()`` and ``torch.from_numpy``: ~40 us a step less here)."""
-    width = out.shape[1] * out.element_size()
-    ctypes.memmove(out.data_ptr() + at * width, ptr, n * width)
-
-
-def _lent_rows(ptr, n: int, vocab: int) -> torch.Tensor:
-    """FloatTensor [n, vocab] viewing llama.cpp's output buffer ``ptr`` (float32 rows, the batch's outputs in
-    order): no copy; valid until the context's next decode."""
-    rows = (ctypes.c_float * (n * vocab)).from_address(ctypes.addressof(ptr.contents))
-    return torch.frombuffer(rows, dtype=torch.float32).view(n, vocab)
-
-
-def _put(batch, at: int, target: LlamaCppTarget, ids: Sequence[int], first_logit: int) -> int:
-    """Write ``ids`` into ``batch`` from slot ``at`` under ``target``'s sequence id, at its next positions, with an
-    output row from the ``first_logit``-th of them on; returns the next free slot."""
-    for i, tok in enumerate(ids):
-        batch.token[at + i] = int(tok)
-        batch.pos[at + i] = target.length + i
-        batch.n_seq_id[at + i] = 1
-        batch.seq_id[at + i][0] = target.seq
-        batch.logits[at + i] = i >= first_logit
-    return at + len(ids)
-
-
 def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> list[torch.Tensor]:
     """ONE ``llama_decode`` over several sequences' new tokens (llama.cpp's multi-sequence batch), each token under
     its own sequence id at its sequence's next positions.
@@ -444,7 +417,7 @@ def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> l
     lib, batch, j = owner._lib, owner._batch, 0
     for k in order:
         t, ids, n_logits = parts[k]
-        j = _put(batch, j, t, ids, len(ids) - n_logits)
+        j = put_tokens(batch, j, t.seq, t.length, ids, len(ids) - n_logits)
     batch.n_tokens = total
     rc = lib.llama_decode(owner._ctx, batch)
     if rc != 0:
@@ -453,7 +426,7 @@ def decode_together(parts: Sequence[tuple[LlamaCppTarget, list[int], int]]) -> l
         raise LlamaCppError(f"llama_decode returned {rc} on a batch of {total} tokens over {len(parts)} sequences")
     n_out = sum(n for _, _, n in parts)
     rows = torch.empty(n_out, owner.vocab_size, dtype=torch.float32)  # output rows in batch order
-    _copy_rows(rows, 0, lib.llama_get_logits(owner._ctx), n_out)
+    copy_rows(rows, 0, lib.llama_get_logits(owner._ctx), n_out)
     out: list[torch.Tensor] = [rows[:0]] * len(parts)
     at = 0
     for k in order:
