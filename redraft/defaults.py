@@ -109,6 +109,10 @@ ACCEPT_PRIOR_MIN_WEIGHT = 0.1
 # A dropped source's probes may cost this share of a plain step on average; a probe is at most PROBE_MAX tokens.
 PROBE_OVERHEAD = 0.03
 PROBE_MAX = 4
+# A drafter whose last ASK_FRUITLESS proposals were all dropped is asked so seldom that its asking (lookup,
+# candidates, plan) costs at most ASK_OVERHEAD of a plain step (redraft.policy.asking).
+ASK_OVERHEAD = 0.01
+ASK_FRUITLESS = 3
 # A draft carried by a streamed request's prompt forward (the prompt's uncached tokens, then the draft) delays the
 # first token by every row it adds, so it must be likely right: its first token's estimated chance at least this (a
 # replayed prompt's whole-context match is ~1; a chance phrase or the chat template's tail before an answer is not).

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from redraft.policy.asking import AskBudget
 from redraft.policy.candidates import Candidates, cut, observe_outcomes
 from redraft.policy.speculation import SpeculationPolicy
 from redraft.tree import TokenTree
@@ -108,6 +109,10 @@ class DraftPlanner:
         self._step: tuple[float, int, int] | None = None
         self._forwards = 0
         self._timed = False
+        # with loop prices: a drafter whose drafts keep being dropped is asked within a budget (policy.asking)
+        self.asks = AskBudget() if getattr(policy, "loop", None) is not None else None
+        self._may_skip = False  # this step may leave a fruitless drafter unasked (not a prompt's forward)
+        self._skipped = False  # a drafter was left unasked this step
 
     def begin(self) -> None:
         """A new sequence starts: the time since the last step belongs to no step (a prompt's prefill comes next)."""
@@ -133,7 +138,11 @@ class DraftPlanner:
                 self.policy.observe_step(drafted, now - start, follows=self._timed)  # type: ignore[union-attr]
             self._timed = ok
         self._forwards = 0
+        self._may_skip, self._skipped = limits.fed <= 1, False
         draft = self._propose(context, limits)
+        if self.asks is not None and not self._skipped and not len(draft.tree):  # asking that came to nothing
+            self.asks.timed(self.clock() - now, self.policy.loop.plain_seconds)  # type: ignore[union-attr]
+        self._may_skip = False
         self._step = (now, len(draft.tree), limits.fed) if limits.carried <= 1 else None
         if self._step is None:
             self._timed = False
@@ -177,6 +186,8 @@ class DraftPlanner:
             j, cand = hit
             tree, keys = cut(policy, cand, max_depth=depth, budget=budget, fed=limits.fed,
                              awaited=limits.first_token_awaited)
+            if self.asks is not None:
+                self.asks.outcome(j, len(tree) > 0)
             if len(tree):
                 return Draft(tree, keys)
             start = j + 1
@@ -204,6 +215,10 @@ class DraftPlanner:
         """(drafter index, name, proposal) in priority order from ``start``, cleaned for the verifier; lazily, so
         a drafter after the one that wins the step is never asked."""
         for j in range(start, len(self.drafters)):
+            if self._may_skip and self.asks is not None and not self.asks.ask(j):
+                self._skipped = True
+                self._idle(self.drafters[j].name)
+                continue  # its drafts keep being dropped: asked within the asking budget only
             d = self.drafters[j]
             prop = d.propose(context, depth)
             if prop is None or len(prop) == 0:
@@ -213,6 +228,13 @@ class DraftPlanner:
             if self.vocab_size is not None:
                 prop = prop.within_vocab(self.vocab_size)
             yield j, d.name, prop
+
+    def _idle(self, name: str) -> None:
+        """A step that left drafter ``name`` unasked counts as idle for each key the policy learns it under
+        (:func:`~redraft.policy.candidates.policy_key`), so its probes still come on time."""
+        assert self.policy is not None
+        for key in [k for k in self.policy.idle if k == name or k.startswith(name + "/")]:
+            self.policy.skip(key)
 
     def _find(self, context: np.ndarray, depth: int, start: int) -> tuple[int, Candidates] | None:
         """The first drafter from ``start`` on with a proposal: (its index, the proposal as candidates)."""

@@ -36,6 +36,22 @@ def test_the_scale_is_what_the_steps_say(scale, extra):
     assert np.all(np.diff(table) >= 0)
 
 
+@pytest.mark.parametrize("offset,scale", [(0.125, 1.25), (0.0, 1.5), (0.25, 1.0)])
+def test_a_fixed_part_per_draft_step_and_a_scale_are_told_apart(offset, scale):
+    """Steps that cost what the loop measured on llama.cpp (a fixed ~0.1 steps per draft step and the curve's part
+    +25%): both come back, so a deep draft is not priced at a shallow one's ratio."""
+    prices = LoopPrices(CURVE.table(64))
+    for _ in range(MIN_PLAIN + 1):
+        prices.observe(0, T1)
+    for n in (2, 4, 4, 8, 16, 4, 2, 8, 16, 4):
+        prices.observe(n, T1 * (1 + offset + scale * (prices.table[n] - 1)))
+        prices.observe(0, T1)
+    assert prices.offset == pytest.approx(offset, abs=1 / 32)
+    assert prices.scale == pytest.approx(scale, abs=1 / 32)
+    table = prices.prices()
+    assert table[0] == 1.0 and table[16] == pytest.approx(1 + prices.offset + prices.scale * (CURVE.cost(16) - 1))
+
+
 def test_nothing_moves_before_enough_steps():
     prices = LoopPrices(CURVE.table(64))
     for _ in range(MIN_PLAIN - 1):

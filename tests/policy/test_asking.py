@@ -1,0 +1,94 @@
+"""Asking a drafter costs time: :class:`redraft.policy.asking.AskBudget` and the draft planner's use of it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from redraft.decoding.planner import DraftLimits, DraftPlanner
+from redraft.policy import SpeculationPolicy
+from redraft.policy.asking import AskBudget
+from redraft.pricing import CostCurve
+from redraft.pricing.loop import MIN_PLAIN
+from redraft.tree import TokenTree
+
+STEEP = CostCurve((0, 1, 2, 4, 8, 16, 64), (1.0, 1.83, 1.93, 2.17, 2.94, 4.57, 14.0))
+
+
+def test_a_fruitful_drafter_is_asked_every_step():
+    asks = AskBudget(overhead=0.01, fruitless=3)
+    asks.timed(0.0005, 0.005)  # asking costs 10% of a step
+    for _ in range(20):
+        assert asks.ask(0)
+        asks.outcome(0, True)
+
+
+@pytest.mark.parametrize("share,interval", [(0.10, 10), (0.03, 3), (0.005, 1)])
+def test_a_fruitless_drafter_is_asked_within_the_budget(share, interval):
+    asks = AskBudget(overhead=0.01, fruitless=3)
+    asks.timed(share * 0.005, 0.005)
+    assert asks.interval() == interval
+    for _ in range(3):
+        assert asks.ask(0)
+        asks.outcome(0, False)
+    pattern = []
+    for _ in range(4 * interval):
+        pattern.append(asks.ask(0))
+        if pattern[-1]:
+            asks.outcome(0, False)
+    assert sum(pattern) == 4 and pattern[interval - 1]  # every interval-th step, so asking costs ~overhead
+    asks.outcome(0, True)  # a kept draft: asked every step again
+    assert all(asks.ask(0) for _ in range(5))
+
+
+def test_the_share_is_unknown_until_a_plain_step_is():
+    asks = AskBudget()
+    asks.timed(0.001, None)
+    assert asks.share is None and asks.interval() == 1
+    with pytest.raises(ValueError, match="overhead"):
+        AskBudget(overhead=0)
+
+
+class Dropped:
+    """A drafter whose chains the policy never keeps (its first token is never accepted)."""
+
+    name = "ngram"
+    guard = None
+
+    def __init__(self, now: list[float]) -> None:
+        self.asked, self.now = 0, now
+
+    def propose(self, context, max_depth):
+        self.asked += 1
+        self.now[0] += 0.0005  # asking costs 0.5 ms: 10% of a 5 ms step
+        tree = TokenTree.chain([1, 2, 3, 4], self.name)
+        tree.match_length = 1
+        return tree
+
+    def observe(self, proposed, accepted, emitted):
+        pass
+
+
+def test_the_planner_asks_a_dropped_drafter_less_and_a_prompt_always():
+    now = [0.0]
+    policy = SpeculationPolicy(STEEP, max_nodes=8, learn_prices=True)
+    for _ in range(30):
+        policy.observe("ngram/1", 4, 0)
+    drafter = Dropped(now)
+    planner = DraftPlanner([drafter], policy, clock=lambda: now[0])
+    planner.begin()
+    context = np.arange(12)
+    for _ in range(MIN_PLAIN + 6):  # plain steps of 5 ms, each asking for 0.5 ms (10%: asked every 10th step)
+        draft = planner.propose(context, DraftLimits(4))
+        planner.observe(draft, [], 1)
+        now[0] += 0.005
+    assert planner.asks is not None and planner.asks.interval() >= 5
+    before = drafter.asked
+    for _ in range(50):
+        draft = planner.propose(context, DraftLimits(4))
+        planner.observe(draft, [], 1)
+        now[0] += 0.005
+    assert drafter.asked - before <= 50 // 5 + 2  # within the budget, probes included
+    before = drafter.asked
+    planner.propose(context, DraftLimits(4, fed=12))  # a prompt's forward asks whatever the budget says
+    assert drafter.asked == before + 1
