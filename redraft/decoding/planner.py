@@ -222,6 +222,8 @@ class DraftPlanner:
             d = self.drafters[j]
             prop = d.propose(context, depth)
             if prop is None or len(prop) == 0:
+                if self._may_skip and self.asks is not None:
+                    self.asks.outcome(j, False)  # asked for nothing: as fruitless as a dropped proposal
                 continue
             if self.chain_only:
                 prop = prop.first_path()

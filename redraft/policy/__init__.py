@@ -22,13 +22,17 @@ The rule
     scales its priors at the levels under it (a short n-gram match's rule-of-succession prior, 0.8-0.97 per deep
     level, is followed only while outcomes agree with it). A flat curve (a GPU, where a wider verify is almost free) drafts to the cap whenever acceptance is
     above zero; a steep one drafts only as deep as acceptance pays for. No machine-specific constant is involved:
-    the only machine input is the measured curve. A source whose drafts are dropped is re-tried with a short probe
+    the only machine inputs are the measured curve and, for one sequence's own loop (``learn_prices``, the
+    composition point's default), that loop's step times, which correct the curve to what a draft costs there
+    (:mod:`redraft.pricing.loop`: its planning, its verify and the step after it). A source whose drafts are dropped is re-tried with a short probe
     (1..4 tokens, the length the curve makes cheapest, never extended) once the probe's cost should nothing be
     accepted, spread over the idle steps, is under ``probe_overhead`` (3%) of a plain step, so a useless source
     costs at most that; a probe that pays is followed by another at once and the estimates decay with every
     outcome, so a source that turned useful drafts again a probe interval later (tests/policy/test_policy.py and
     tests/decoding/test_engine_policy.py bound both on synthetic curves). The engine learns per source and power-of-two
-    match length (:func:`~redraft.policy.candidates.policy_key`).
+    match length (:func:`~redraft.policy.candidates.policy_key`). Asking a drafter costs time too: one whose
+    proposals keep being dropped is asked only so often that its asking costs at most 1% of a step
+    (:mod:`~redraft.policy.asking`).
 
 What it replaces
     Colibri's acceptance guard (COLI_CORPUS_MINACC: pause a source for 256 tokens when acceptance over its last

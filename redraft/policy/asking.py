@@ -7,7 +7,7 @@ took ~100 us a step right after a decode (cold caches make each Python call seve
 every step on novel text, where most of its proposals are dropped, against plain decoding's 0.
 
 :class:`AskBudget` bounds that like the policy bounds a dropped source's probes (``probe_overhead``): once a drafter's
-last ``fruitless`` asks all came to nothing (none of its nodes kept), it is asked only every k-th step, k =
+last ``fruitless`` asks all came to nothing (no proposal, or none of its nodes kept), it is asked only every k-th step, k =
 ceil(ask share / ``overhead``), where the ask share is what asking has cost per step lately over a plain step's time
 (both measured in the loop: :class:`~redraft.pricing.loop.LoopPrices` gives the plain step). So a drafter that drafts
 nothing costs at most ``overhead`` of a step for its asking, and one that is right again is asked every step from its
@@ -62,7 +62,8 @@ class AskBudget:
         return False
 
     def outcome(self, drafter: int, kept: bool) -> None:
-        """``drafter`` was asked and proposed: ``kept`` whether any of its nodes went into the step's draft."""
+        """``drafter`` was asked: ``kept`` whether any of its nodes went into the step's draft (False too when it
+        proposed nothing: a corpus lookup that finds no match costs its time all the same)."""
         self._streak[drafter] = 0 if kept else self._streak.get(drafter, 0) + 1
 
     def timed(self, seconds: float, plain_seconds: float | None) -> None:
