@@ -17,6 +17,7 @@ SCRIPTS = {
     "benchmarks/batching/batching_probe.py": "{concurrent,step,noise}",
     "benchmarks/serve/templated.py": "--questions",
     "benchmarks/grammar/structured.py": "--max-new-tokens",
+    "benchmarks/policy/novel_variants.py": "--questions",
 }
 
 
