@@ -127,7 +127,9 @@ class DraftPlanner:
         With a policy that learns its prices (``policy.loop``), the step before this one is timed here: from its
         plan to this one, when it was one forward of one pending token plus its draft, alone in its step
         (``limits.carried`` 1); a prompt's forward, a step with extra forwards (exact mode's settling) or a shared
-        step is not, and the step after it counts as not following a timed one."""
+        step is not, and the step after it counts as not following a timed one. Such a planner also asks each
+        drafter within its :class:`~redraft.policy.asking.AskBudget` (``asks``): one whose asks keep coming to
+        nothing is skipped on most steps but a prompt's forward."""
         if getattr(self.policy, "loop", None) is None:  # no policy, or one that does not learn its prices
             return self._propose(context, limits)
         now = self.clock()

@@ -230,12 +230,15 @@ class Generator:
 
     def policy(self, tenant: str):
         """The tenant's :class:`~redraft.policy.SpeculationPolicy` (None without the policy): one per tenant, all
-        on the server's one cost curve."""
+        on the server's one cost curve. Its prices are the curve's, not learned from step times
+        (``learn_prices`` off): a server's step times carry every tenant's load, and what one tenant's traffic does
+        to them must not change another tenant's drafts."""
         if self.curve is None:
             return None
         with self._lock:
             if tenant not in self.policies:
-                self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes)
+                self.policies[tenant] = build_policy(curve=self.curve, max_nodes=self.config.policy_nodes,
+                                                     learn_prices=False)
             return self.policies[tenant]
 
     def request_policy(self, tenant: str):
