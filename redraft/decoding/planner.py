@@ -217,11 +217,14 @@ class DraftPlanner:
         """(drafter index, name, proposal) in priority order from ``start``, cleaned for the verifier; lazily, so
         a drafter after the one that wins the step is never asked."""
         for j in range(start, len(self.drafters)):
-            if self._may_skip and self.asks is not None and not self.asks.ask(j):
-                self._skipped = True
-                self._idle(self.drafters[j].name)
-                continue  # its drafts keep being dropped: asked within the asking budget only
             d = self.drafters[j]
+            # a drafter with a budget of its own (a draft model's PolicyGate, whose meter times every ask) is
+            # always asked; another whose drafts keep being dropped is asked within the asking budget only
+            if self._may_skip and self.asks is not None and not getattr(d, "own_budget", False) \
+                    and not self.asks.ask(j):
+                self._skipped = True
+                self._idle(d.name)
+                continue
             prop = d.propose(context, depth)
             if prop is None or len(prop) == 0:
                 if self._may_skip and self.asks is not None:

@@ -51,6 +51,8 @@ class PolicyGate:
         ValueError: ``draft_cost`` < 0 or ``smoothing`` outside (0, 1].
     """
 
+    own_budget = True  # it decides each step whether its drafter runs: the planner's asking budget leaves it be
+
     def __init__(self, drafter, policy: SpeculationPolicy, *, draft_cost: float | None = None,
                  smoothing: float = 0.2) -> None:
         if (draft_cost is not None and not draft_cost >= 0) or not 0 < smoothing <= 1:

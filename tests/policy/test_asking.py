@@ -92,3 +92,21 @@ def test_the_planner_asks_a_dropped_drafter_less_and_a_prompt_always():
     before = drafter.asked
     planner.propose(context, DraftLimits(4, fed=12))  # a prompt's forward asks whatever the budget says
     assert drafter.asked == before + 1
+
+
+def test_a_drafter_with_a_budget_of_its_own_is_always_asked():
+    """A draft model behind its PolicyGate times every ask with its own meter: the planner never skips it."""
+    now = [0.0]
+    policy = SpeculationPolicy(STEEP, max_nodes=8, learn_prices=True)
+    for _ in range(30):
+        policy.observe("ngram/1", 4, 0)
+    drafter = Dropped(now)
+    drafter.own_budget = True
+    planner = DraftPlanner([drafter], policy, clock=lambda: now[0])
+    planner.begin()
+    context = np.arange(12)
+    for _ in range(MIN_PLAIN + 56):
+        draft = planner.propose(context, DraftLimits(4))
+        planner.observe(draft, [], 1)
+        now[0] += 0.005
+    assert drafter.asked == MIN_PLAIN + 56
