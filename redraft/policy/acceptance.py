@@ -118,8 +118,10 @@ class AcceptanceTracker:
         succ, trials = self.counts(source)
         out = np.empty(max(0, depth))
         mean, w = self.prior_mean, self.weights(source)
-        for i in range(len(out)):
-            if i < self.max_depth:
-                mean = (succ[i] + w[i] * mean) / (trials[i] + w[i])
+        tested = np.flatnonzero(trials[:min(len(out), self.max_depth)])
+        last = int(tested[-1]) + 1 if len(tested) else 0  # below the deepest tested level nothing moves the mean
+        for i in range(last):
+            mean = (succ[i] + w[i] * mean) / (trials[i] + w[i])
             out[i] = mean
+        out[last:] = mean
         return out
