@@ -17,6 +17,8 @@ On it:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from redraft.pricing.curve import CostCurve
@@ -53,13 +55,29 @@ def chain_floor(costs: np.ndarray) -> np.ndarray:
     from k on beats both a plain step and the cut at k - 1, so the policy need not look past k - 1. On a flat
     curve (a GPU) the floor is near 0 and nothing is left out; on a steep one (llama.cpp on a CPU, where a row
     costs most of a step) a chance draft's 48-token chain is judged on its first few nodes."""
-    costs = np.asarray(costs, dtype=np.float64)
-    k_max = len(costs) - 1
-    k = np.arange(1, k_max + 1)[:, None]  # the first added node's depth
-    j = np.arange(k_max + 1)[None, :]  # the last added node's depth
-    span = j - k + 1
-    per_node = np.where(span >= 1, (costs[None, :] - costs[k - 1]) / np.maximum(span, 1), np.inf)
-    return np.concatenate(([np.inf], per_node.min(axis=1)))
+    c = np.asarray(costs, dtype=np.float64).tolist()
+    k_max = len(c) - 1
+    floor = [math.inf] * (k_max + 1)
+    # floor[k] is the least slope from the point (k - 1, c(k - 1)) to a point (j, c(j)) right of it, attained on
+    # the lower convex hull of those points: built right to left (hull[-1] its leftmost vertex, the slopes from a
+    # point left of it first fall, then rise along it), so O(K log K) where the K x K table took ~2 ms at K = 512
+    hull: list[int] = []
+    for k in range(k_max, 0, -1):
+        while len(hull) >= 2 and (c[hull[-1]] - c[k]) * (hull[-2] - k) >= (c[hull[-2]] - c[k]) * (hull[-1] - k):
+            hull.pop()  # k's edge to the vertex after the leftmost is no steeper: the leftmost is not on the hull
+        hull.append(k)
+        x0, y0 = k - 1, c[k - 1]
+        lo, hi = 0, len(hull) - 1  # positions from the leftmost vertex: hull[-1 - m]
+        while lo < hi:  # the first position whose slope is not above the next one's
+            m = (lo + hi) // 2
+            a, b = hull[-1 - m], hull[-2 - m]
+            if (c[a] - y0) * (b - x0) <= (c[b] - y0) * (a - x0):
+                hi = m
+            else:
+                lo = m + 1
+        j = hull[-1 - lo]
+        floor[k] = (c[j] - y0) / (j - x0)
+    return np.array(floor, dtype=np.float64)
 
 
 class DraftCostMeter:

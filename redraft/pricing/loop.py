@@ -34,7 +34,8 @@ from collections import deque
 
 import numpy as np
 
-SCALE_BOUNDS = (0.5, 4.0)  # s stays within these multiples of the curve's draft part
+SCALE_BOUNDS = (1.0, 4.0)  # s stays within these multiples of the curve's draft part: the loop adds to a bare
+# forward's time (its Python, the next step's rebuild), so a scale under 1 is noise, and would make probes cheap
 OFFSET_BOUNDS = (0.0, 1.0)  # a, plain steps a draft step costs beyond its share of the curve
 MIN_PLAIN = 8  # draft-free steps after draft-free steps before T1 is trusted
 MIN_SAMPLES = 6  # draft steps before the prices move off the curve

@@ -122,3 +122,15 @@ def test_a_chain_below_the_least_first_chance_never_pays(outcomes, n, match, sca
     best = select_nodes(parents, cond, policy.costs, min_gain=gain)
     if cond[0] <= policy.least_first("ngram"):
         assert not best.nodes  # the bound said no cut of this chain pays: none does
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs=st.lists(st.floats(0.5, 60.0, allow_nan=False), min_size=1, max_size=40))
+def test_the_floor_equals_the_brute_force_minimum_on_any_table(costs):
+    """The hull walk gives, at every depth, the least price per node over every deeper cut (the K x K minimum),
+    whatever the table's shape (dips, plateaus, a cost below one's)."""
+    table = np.array([1.0] + costs)
+    floor = chain_floor(table)
+    for k in range(1, len(table)):
+        brute = min((table[j] - table[k - 1]) / (j - k + 1) for j in range(k, len(table)))
+        assert floor[k] == pytest.approx(brute, rel=1e-9, abs=1e-12)

@@ -25,7 +25,7 @@ def loop_steps(prices: LoopPrices, scale: float, extra: float, sizes=(2, 4, 4, 8
         prices.observe(0, T1 + extra)
 
 
-@pytest.mark.parametrize("scale,extra", [(1.5, 0.0), (1.5, 0.001), (0.75, 0.0005), (2.0, 0.002)])
+@pytest.mark.parametrize("scale,extra", [(1.5, 0.0), (1.5, 0.001), (1.25, 0.0005), (2.0, 0.002)])
 def test_the_scale_is_what_the_steps_say(scale, extra):
     prices = LoopPrices(CURVE.table(64))
     loop_steps(prices, scale, extra)
@@ -74,6 +74,9 @@ def test_steps_that_follow_no_timed_step_do_not_set_the_plain_price():
 
 
 def test_the_scale_stays_within_its_bounds_and_bad_times_are_ignored():
+    prices = LoopPrices(CURVE.table(64))
+    loop_steps(prices, 0.6, 0.0)  # steps faster than the bare forwards: noise, never a cheaper draft
+    assert prices.scale == SCALE_BOUNDS[0] == 1.0 and prices.offset == 0.0
     prices = LoopPrices(CURVE.table(64))
     loop_steps(prices, 50.0, 0.0)
     assert prices.scale == SCALE_BOUNDS[1]
