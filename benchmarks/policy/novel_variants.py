@@ -4,7 +4,8 @@ one process, interleaved per question, with each one's time inside and outside `
 The variants: ``curve`` (the policy on the measured cost curve alone), ``loop`` (the curve corrected by the loop's
 own step times, redraft.pricing.loop) and ``policy`` (loop prices and the asking budget, redraft.policy.asking:
 the default). Ratio = llama.cpp's seconds over the method's per question (median over rounds), reported as the
-median (min) over questions. Results: docs/llama-cpp.md, "The loop's own prices".
+median (min) over questions, with how many answers equal llama.cpp's own ids. Use ten questions or more on a quiet
+machine: a per-question ratio moves by several percent between runs. Results: docs/llama-cpp.md, "The loop's own prices".
 
     OMP_NUM_THREADS=2 python benchmarks/policy/novel_variants.py --threads 2 --questions 30 --rounds 2
 """
@@ -23,7 +24,7 @@ from redraft.runtimes.llamacpp.probe import Config
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2 Q4_1)")
     ap.add_argument("--questions", type=int, default=10)
@@ -63,6 +64,7 @@ def main() -> None:
     }
     items = [item_for(q, ChatEncoder(loaded.tokenizer)) for q in round_robin(load_questions(), NOVEL, args.questions)]
     seconds: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
+    outputs: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
     totals = {m: [0.0, 0.0, 0] for m in methods}  # wall, decode, tokens
     for _ in range(args.rounds):
         for it in items:
@@ -73,6 +75,7 @@ def main() -> None:
                 dt = time.perf_counter() - t0
                 out = getattr(out, "output_ids", out)
                 seconds[name].setdefault(it.qid, []).append(dt)
+                outputs[name].setdefault(it.qid, [int(t) for t in out])
                 totals[name][0] += dt
                 totals[name][1] += spent["s"]
                 totals[name][2] += len(out)
@@ -82,7 +85,9 @@ def main() -> None:
         line = f"{name:10s} {wall / toks * 1e3:.3f} ms/token, outside llama_decode {(wall - dec) / toks * 1e6:.0f} us/token"
         if name != "llama.cpp":
             ratios = sorted(base[q] / statistics.median(v) for q, v in seconds[name].items())
-            line += f"; vs llama.cpp median {statistics.median(ratios):.3f} (min {ratios[0]:.3f})"
+            same = sum(outputs[name][q] == outputs["llama.cpp"][q] for q in base)
+            line += (f"; vs llama.cpp median {statistics.median(ratios):.3f} (min {ratios[0]:.3f}); "
+                     f"same ids as llama.cpp {same}/{len(base)}")
         print(line)
 
 

@@ -9,6 +9,7 @@ engine, the policy's cost curve, exact mode) takes its ``model`` either way.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
@@ -20,6 +21,8 @@ from redraft.io.loading import (
     quiet_transformers,
     resolve_gguf,
 )
+
+log = logging.getLogger(__name__)
 
 RUNTIMES = ("transformers", "llama.cpp")
 LLAMA_N_CTX = 4096  # llama.cpp context tokens by default (the bundled model's training context is 8192)
@@ -65,6 +68,7 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
                                 n_seq_max=sequences)
     except LlamaCppError as e:
         raise ModelLoadError(str(e)) from e
+    warn_busy_cores(target.n_threads)
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
@@ -76,6 +80,25 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
                              f"{target.vocab_size}")
     name = "default" if spec is None or str(spec) in ("", "default") else str(spec)
     return LoadedModel(model=target, tokenizer=tok, name=name, path=path, runtime="llama.cpp")
+
+
+def warn_busy_cores(threads: int) -> str | None:
+    """Warn (and return the warning) when llama.cpp gets every core of a machine that is busy already: ggml's
+    threads wait on each other at every operation, so one core taken by another process stalls each step (on the
+    2-core development VM with a test run beside it: 3-8 tokens/s on 2 threads against 86-93 on 1). None when the
+    load average is unknown or under half the cores."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    if cores < 2 or threads < cores or load < 0.5 * cores:
+        return None
+    msg = (f"llama.cpp runs {threads} threads on {cores} cores while the machine's load average is {load:.1f}: its "
+           "threads wait on each other at every step, so a core another process takes stalls them all; "
+           "--threads 1 (or fewer than the cores) may be several times faster here")
+    log.warning(msg)
+    return msg
 
 
 @contextlib.contextmanager
