@@ -65,6 +65,8 @@ class LoopPrices:
         self._after: deque[float] = deque(maxlen=WINDOW)  # draft-free steps right after a draft step, seconds
         self._drafts: deque[tuple[int, float]] = deque(maxlen=WINDOW)  # (draft tokens, seconds) of draft steps
         self._last_draft = -1  # draft tokens of the previous observed step (-1: none observed, or not told apart)
+        self._plains = 0  # plain steps after plain steps seen
+        self._t1: float | None = None  # the median of _plain when last taken
 
     def observe(self, draft: int, seconds: float, *, follows: bool = True) -> bool:
         """Take one step of a single sequence into the prices.
@@ -85,6 +87,9 @@ class LoopPrices:
         if draft == 0:
             if prev == 0:
                 self._plain.append(seconds)  # priced at the next draft: a plain step costs one append
+                self._plains += 1
+                if self._plains % MIN_PLAIN == 0:  # T1 for the asking budget, read every step: taken every few
+                    self._t1 = statistics.median(self._plain)
             elif prev > 0:
                 self._after.append(seconds)
                 return self._refit()
@@ -94,8 +99,9 @@ class LoopPrices:
 
     @property
     def plain_seconds(self) -> float | None:
-        """T1: the median draft-free step after a draft-free step, seconds (None until ``MIN_PLAIN`` were seen)."""
-        return statistics.median(self._plain) if len(self._plain) >= MIN_PLAIN else None
+        """T1: the median draft-free step after a draft-free step, seconds (None until ``MIN_PLAIN`` were seen),
+        taken every ``MIN_PLAIN`` such steps."""
+        return self._t1
 
     def prices(self) -> np.ndarray:
         """float64 [N + 1]: c_loop(n) = 1 + offset + scale (c(n) - 1) for n >= 1, c_loop(0) = 1 (the table the

@@ -69,44 +69,41 @@ class Dropped:
         pass
 
 
-def test_the_planner_asks_a_dropped_drafter_less_and_a_prompt_always():
+def dropped_planner(own_budget: bool = False) -> tuple[DraftPlanner, Dropped, list[float]]:
+    """A planner with loop prices over one drafter whose proposals the policy drops, on a fake clock."""
     now = [0.0]
     policy = SpeculationPolicy(STEEP, max_nodes=8, learn_prices=True)
     for _ in range(30):
         policy.observe("ngram/1", 4, 0)
     drafter = Dropped(now)
+    drafter.own_budget = own_budget
     planner = DraftPlanner([drafter], policy, clock=lambda: now[0])
     planner.begin()
-    context = np.arange(12)
-    for _ in range(MIN_PLAIN + 6):  # plain steps of 5 ms, each asking for 0.5 ms (10%: asked every 10th step)
-        draft = planner.propose(context, DraftLimits(4))
+    return planner, drafter, now
+
+
+def plain_steps(planner: DraftPlanner, now: list[float], n: int) -> None:
+    """``n`` steps of 5 ms each (plus what asking costs), nothing drafted or accepted."""
+    for _ in range(n):
+        draft = planner.propose(np.arange(12), DraftLimits(4))
         planner.observe(draft, [], 1)
         now[0] += 0.005
+
+
+def test_the_planner_asks_a_dropped_drafter_less_and_a_prompt_always():
+    planner, drafter, now = dropped_planner()
+    plain_steps(planner, now, MIN_PLAIN + 6)  # each asking for 0.5 ms (10%: asked every 10th step)
     assert planner.asks is not None and planner.asks.interval() >= 5
     before = drafter.asked
-    for _ in range(50):
-        draft = planner.propose(context, DraftLimits(4))
-        planner.observe(draft, [], 1)
-        now[0] += 0.005
+    plain_steps(planner, now, 50)
     assert drafter.asked - before <= 50 // 5 + 2  # within the budget, probes included
     before = drafter.asked
-    planner.propose(context, DraftLimits(4, fed=12))  # a prompt's forward asks whatever the budget says
+    planner.propose(np.arange(12), DraftLimits(4, fed=12))  # a prompt's forward asks whatever the budget says
     assert drafter.asked == before + 1
 
 
 def test_a_drafter_with_a_budget_of_its_own_is_always_asked():
     """A draft model behind its PolicyGate times every ask with its own meter: the planner never skips it."""
-    now = [0.0]
-    policy = SpeculationPolicy(STEEP, max_nodes=8, learn_prices=True)
-    for _ in range(30):
-        policy.observe("ngram/1", 4, 0)
-    drafter = Dropped(now)
-    drafter.own_budget = True
-    planner = DraftPlanner([drafter], policy, clock=lambda: now[0])
-    planner.begin()
-    context = np.arange(12)
-    for _ in range(MIN_PLAIN + 56):
-        draft = planner.propose(context, DraftLimits(4))
-        planner.observe(draft, [], 1)
-        now[0] += 0.005
+    planner, drafter, now = dropped_planner(own_budget=True)
+    plain_steps(planner, now, MIN_PLAIN + 56)
     assert drafter.asked == MIN_PLAIN + 56
