@@ -105,13 +105,24 @@ LLAMA_AMX_FIX := $(if $(filter x86_64 amd64,$(shell uname -m)),-isystem $(CURDIR
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF \
 	$(if $(LLAMA_AMX_FIX),-DCMAKE_C_FLAGS='$(LLAMA_AMX_FIX)' -DCMAKE_CXX_FLAGS='$(LLAMA_AMX_FIX)')
+# The binding's source (its sdist, at the extra's pin) is unpacked into .venv/llama-src and, on x86, given redraft's
+# few-row kernel (native/ggml-rows/: verify batches of 2-8 rows at near one-row prices on ggml's AMX-repacked
+# Q4_0/Q4_1/Q8_0 weights, bit for bit the one-row kernel's values; compiled only where ggml builds its AMX code).
+# Another llama.cpp version that the patch does not fit is built as it is, with a warning.
 # Built once per .venv (the stamp); `rm .venv/.llama-installed` (or `make clean`) builds it again.
 LLAMA_STAMP := $(VENV)/.llama-installed
-$(LLAMA_STAMP): $(STAMP) native/gcc-amx/amxtileintrin.h
-	# --force-reinstall: a binding already installed (built with other flags) is built again with these; the
-	# version is the llama extra's pin in pyproject.toml.
+LLAMA_SRC := $(VENV)/llama-src
+$(LLAMA_STAMP): $(STAMP) native/gcc-amx/amxtileintrin.h native/ggml-rows/rows.inc native/ggml-rows/patch.py
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	# the version is the llama extra's pin in pyproject.toml
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_SRC) \
+		"$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+	tar -xzf $(LLAMA_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SRC) && rm $(LLAMA_SRC)/llama_cpp_python-*.tar.gz
+	$(if $(LLAMA_AMX_FIX),$(BIN)/python native/ggml-rows/patch.py $(LLAMA_SRC)/llama_cpp_python-*/ || \
+		echo "make llama: building llama.cpp without redraft's few-row kernel (see above)")
+	# --force-reinstall: a binding already installed (built with other flags) is built again with these
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install --no-cache-dir \
-		--force-reinstall --no-deps "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+		--force-reinstall --no-deps $(LLAMA_SRC)/llama_cpp_python-*/
 	$(BIN)/python -m pip install -q -e '.[llama]'
 	touch $(LLAMA_STAMP)
 

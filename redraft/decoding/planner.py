@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from redraft.policy.asking import AskBudget
-from redraft.policy.candidates import Candidates, cut, observe_outcomes
+from redraft.policy.candidates import Candidates, cut, first_prior, observe_outcomes, policy_key
 from redraft.policy.speculation import SpeculationPolicy
 from redraft.tree import TokenTree
 
@@ -101,8 +101,8 @@ class DraftPlanner:
         self.merge, self.chain_only = merge, chain_only
         self.tree_budget = tree_budget
         self.vocab_size = vocab_size
-        # what chance() found since the last propose: (context length, depth, (source index, candidates) or None)
-        self._looked: tuple[int, int, tuple[int, Candidates] | None] | None = None
+        # what chance() found since the last propose: (context length, depth, (source index, name, proposal) or None)
+        self._looked: tuple[int, int, tuple[int, str, TokenTree] | None] | None = None
         self.clock = clock
         # the step being timed for the policy's loop prices: (its start, draft tokens, pending tokens fed), the
         # forwards observed since, and whether the step before it was timed
@@ -169,7 +169,7 @@ class DraftPlanner:
         if limits.confident is not None and share is not None and share < limits.confident[1]:
             if not same:
                 found, same = self._find(context, depth, 0), True
-            if found is not None and self._chance(found[1]) >= limits.confident[0]:
+            if found is not None and self._chance(found[1], found[2]) >= limits.confident[0]:
                 share = limits.confident[1]
         policy = self.policy.at_load(limits.carried, share)
         if not policy.may_pay(depth):
@@ -185,9 +185,17 @@ class DraftPlanner:
         start = len(self.drafters) if same and found is None else 0  # chance() found nothing: no second search
         while (hit := found or self._find(context, depth, start)) is not None:
             found = None
-            j, cand = hit
-            tree, keys = cut(policy, cand, max_depth=depth, budget=budget, fed=limits.fed,
-                             awaited=limits.first_token_awaited)
+            j, name, prop = hit
+            # a chance chain whose first node cannot pay is told so before it becomes candidates (as plan would)
+            if limits.fed <= 1 and prop.is_chain and policy.hopeless_chain(
+                    policy_key(name, prop.match_length), first_prior(prop), max_depth=depth,
+                    awaited=limits.first_token_awaited):
+                tree, keys = TokenTree(), []
+            else:
+                cand = Candidates()
+                cand.add(prop, name, budget=policy.max_nodes, max_depth=depth)
+                tree, keys = cut(policy, cand, max_depth=depth, budget=budget, fed=limits.fed,
+                                 awaited=limits.first_token_awaited)
             if self.asks is not None:
                 self.asks.outcome(j, len(tree) > 0)
             if len(tree):
@@ -205,13 +213,14 @@ class DraftPlanner:
         self._looked = (len(context), limits.depth, found)
         if found is None or self.policy is None:
             return 0.0
-        q = self._chance(found[1])
+        q = self._chance(found[1], found[2])
         return q if 1.0 + q > self.policy.at_load(limits.carried, 1.0).costs[1] else 0.0
 
-    def _chance(self, cand: Candidates) -> float:
+    def _chance(self, name: str, proposal: TokenTree) -> float:
         assert self.policy is not None
-        prior = cand.priors[0]
-        return float(self.policy.conditionals([-1], cand.keys[:1], None if np.isnan(prior) else [prior])[0])
+        prior = first_prior(proposal)
+        key = policy_key(name, proposal.match_length)
+        return float(self.policy.conditionals([-1], [key], None if np.isnan(prior) else [prior])[0])
 
     def _proposals(self, context: np.ndarray, depth: int, start: int = 0) -> Iterator[tuple[int, str, TokenTree]]:
         """(drafter index, name, proposal) in priority order from ``start``, cleaned for the verifier; lazily, so
@@ -243,14 +252,10 @@ class DraftPlanner:
         for key in [k for k in self.policy.idle if k == name or k.startswith(name + "/")]:
             self.policy.skip(key)
 
-    def _find(self, context: np.ndarray, depth: int, start: int) -> tuple[int, Candidates] | None:
-        """The first drafter from ``start`` on with a proposal: (its index, the proposal as candidates)."""
+    def _find(self, context: np.ndarray, depth: int, start: int) -> tuple[int, str, TokenTree] | None:
+        """The first drafter from ``start`` on with a proposal: (its index, its name, the proposal)."""
         assert self.policy is not None
-        for j, name, prop in self._proposals(context, depth, start):
-            cand = Candidates()
-            cand.add(prop, name, budget=self.policy.max_nodes, max_depth=depth)
-            return j, cand
-        return None
+        return next(self._proposals(context, depth, start), None)
 
     # ---- learning ---------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from redraft.policy.priors import source_priors
+from redraft.policy.priors import source_priors, succession_priors
 from redraft.policy.select import source_outcomes
 from redraft.policy.speculation import SpeculationPolicy
 from redraft.tree import TokenTree
@@ -41,6 +41,21 @@ def proposal_priors(tree: TokenTree) -> np.ndarray | None:
     counts = tree.counts if tree.counts is not None and any(tree.counts) else None
     return source_priors(tree.parents, counts=counts, match_length=tree.match_length or None,
                          root_count=(tree.root_count or None) if counts is not None else None, depths=tree.depths)
+
+
+def first_prior(tree: TokenTree) -> float:
+    """:func:`proposal_priors` of a proposal's first node (NaN where there is none), without the others': what
+    telling a chance chain hopeless needs (:meth:`~redraft.policy.speculation.SpeculationPolicy.hopeless_chain`).
+    Without occurrence counts that is the rule of succession after the match alone; with them, the whole
+    proposal's priors are taken (a corpus draft)."""
+    if not len(tree):
+        return math.nan
+    if tree.counts is not None and any(tree.counts):
+        prior = proposal_priors(tree)
+        return math.nan if prior is None else float(prior[0])
+    if tree.match_length > 0:
+        return float(succession_priors([-1], tree.match_length)[0])
+    return math.nan
 
 
 class Candidates:

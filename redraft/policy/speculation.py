@@ -146,7 +146,6 @@ class SpeculationPolicy:
         # the operations and their order are those of float64, so the values are the same
         n = len(parents)
         depths = list(range(1, n + 1)) if list(parents) == list(range(-1, n - 1)) else node_depths(parents).tolist()
-        tr = self.tracker
         est = {s: self._estimates(s) for s in set(sources)}
         levels = {s: e[0] for s, e in est.items()}
         counts = {s: (e[1], e[2]) for s, e in est.items()}
@@ -159,7 +158,7 @@ class SpeculationPolicy:
         stop = floor.tolist() if floor is not None else None
         reach = 1.0  # a chain's chance of reaching node i
         for i, (p, s) in enumerate(zip(parents, sources, strict=True)):
-            lvl = min(depths[i], tr.max_depth) - 1
+            lvl = min(depths[i], len(levels[s])) - 1
             above = 1.0 if p < 0 else scale[p]
             if prior is not None and not math.isnan(prior[i]):
                 share = min(1.0, max(0.0, prior[i]) / max(1e-12, 1.0 - used.get(p, 0.0)))
@@ -184,16 +183,20 @@ class SpeculationPolicy:
         return np.array(cond, dtype=np.float64)
 
     def _estimates(self, source: str) -> tuple[list[float], list[float], list[float], list[float]]:
-        """The tracker's estimates of ``source`` as Python lists over every level: its conditionals, successes,
-        trials and prior weights, read once per outcome recorded (:meth:`AcceptanceTracker.updates`), not once per
-        plan."""
+        """The tracker's estimates of ``source`` as Python lists: its conditionals, successes, trials and prior
+        weights per level, read once per outcome recorded (:meth:`AcceptanceTracker.updates`), not once per plan.
+        The lists stop one level past the deepest level ever tested (at most the tracker's ``max_depth``): every
+        level after that one has its values (never tried: no counts, the whole prior weight, the conditional of
+        the last tested level carried on), so a level d reads index min(d, len) - 1."""
         tr = self.tracker
         key = tr.updates(source)
         hit = self._lists.get(source)
         if hit is None or hit[0] != key:
             succ, trials = tr.counts(source)
-            hit = self._lists[source] = (key, (tr.conditional(source, tr.max_depth).tolist(), succ.tolist(),
-                                               trials.tolist(), tr.weights(source).tolist()))
+            tested = np.flatnonzero(trials)
+            k = min(tr.max_depth, int(tested[-1]) + 2 if len(tested) else 1)
+            hit = self._lists[source] = (key, (tr.conditional(source, k).tolist(), succ[:k].tolist(),
+                                               trials[:k].tolist(), tr.weights(source)[:k].tolist()))
         return hit[1]
 
     def plan(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None = None, *,
@@ -225,7 +228,8 @@ class SpeculationPolicy:
         # so a draft that is cut (most chance drafts on a steep curve) is judged on its first few nodes alone
         chain = fed <= 1 and sources.count(sources[0]) == n and list(parents) == list(range(-1, n - 1))
         whole = parents, sources
-        if chain and self._hopeless(parents, sources, priors, max_depth, awaited):
+        if chain and self.hopeless_chain(sources[0], None if priors is None else priors[0], max_depth=max_depth,
+                                         awaited=awaited):
             return Selection([], 1.0, 1.0)
         cond = self.conditionals(parents, sources, priors, floor=self.chain_floor() if chain else None)
         if chain and (looked := max(int(np.flatnonzero(cond)[-1]) + 1 if cond.any() else 0,
@@ -331,20 +335,20 @@ class SpeculationPolicy:
             prices = self._prices[key] = (chain_floor(self.costs), max(1, shortest))
         return prices
 
-    def _hopeless(self, parents: Sequence[int], sources: Sequence[str], priors: Sequence[float] | None,
-                  max_depth: int | None, awaited: bool) -> bool:
-        """Whether a one-source chain's plan is a plain step, told from its first node alone, and the source's
-        idle count advanced as :meth:`plan` would: no node of a chain is likelier than its first, so when the
-        first's chance is at most the chain floor at depth 1 no cut pays (:func:`~redraft.pricing.draft.chain_floor`),
-        and no probe can be due (none paid last, fewer idle steps than the cheapest probe's interval). On novel
-        text most chance drafts end here, in O(1) instead of O(chain)."""
-        source = sources[0]
+    def hopeless_chain(self, source: str, first_prior: float | None = None, *, max_depth: int | None = None,
+                       awaited: bool = False) -> bool:
+        """Whether :meth:`plan` of a one-source chain from ``source`` (its key; ``fed`` 1) is a plain step, told from
+        its first node alone (``first_prior``: None or NaN for none), the idle count then advanced as plan would: no
+        node of a chain is likelier than its first, so if the first's chance is at most the chain floor at depth 1
+        no cut pays (:func:`~redraft.pricing.draft.chain_floor`), and no probe is due (none paid last, fewer idle
+        steps than the cheapest probe's interval). Most chance drafts of novel text end here in O(1): plan asks it
+        first, the draft planner before it builds candidates."""
         floor, shortest = self._table_prices()
         if source in self.probe_paid or self.idle.get(source, 0) >= shortest or (max_depth is not None
                                                                                   and max_depth < 1):
             return False
         levels, succ, trials, weights = self._estimates(source)
-        prior = None if priors is None or priors[0] is None else float(priors[0])
+        prior = None if first_prior is None else float(first_prior)
         if prior is None or math.isnan(prior):
             first = levels[0]
         else:  # conditionals' estimate of a root child, in the same operations

@@ -29,6 +29,7 @@ planner feeds it each step's draft size and seconds (:class:`redraft.decoding.pl
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
@@ -43,6 +44,8 @@ MIN_SPREAD = 0.5  # the draft sizes seen must span this much of c(n) - 1 for a l
 WINDOW = 48  # the most recent steps of each kind kept
 MIN_DRAFT_PART = 0.05  # a draft whose curve price c(n) - 1 is below this (a flat curve) gives no sample
 QUANTUM = 1 / 32  # a and s are kept in these steps
+REFIT_EVERY = 4  # draft steps and steps right after one taken in between two fits (a fit, ~100 us right after a
+# decode, on every draft step cost about 1% of the steps of novel text on llama.cpp)
 REPRICE = 0.03  # new prices are published when a draft of 1..16 tokens changes price by this share (a new table
 # costs the policy its per-table prices again: the chain floor, the probe intervals, ~1 ms right after a decode)
 
@@ -54,8 +57,9 @@ class LoopPrices:
         table: the curve's cost table, float64 [N + 1] with table[0] = 1 (``CostCurve.table``): c(n) per draft size.
     Attributes:
         scale, offset: s and a of ``c_loop(n) = 1 + a + s (c(n) - 1)``; 1 and 0 (the curve itself) until enough
-            steps were seen, then multiples of ``QUANTUM`` within ``SCALE_BOUNDS`` and ``OFFSET_BOUNDS``, changed
-            only when a draft of 1..16 tokens changes price by ``REPRICE`` or more.
+            steps were seen, then multiples of ``QUANTUM`` within ``SCALE_BOUNDS`` and ``OFFSET_BOUNDS``, fitted
+            every ``REFIT_EVERY`` draft steps and steps after one, changed only when a draft of 1..16 tokens changes
+            price by ``REPRICE`` or more.
     """
 
     def __init__(self, table: np.ndarray) -> None:
@@ -67,6 +71,7 @@ class LoopPrices:
         self._last_draft = -1  # draft tokens of the previous observed step (-1: none observed, or not told apart)
         self._plains = 0  # plain steps after plain steps seen
         self._t1: float | None = None  # the median of _plain when last taken
+        self._unfitted = 0  # draft and after-draft steps taken since the last fit
 
     def observe(self, draft: int, seconds: float, *, follows: bool = True) -> bool:
         """Take one step of a single sequence into the prices.
@@ -80,7 +85,7 @@ class LoopPrices:
             whether the prices (:meth:`prices`) changed.
         """
         draft = int(draft)
-        if seconds <= 0 or not np.isfinite(seconds) or draft >= len(self.table):
+        if not seconds > 0 or not math.isfinite(seconds) or draft >= len(self.table):
             self._last_draft = -1
             return False
         prev, self._last_draft = (self._last_draft if follows else -1), draft
@@ -92,9 +97,18 @@ class LoopPrices:
                     self._t1 = statistics.median(self._plain)
             elif prev > 0:
                 self._after.append(seconds)
-                return self._refit()
+                return self._taken()
             return False
         self._drafts.append((draft, seconds))
+        return self._taken()
+
+    def _taken(self) -> bool:
+        """A draft step or the step after one was taken: fitted at each until ``MIN_SAMPLES`` draft steps were seen
+        (the first prices as soon as they can be had), then every ``REFIT_EVERY`` of them."""
+        self._unfitted += 1
+        if self._unfitted < REFIT_EVERY and len(self._drafts) > MIN_SAMPLES:
+            return False
+        self._unfitted = 0
         return self._refit()
 
     @property

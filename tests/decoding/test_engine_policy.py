@@ -59,6 +59,9 @@ class CutAt:
     def may_pay(self, depth: int) -> bool:
         return True
 
+    def hopeless_chain(self, source, first_prior=None, *, max_depth=None, awaited=False) -> bool:
+        return False  # every chain is cut by plan
+
     def plan(self, parents, sources, priors=None, *, max_depth=None, budget=None, fed=1, awaited=False) -> Selection:
         n = min(self.d, len(parents), budget or self.max_nodes)
         return Selection(list(range(n)), 1.0, 1.0)

@@ -1,6 +1,7 @@
 """llama.cpp's library as a process holds it: the import of llama-cpp-python's bindings, the backend's one-time set-up
-(its log silenced), and the process-wide switches a target's kernels depend on (ggml's tiled K-quant matmul,
-llama-cpp-python's default model parameters). :mod:`redraft.runtimes.llamacpp.target` builds targets on it.
+(its log silenced), the process-wide switches a target's kernels depend on (ggml's tiled K-quant matmul,
+llama-cpp-python's default model parameters) and what the build holds (redraft's few-row kernel).
+:mod:`redraft.runtimes.llamacpp.target` builds targets on it.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+from pathlib import Path
 
 from redraft.runtimes.llamacpp.probe import TILED_ENV
 
@@ -95,3 +97,39 @@ def model_defaults(*, extra_bufts: bool):
         yield
     finally:
         lib.llama_cpp.llama_model_default_params = inner
+
+
+class RowKernel:
+    """redraft's few-row kernel in the llama.cpp build this process runs (native/ggml-rows/rows.inc, added to ggml's
+    AMX matmul by `make llama` on x86): verify batches of 2..``max_rows`` rows on AMX-repacked Q4_0, Q4_1 and Q8_0
+    weights take it (``max_rows`` 0 or 1: ``REDRAFT_GGML_ROWS`` turned it off).
+
+    Args:
+        lib: the ``ctypes.CDLL`` of the libggml-cpu that exports it.
+    """
+
+    def __init__(self, lib) -> None:
+        lib.redraft_ggml_rows_max.restype = ctypes.c_int
+        lib.redraft_ggml_rows_calls.restype = ctypes.c_uint64
+        self._lib = lib
+        self.max_rows = int(lib.redraft_ggml_rows_max())
+
+    def calls(self) -> int:
+        """Matrix products the kernel has computed in this process (one per weight matrix and batch)."""
+        return int(self._lib.redraft_ggml_rows_calls())
+
+
+def row_kernel() -> RowKernel | None:
+    """The loaded build's :class:`RowKernel`, or None: a build without it (another CPU architecture, a
+    llama-cpp-python built elsewhere) or no llama.cpp library loaded in this process yet. Linux (the library is
+    found in /proc/self/maps: the very copy llama.cpp runs, not another file of the same name)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    fields = (line.split(None, 5) for line in maps.splitlines())
+    for path in sorted({f[5] for f in fields if len(f) == 6 and "libggml-cpu" in f[5]}):
+        lib = ctypes.CDLL(path)
+        if hasattr(lib, "redraft_ggml_rows_max") and hasattr(lib, "redraft_ggml_rows_calls"):
+            return RowKernel(lib)
+    return None

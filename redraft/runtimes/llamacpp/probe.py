@@ -247,19 +247,27 @@ def build_key(gguf: str | os.PathLike, threads: int, tiled_matmul: bool | None =
     """A digest of what a verdict depends on: the llama.cpp libraries (names, sizes, modification times), the CPU
     (model name and feature flags), the GGUF file (path, size, modification time), the threads, a fixed tiled-matmul
     setting and :data:`SCHEMA`."""
-    parts = [f"schema={SCHEMA}", f"threads={int(threads)}", f"machine={platform.machine()}", f"tiled={tiled_matmul}"]
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is not None and spec.origin:
-        root = Path(spec.origin).parent
-        for lib in sorted(root.rglob("*.so*")) + sorted(root.rglob("*.dylib")) + sorted(root.rglob("*.dll")):
-            st = lib.stat()
-            parts.append(f"lib={lib.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}")
-        parts.append(f"module={spec.origin}:{Path(spec.origin).stat().st_mtime_ns}")
-    parts.append(f"cpu={cpu_signature()}")
+    parts = [f"schema={SCHEMA}", f"threads={int(threads)}", f"machine={platform.machine()}", f"tiled={tiled_matmul}",
+             f"build={library_signature()}", f"cpu={cpu_signature()}"]
     path = Path(gguf).resolve()
     st = path.stat()
     parts.append(f"gguf={path}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def library_signature() -> str:
+    """A digest of the installed llama.cpp build: llama-cpp-python's libraries (names, sizes, modification times) and
+    its module; "" without the binding. A rebuild (other flags, redraft's few-row kernel) changes it."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        return ""
+    root = Path(spec.origin).parent
+    parts = []
+    for lib in sorted(root.rglob("*.so*")) + sorted(root.rglob("*.dylib")) + sorted(root.rglob("*.dll")):
+        st = lib.stat()
+        parts.append(f"lib={lib.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}")
+    parts.append(f"module={spec.origin}:{Path(spec.origin).stat().st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def cpu_signature() -> str:
