@@ -7,9 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redraft.decoding.planner import DraftLimits, DraftPlanner
 from redraft.policy import SpeculationPolicy, select_nodes, succession_priors
+from redraft.policy.candidates import Candidates, cut, first_prior, observe_outcomes, proposal_priors
 from redraft.pricing import CostCurve
 from redraft.pricing.draft import chain_floor
+from redraft.tree import TokenTree
 
 # llama.cpp on the bundled Q4_1, 1 thread (a row costs most of a step), a curve with a dip, and a GPU-like flat one
 STEEP = CostCurve((0, 1, 2, 3, 4, 8, 16, 32, 64), (1.0, 1.81, 2.42, 3.0, 3.6, 5.9, 10.8, 19.7, 40.2))
@@ -134,3 +137,91 @@ def test_the_floor_equals_the_brute_force_minimum_on_any_table(costs):
     for k in range(1, len(table)):
         brute = min((table[j] - table[k - 1]) / (j - k + 1) for j in range(k, len(table)))
         assert floor[k] == pytest.approx(brute, rel=1e-9, abs=1e-12)
+
+
+class FullEstimates(SpeculationPolicy):
+    """The policy with its per-source estimates over every level the tracker holds (before they were cut one level
+    past the deepest tested one)."""
+
+    def _estimates(self, source):
+        tr = self.tracker
+        succ, trials = tr.counts(source)
+        return (tr.conditional(source, tr.max_depth).tolist(), succ.tolist(), trials.tolist(),
+                tr.weights(source).tolist())
+
+
+@settings(max_examples=150, deadline=None)
+@given(outcomes=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), max_size=40),
+       n=st.integers(1, 48), match=st.one_of(st.none(), st.integers(1, 9)))
+def test_estimates_cut_past_the_deepest_tested_level_change_no_conditional(outcomes, n, match):
+    cut, full = SpeculationPolicy(STEEP, max_nodes=48), FullEstimates(STEEP, max_nodes=48)
+    for depth, accepted in outcomes:
+        for p in (cut, full):
+            p.observe("ngram", depth, min(accepted, depth))
+    parents, sources = chain(n), ["ngram"] * n
+    priors = None if match is None else list(succession_priors(parents, match))
+    assert len(cut._estimates("ngram")[0]) <= min(48, max((d for d, _ in outcomes), default=0) + 2)
+    np.testing.assert_array_equal(cut.conditionals(parents, sources, priors),
+                                  full.conditionals(parents, sources, priors))
+    tree = [-1, 0, 0, 1, 2, 2][:n]  # a tree as well: depths, siblings and their shares
+    tree_priors = None if priors is None else priors[:len(tree)]
+    np.testing.assert_array_equal(cut.conditionals(tree, sources[:len(tree)], tree_priors),
+                                  full.conditionals(tree, sources[:len(tree)], tree_priors))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 12), match=st.integers(0, 9), counts=st.one_of(st.none(), st.lists(st.integers(0, 5),
+       min_size=12, max_size=12)), root=st.integers(0, 20))
+def test_the_first_prior_is_the_proposals_first(n, match, counts, root):
+    prop = TokenTree.chain(list(range(10, 10 + n)), "corpus")
+    prop.match_length, prop.root_count = match, root
+    prop.counts = None if counts is None else counts[:n]
+    whole = proposal_priors(prop)
+    first = first_prior(prop)
+    assert (np.isnan(first) and whole is None) or first == whole[0]
+
+
+class Chance:
+    """A drafter proposing random chains (an n-gram lookup's: a match length, no counts)."""
+
+    name = "ngram"
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def propose(self, context, max_depth):
+        tree = TokenTree.chain([int(t) for t in self.rng.integers(0, 50, int(self.rng.integers(1, 20)))], self.name)
+        tree.match_length = int(self.rng.integers(1, 5))
+        return tree
+
+    def observe(self, proposed, accepted, emitted):
+        pass
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_planner_tells_a_hopeless_chain_before_its_candidates_as_plan_would(seed, monkeypatch):
+    """Planned with the shortcut and through plan on twin policies, 80 steps of chance chains give the same drafts
+    and idle counts; the shortcut builds no candidates for the chains it tells hopeless."""
+    fast, slow = (SpeculationPolicy(STEEP, max_nodes=48) for _ in range(2))
+    rng = np.random.default_rng(seed)
+    for _ in range(int(rng.integers(0, 30))):
+        depth, accepted = int(rng.integers(1, 10)), int(rng.integers(0, 3))
+        for p in (fast, slow):
+            p.observe("ngram/2", depth, min(depth, accepted))
+    planner = DraftPlanner([Chance(seed)], fast)
+    reference = Chance(seed)
+    built = []
+    real_add = Candidates.add
+    monkeypatch.setattr(Candidates, "add", lambda self, *a, **kw: built.append(1) or real_add(self, *a, **kw))
+    context = np.arange(30)
+    for _ in range(80):
+        draft = planner.propose(context, DraftLimits(16))
+        cand = Candidates()
+        real_add(cand, reference.propose(context, 16), "ngram", budget=48, max_depth=16)
+        tree, keys = cut(slow, cand, max_depth=16)
+        assert draft.tree.tokens == tree.tokens and draft.keys == keys
+        assert fast.idle == slow.idle and fast.probe_paid == slow.probe_paid
+        accepted = int(rng.integers(0, len(tree) + 1)) if len(tree) else 0
+        planner.observe(draft, list(range(accepted)), accepted + 1)
+        observe_outcomes(slow, tree, keys, list(range(accepted)), None)
+    assert len(built) < 80  # most chains were told hopeless without candidates

@@ -9,7 +9,7 @@ import pytest
 from redraft.decoding.planner import DraftLimits, DraftPlanner
 from redraft.policy import SpeculationPolicy
 from redraft.pricing import CostCurve
-from redraft.pricing.loop import MIN_PLAIN, MIN_SAMPLES, SCALE_BOUNDS, LoopPrices
+from redraft.pricing.loop import MIN_PLAIN, MIN_SAMPLES, REFIT_EVERY, SCALE_BOUNDS, LoopPrices
 
 CURVE = CostCurve((0, 1, 2, 4, 8, 16, 64), (1.0, 1.83, 1.93, 2.17, 2.94, 4.57, 14.0))
 T1 = 0.005  # seconds of a plain step
@@ -148,3 +148,14 @@ def test_the_planner_times_each_step_from_plan_to_plan():
     planner.propose(context, DraftLimits(4))
     assert [(d, round(s, 6), f) for d, s, f in policy.steps] == [
         (0, 0.007, False), (0, 0.005, True), (0, 0.005, False), (0, 0.005, False)]
+
+
+def test_once_priced_the_steps_are_fitted_every_few():
+    """After the first prices, a fit comes every REFIT_EVERY draft steps and steps after one: the loop's draft
+    steps now cost three times the curve's draft part, and the prices move only at the fit."""
+    prices = LoopPrices(CURVE.table(64))
+    loop_steps(prices, 1.5, 0.0, sizes=(4,) * MIN_SAMPLES)
+    assert prices.scale == 1.5
+    changed = [prices.observe(4, T1 * (1 + 3.0 * (prices.table[4] - 1))) for _ in range(4 * REFIT_EVERY)]
+    assert changed.index(True) % REFIT_EVERY == REFIT_EVERY - 1  # on a fit, not before
+    assert prices.scale > 1.5
