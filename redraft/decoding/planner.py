@@ -113,6 +113,7 @@ class DraftPlanner:
         self.asks = AskBudget() if getattr(policy, "loop", None) is not None else None
         self._may_skip = False  # this step may leave a fruitless drafter unasked (not a prompt's forward)
         self._skipped = False  # a drafter was left unasked this step
+        self._last_key: dict[int, str] = {}  # per drafter index, the policy key of its last proposal
 
     def begin(self) -> None:
         """A new sequence starts: the time since the last step belongs to no step (a prompt's prefill comes next)."""
@@ -232,7 +233,7 @@ class DraftPlanner:
             if self._may_skip and self.asks is not None and not getattr(d, "own_budget", False) \
                     and not self.asks.ask(j):
                 self._skipped = True
-                self._idle(d.name)
+                self._idle(self._last_key.get(j))
                 continue
             prop = d.propose(context, depth)
             if prop is None or len(prop) == 0:
@@ -243,13 +244,16 @@ class DraftPlanner:
                 prop = prop.first_path()
             if self.vocab_size is not None:
                 prop = prop.within_vocab(self.vocab_size)
+            self._last_key[j] = policy_key(d.name, prop.match_length)
             yield j, d.name, prop
 
-    def _idle(self, name: str) -> None:
-        """A step that left drafter ``name`` unasked counts as idle for each key the policy learns it under
-        (:func:`~redraft.policy.candidates.policy_key`), so its probes still come on time."""
+    def _idle(self, key: str | None) -> None:
+        """A step that left a drafter unasked counts as idle for the key its last proposal was learned under
+        (:func:`~redraft.policy.candidates.policy_key`: its source and match length), so that key's probes still
+        come on time; the drafter's other keys wait (each key counting every skipped step would probe each at the
+        whole budget's rate)."""
         assert self.policy is not None
-        for key in [k for k in self.policy.idle if k == name or k.startswith(name + "/")]:
+        if key is not None and key in self.policy.idle:
             self.policy.skip(key)
 
     def _find(self, context: np.ndarray, depth: int, start: int) -> tuple[int, str, TokenTree] | None:

@@ -107,3 +107,19 @@ def test_a_drafter_with_a_budget_of_its_own_is_always_asked():
     planner, drafter, now = dropped_planner(own_budget=True)
     plain_steps(planner, now, MIN_PLAIN + 56)
     assert drafter.asked == MIN_PLAIN + 56
+
+
+def test_a_skipped_step_is_idle_for_the_key_of_the_drafters_last_proposal_only():
+    """The policy learns an n-gram draft under its match length ("ngram/1", "ngram/4"); a step that leaves the
+    drafter unasked counts towards the probe of the key it last proposed under, not of every key it ever had (each
+    would then probe at the whole budget's rate)."""
+    planner, drafter, now = dropped_planner()
+    planner.policy.skip("ngram/4")  # a key the drafter had earlier: a longer match
+    plain_steps(planner, now, MIN_PLAIN + 6)
+    skips: list[str] = []
+    real = planner.policy.skip
+    planner.policy.skip = lambda key: skips.append(key) or real(key)  # type: ignore[method-assign]
+    asked = drafter.asked
+    plain_steps(planner, now, 20)
+    skipped = 20 - (drafter.asked - asked)
+    assert skipped >= 10 and skips == ["ngram/1"] * skipped
