@@ -90,16 +90,14 @@ def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PR
 
 def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> dict:
     """:func:`curve_key` for a :class:`~redraft.runtimes.llamacpp.target.LlamaCppTarget`: the GGUF file (name, size,
-    llama.cpp's description), llama-cpp-python's version, the build (its libraries' digest: a build with llamafile's
-    sgemm or with redraft's few-row kernel batches rows at other costs) and its numerics, the target's thread count
+    llama.cpp's description), llama-cpp-python's version, the build (the target's ``build``, its libraries' digest: a
+    build with llamafile's sgemm or with redraft's few-row kernel batches rows at other costs) and its numerics, the target's thread count
     and the machine."""
     from importlib.metadata import version
 
-    from redraft.runtimes.llamacpp.probe import library_signature
-
     stat = target.path.stat()
     return {"schema": SCHEMA, "runtime": "llama.cpp", "timed": "shape change", "llama_cpp_python": version("llama_cpp_python"),
-            "build": library_signature(),
+            "build": str(getattr(target, "build", "")),
             "model": {"file": target.path.name, "bytes": stat.st_size, "desc": target.description},
             "numerics": str(getattr(target, "numerics", "")),
             "threads": int(target.n_threads), "n_ctx": int(target.max_length),

@@ -45,7 +45,7 @@ from redraft.runtimes.llamacpp.lib import (
     set_tiled_matmul,
     tiled_matmul_fixed,
 )
-from redraft.runtimes.llamacpp.probe import ProbeFailed, batch_report, settle
+from redraft.runtimes.llamacpp.probe import ProbeFailed, batch_report, library_signature, settle
 from redraft.runtimes.llamacpp.rows import copy_rows, lent_rows, put_tokens
 from redraft.runtimes.llamacpp.state import SequenceState
 
@@ -84,7 +84,8 @@ class LlamaCppTarget(SequenceState, Target):
             each sequence's ``n_ctx``; dtype: the logits' dtype (float32); numerics: the key of this build's measured noise
             (``"llama.cpp batch-invariant"`` when the load-time probe found verify rows equal to plain rows, else
             ``"llama.cpp"``); invariant: that probe's verdict; chain_only: True (see the module docstring); description: llama.cpp's own one-line
-            description of the model (architecture, size, quantization); extra_bufts, tiled_matmul: the
+            description of the model (architecture, size, quantization); build: a digest of the llama.cpp build
+            (:func:`~redraft.runtimes.llamacpp.probe.library_signature`); extra_bufts, tiled_matmul: the
             configuration loaded.
     Raises:
         LlamaCppError: the ``llama`` extra is missing, the file does not exist or llama.cpp cannot load it, or
@@ -173,6 +174,7 @@ class LlamaCppTarget(SequenceState, Target):
         # the probe was offered only this process's tiled-matmul setting; kernels the caller chose are measured here
         self.invariant = verdict.invariant if verdict is not None else self.batch_invariant()
         self.numerics = INVARIANT_KEY if self.invariant else NOISE_KEY
+        self.build = library_signature()
 
     # -- the Target interface ---------------------------------------------------------------------------------------
 
