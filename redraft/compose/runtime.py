@@ -61,14 +61,14 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
     path = resolve_gguf(spec)
     from redraft.runtimes.llamacpp.target import LlamaCppError, LlamaCppTarget
 
-    try:
-        import torch
+    import torch
 
-        target = LlamaCppTarget(path, n_ctx=n_ctx or LLAMA_N_CTX, n_threads=threads or torch.get_num_threads(),
-                                n_seq_max=sequences)
+    n_threads = threads or torch.get_num_threads()
+    warn_busy_cores(n_threads)  # before the load: its first probe of a file runs at that pace too
+    try:
+        target = LlamaCppTarget(path, n_ctx=n_ctx or LLAMA_N_CTX, n_threads=n_threads, n_seq_max=sequences)
     except LlamaCppError as e:
         raise ModelLoadError(str(e)) from e
-    warn_busy_cores(target.n_threads)
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
@@ -83,11 +83,18 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
 
 
 def warn_busy_cores(threads: int) -> str | None:
-    """Warn (and return the warning) when llama.cpp gets every core of a machine that is busy already: ggml's
-    threads wait on each other at every operation, so one core taken by another process stalls each step (on the
-    2-core development VM with a test run beside it: 3-8 tokens/s on 2 threads against 86-93 on 1). None when the
-    load average is unknown or under half the cores."""
+    """Warn (and return the warning) when llama.cpp gets more threads than the machine has cores, or every core of
+    a machine that is busy already: ggml's threads wait on each other at every operation, so one core taken by
+    another process (or by another of its own threads) stalls each step (on the 2-core development VM with a test
+    run beside it: 3-8 tokens/s on 2 threads against 86-93 on 1; 3 threads on its 2 cores took 28 s for 4 tokens).
+    None otherwise, or when the load average is unknown and the threads fit the cores."""
     cores = os.cpu_count() or 1
+    if threads > cores:
+        msg = (f"llama.cpp runs {threads} threads on {cores} cores: its threads wait on each other at every step, "
+               f"so each step waits for a thread that has no core; this can be hundreds of times slower than "
+               f"--threads {cores} (or fewer), and the first load of a file probes it that slowly too")
+        log.warning(msg)
+        return msg
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):

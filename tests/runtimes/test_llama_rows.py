@@ -88,14 +88,14 @@ def kernel():
 
 @needs_llama
 @pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0"])
-def test_a_few_rows_take_the_kernel_and_equal_one_row_decodes(kernel, qtype):
+def test_a_few_rows_take_the_kernel_and_equal_one_row_decodes(kernel, qtype, tmp_path):
     from redraft.io.loading import resolve_gguf
     from redraft.runtimes.llamacpp.probe import batch_report
     from redraft.runtimes.llamacpp.quantize import quantize
     from redraft.runtimes.llamacpp.target import LlamaCppTarget
 
-    bundled = resolve_gguf(None)  # SmolLM2-135M Q4_1 (its output layer Q8_0); other types written once to the cache
-    path = bundled if qtype == "q4_1" else quantize(bundled, qtype)[0]
+    bundled = resolve_gguf(None)  # SmolLM2-135M Q4_1 (its output layer Q8_0); the other types written here
+    path = bundled if qtype == "q4_1" else quantize(bundled, qtype, tmp_path / f"smollm2.{qtype}.gguf")[0]
     target = LlamaCppTarget(path, n_ctx=128, n_threads=2, extra_bufts=True)
     try:
         ids = [(7 * i + 3) % target.vocab_size for i in range(60)]
@@ -116,5 +116,6 @@ def test_a_few_rows_take_the_kernel_and_equal_one_row_decodes(kernel, qtype):
         target.forward(ids[:6])
         rows = target.forward(ids[6:9], n_logits=3).numpy()
         assert np.isfinite(rows).all() and rows.std() > 0  # a real product, not zeros
+        assert target.build.endswith(f"|rows<={kernel.max_rows}")  # what a cost curve is kept under
     finally:
         target.close()

@@ -42,6 +42,7 @@ from redraft.runtimes.llamacpp.lib import (
     LlamaCppError,
     import_llama_cpp,
     init_backend,
+    row_kernel,
     set_tiled_matmul,
     tiled_matmul_fixed,
 )
@@ -85,7 +86,8 @@ class LlamaCppTarget(SequenceState, Target):
             (``"llama.cpp batch-invariant"`` when the load-time probe found verify rows equal to plain rows, else
             ``"llama.cpp"``); invariant: that probe's verdict; chain_only: True (see the module docstring); description: llama.cpp's own one-line
             description of the model (architecture, size, quantization); build: a digest of the llama.cpp build
-            (:func:`~redraft.runtimes.llamacpp.probe.library_signature`); extra_bufts, tiled_matmul: the
+            (:func:`~redraft.runtimes.llamacpp.probe.library_signature`) and its few-row kernel's limit
+            (:func:`~redraft.runtimes.llamacpp.lib.row_kernel`); extra_bufts, tiled_matmul: the
             configuration loaded.
     Raises:
         LlamaCppError: the ``llama`` extra is missing, the file does not exist or llama.cpp cannot load it, or
@@ -174,7 +176,8 @@ class LlamaCppTarget(SequenceState, Target):
         # the probe was offered only this process's tiled-matmul setting; kernels the caller chose are measured here
         self.invariant = verdict.invariant if verdict is not None else self.batch_invariant()
         self.numerics = INVARIANT_KEY if self.invariant else NOISE_KEY
-        self.build = library_signature()
+        kernel = row_kernel()  # REDRAFT_GGML_ROWS changes what a batch of rows costs, not the libraries
+        self.build = library_signature() + (f"|rows<={kernel.max_rows}" if kernel is not None else "")
 
     # -- the Target interface ---------------------------------------------------------------------------------------
 
