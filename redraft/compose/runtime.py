@@ -59,9 +59,9 @@ def load_target(spec: str | os.PathLike | None = None, *, runtime: str = "transf
         raise ModelLoadError(f"--dtype {dtype}: the llama.cpp runtime runs the GGUF file's own quantization "
                              "(leave --dtype at float32)")
     path = resolve_gguf(spec)
-    from redraft.runtimes.llamacpp.target import LlamaCppError, LlamaCppTarget
-
     import torch
+
+    from redraft.runtimes.llamacpp.target import LlamaCppError, LlamaCppTarget
 
     n_threads = threads or torch.get_num_threads()
     warn_busy_cores(n_threads)  # before the load: its first probe of a file runs at that pace too
