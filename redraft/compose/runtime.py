@@ -93,17 +93,16 @@ def warn_busy_cores(threads: int) -> str | None:
         msg = (f"llama.cpp runs {threads} threads on {cores} cores: its threads wait on each other at every step, "
                f"so each step waits for a thread that has no core; this can be hundreds of times slower than "
                f"--threads {cores} (or fewer), and the first load of a file probes it that slowly too")
-        log.warning(msg)
-        return msg
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-    if cores < 2 or threads < cores or load < 0.5 * cores:
-        return None
-    msg = (f"llama.cpp runs {threads} threads on {cores} cores while the machine's load average is {load:.1f}: its "
-           "threads wait on each other at every step, so a core another process takes stalls them all; "
-           "--threads 1 (or fewer than the cores) may be several times faster here")
+    else:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return None
+        if cores < 2 or threads < cores or load < 0.5 * cores:
+            return None
+        msg = (f"llama.cpp runs {threads} threads on {cores} cores while the machine's load average is {load:.1f}: "
+               "its threads wait on each other at every step, so a core another process takes stalls them all; "
+               "--threads 1 (or fewer than the cores) may be several times faster here")
     log.warning(msg)
     return msg
 

@@ -90,9 +90,9 @@ def curve_key(model, *, sizes: Sequence[int] = COST_SIZES, prefix: int = COST_PR
 
 def _llama_key(target, *, sizes: Sequence[int], prefix: int, repeats: int) -> dict:
     """:func:`curve_key` for a :class:`~redraft.runtimes.llamacpp.target.LlamaCppTarget`: the GGUF file (name, size,
-    llama.cpp's description), llama-cpp-python's version, the build (the target's ``build``, its libraries' digest: a
-    build with llamafile's sgemm or with redraft's few-row kernel batches rows at other costs) and its numerics, the target's thread count
-    and the machine."""
+    llama.cpp's description), llama-cpp-python's version, the build (the target's ``build``: its libraries' digest and
+    few-row kernel limit; a build with llamafile's sgemm or with redraft's few-row kernel batches rows at other
+    costs) and its numerics, the target's thread count and the machine."""
     from importlib.metadata import version
 
     stat = target.path.stat()
